@@ -1,0 +1,70 @@
+// Allocator: free space of the data area, kept in the index's `free` family.
+//
+// Two views of free space, because allocation and commit are separate steps:
+//  - `persisted_`: exactly what the `free` family holds once every committed
+//    batch is applied. Changed only by Commit*(), which also write the matching
+//    key changes into the caller's batch. Callers serialize Commit*() and the
+//    Index::Commit of that batch (the filesystem's commit lock), so the deltas
+//    are computed against the state the batch will be applied to.
+//  - `available_`: what may be handed out now: persisted free space minus
+//    reservations, and without space freed by a batch until Release() says
+//    no reader can still see the old mapping.
+// A crash between Reserve() and the commit leaks nothing: the index still
+// lists the space as free.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "spillfs/fs/block_store.h"
+#include "spillfs/kvindex/index.h"
+#include "spillfs/status.h"
+
+namespace spillfs {
+
+class Allocator {
+ public:
+  // `unit`: every offset and length is a multiple of it (the block size).
+  explicit Allocator(uint64_t unit) : unit_(unit) {}
+
+  // Loads the free list from the index.
+  Status Load(const Index& index);
+
+  // Reserves `length` bytes (a multiple of unit) as one or more extents,
+  // preferring one contiguous run after the last allocation. ENOSPC when the
+  // available space is smaller than `length`.
+  Result<std::vector<PhysicalExtent>> Reserve(uint64_t length);
+  // Returns reserved extents that will not be committed.
+  void Unreserve(const std::vector<PhysicalExtent>& extents);
+
+  // Records in `batch` that reserved `extents` are now mapped.
+  void CommitAllocated(const std::vector<PhysicalExtent>& extents, Index::Batch* batch);
+  // Records in `batch` that `extents` are free again. They become available
+  // only through Release(), after the batch is committed and no reader can
+  // still be reading them.
+  void CommitFreed(const std::vector<PhysicalExtent>& extents, Index::Batch* batch);
+  void Release(const std::vector<PhysicalExtent>& extents);
+
+  uint64_t available_bytes() const;
+  uint64_t persisted_free_bytes() const;
+  // Snapshot of the persisted free list (for checks and tools).
+  std::map<uint64_t, uint64_t> persisted() const;
+
+ private:
+  static void Insert(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint64_t length,
+                     Index::Batch* batch);
+  static void Remove(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint64_t length,
+                     Index::Batch* batch);
+
+  const uint64_t unit_;
+  mutable std::mutex mu_;
+  std::map<uint64_t, uint64_t> persisted_;  // offset -> length, coalesced
+  std::map<uint64_t, uint64_t> available_;  // offset -> length, coalesced
+  uint64_t persisted_bytes_ = 0;
+  uint64_t available_bytes_ = 0;
+  uint64_t cursor_ = 0;  // next-fit position
+};
+
+}  // namespace spillfs

@@ -1,0 +1,77 @@
+// BlockStore: the data area of a volume, an image file or a block device
+// opened with O_DIRECT. It knows byte offsets and nothing of files.
+//
+// All offsets, lengths and buffers must be multiples of / aligned to
+// kDirectAlignment. Large transfers are split into chunks that run in
+// parallel at the engine's queue depth.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "spillfs/status.h"
+
+namespace spillfs {
+
+// A run of bytes in the data area.
+struct PhysicalExtent {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  bool operator==(const PhysicalExtent&) const = default;
+};
+
+// One transfer between the store and a buffer.
+struct IoSlice {
+  uint64_t offset = 0;  // in the store
+  char* buffer = nullptr;
+  uint64_t length = 0;
+};
+
+class BlockStore {
+ public:
+  static constexpr uint64_t kDirectAlignment = 4096;
+  static constexpr uint32_t kChunkBytes = 1u << 20;  // split size for parallel I/O
+
+  ~BlockStore();
+  BlockStore(const BlockStore&) = delete;
+  BlockStore& operator=(const BlockStore&) = delete;
+
+  // Creates a sparse image file of `size` bytes (fails if it exists).
+  static Status CreateImage(const std::string& path, uint64_t size);
+  // Opens an image file or block device for direct I/O.
+  static Result<std::unique_ptr<BlockStore>> Open(const std::string& path, bool read_only = false);
+  // Size in bytes of a file or block device.
+  static Result<uint64_t> SizeOf(const std::string& path);
+
+  // Scatter/gather: writes or reads each extent from the matching slice of
+  // `buffer` (extents are consumed in order, back to back in the buffer).
+  Status Write(const std::vector<PhysicalExtent>& extents, const char* buffer);
+  Status Read(const std::vector<PhysicalExtent>& extents, char* buffer);
+  // Independent transfers, run in parallel.
+  Status WriteSlices(const std::vector<IoSlice>& slices) { return Transfer(slices, true); }
+  Status ReadSlices(const std::vector<IoSlice>& slices) { return Transfer(slices, false); }
+  Status WriteAt(uint64_t offset, const char* buffer, uint64_t length);
+  Status ReadAt(uint64_t offset, char* buffer, uint64_t length);
+  // Makes completed writes durable (fdatasync).
+  Status Flush();
+
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  uint64_t bytes_written() const { return bytes_written_.load(std::memory_order_relaxed); }
+  uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
+
+ private:
+  BlockStore(int fd, std::string path, uint64_t size) : fd_(fd), path_(std::move(path)), size_(size) {}
+  Status Transfer(const std::vector<IoSlice>& slices, bool write);
+
+  int fd_;
+  std::string path_;
+  uint64_t size_;
+  std::atomic<uint64_t> bytes_written_{0};
+  std::atomic<uint64_t> bytes_read_{0};
+};
+
+}  // namespace spillfs

@@ -1,0 +1,192 @@
+// Filesystem: POSIX semantics over a Volume, independent of FUSE.
+//
+// Every method is one filesystem operation with the errors ext4 gives, carried
+// as Status codes (errno values). Namespace changes run under one commit lock
+// and commit one index batch each; file data is written to newly allocated
+// blocks (redirect-on-write) before the batch that maps them. The FUSE daemon
+// (fuse_daemon.h) is a thin adapter over this class, and unit tests drive it
+// directly.
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "spillfs/fs/aligned_buffer.h"
+#include "spillfs/fs/allocator.h"
+#include "spillfs/fs/reclaim_gate.h"
+#include "spillfs/fs/volume.h"
+#include "spillfs/kvindex/records.h"
+#include "spillfs/status.h"
+
+namespace spillfs {
+
+// Who is asking: owner of created inodes.
+struct Caller {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+};
+
+// An inode and its attributes, as returned to lookups.
+struct Entry {
+  InodeNumber ino = 0;
+  uint64_t generation = 0;
+  struct stat attr {};
+};
+
+struct DirEntry {
+  std::string name;
+  InodeNumber ino = 0;
+  uint32_t type = 0;  // S_IFMT bits
+};
+
+// The attribute changes of one setattr call; unset fields stay as they are.
+struct SetAttrRequest {
+  std::optional<uint32_t> mode;  // permission bits (and suid/sgid/sticky)
+  std::optional<uint32_t> uid;
+  std::optional<uint32_t> gid;
+  std::optional<uint64_t> size;
+  std::optional<int64_t> atime_ns;  // kTimeNow for "now"
+  std::optional<int64_t> mtime_ns;
+  std::optional<int64_t> ctime_ns;
+  static constexpr int64_t kTimeNow = INT64_MIN;
+};
+
+// Counters shown by tools (issue: admin tools); monotonic since mount.
+struct FsCounters {
+  std::atomic<uint64_t> bytes_written{0};  // logical bytes accepted by write()
+  std::atomic<uint64_t> bytes_read{0};     // logical bytes returned by read()
+  std::atomic<uint64_t> checksum_errors{0};
+};
+
+class Filesystem {
+ public:
+  static constexpr size_t kNameMax = 255;
+  static constexpr size_t kSymlinkMax = 4095;
+  static constexpr uint32_t kLinkMax = 65000;
+
+  // Takes over an open volume; reclaims orphans left by a crash.
+  static Result<std::unique_ptr<Filesystem>> Open(std::unique_ptr<Volume> volume);
+  ~Filesystem();
+
+  // --- namespace ---
+  // Lookup, MakeNode, MakeDir, Symlink, Link and Create-style calls count a
+  // kernel lookup reference on the returned inode; Forget drops them.
+  Result<Entry> Lookup(InodeNumber parent, std::string_view name);
+  void Forget(InodeNumber ino, uint64_t count);
+  Result<Entry> GetAttr(InodeNumber ino);
+  Result<Entry> SetAttr(InodeNumber ino, const SetAttrRequest& request);
+  Result<Entry> MakeNode(InodeNumber parent, std::string_view name, uint32_t mode, uint64_t rdev,
+                         const Caller& caller);
+  Result<Entry> MakeDir(InodeNumber parent, std::string_view name, uint32_t mode, const Caller& caller);
+  Result<Entry> Symlink(InodeNumber parent, std::string_view name, std::string_view target,
+                        const Caller& caller);
+  Result<Entry> Link(InodeNumber ino, InodeNumber new_parent, std::string_view new_name);
+  Result<std::string> ReadLink(InodeNumber ino);
+  Status Unlink(InodeNumber parent, std::string_view name);
+  Status Rmdir(InodeNumber parent, std::string_view name);
+  // flags: 0, RENAME_NOREPLACE or RENAME_EXCHANGE.
+  Status Rename(InodeNumber parent, std::string_view name, InodeNumber new_parent,
+                std::string_view new_name, unsigned flags);
+  // Entries of a directory, "." and ".." first.
+  Result<std::vector<DirEntry>> ReadDir(InodeNumber ino);
+  struct statvfs StatFs();
+
+  // --- open files ---
+  // Counts an open handle; the inode outlives its last link until Release.
+  Status Open(InodeNumber ino);
+  Status Release(InodeNumber ino);
+  // Reads up to `size` bytes at `offset`; *data points into `scratch`.
+  Result<size_t> Read(InodeNumber ino, uint64_t offset, size_t size, AlignedBuffer* scratch,
+                      const char** data);
+  Result<size_t> Write(InodeNumber ino, uint64_t offset, const char* data, size_t size);
+  // datasync: skip the inode's attribute-only changes (all are in one index anyway).
+  Status Fsync(InodeNumber ino, bool datasync);
+  // mode: 0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE.
+  Status Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_t length);
+  // SEEK_DATA / SEEK_HOLE.
+  Result<uint64_t> Lseek(InodeNumber ino, uint64_t offset, int whence);
+
+  // --- extended attributes ---
+  Status SetXattr(InodeNumber ino, std::string_view name, std::string_view value, int flags);
+  Result<std::string> GetXattr(InodeNumber ino, std::string_view name);
+  Result<std::vector<std::string>> ListXattr(InodeNumber ino);
+  Status RemoveXattr(InodeNumber ino, std::string_view name);
+
+  // Makes every committed change durable (data flush, then index sync).
+  Status SyncAll();
+
+  Volume& volume() { return *volume_; }
+  const FsCounters& counters() const { return counters_; }
+  uint64_t block_size() const { return block_size_; }
+
+ private:
+  // In-memory state of an inode the kernel knows about.
+  struct InodeState {
+    uint64_t lookups = 0;
+    uint32_t opens = 0;
+    std::shared_ptr<std::mutex> io = std::make_shared<std::mutex>();  // serializes data changes
+  };
+  // A commit in progress: one index batch and the space it frees.
+  struct Txn {
+    explicit Txn(const Index& index) : batch(index) {}
+    Index::Batch batch;
+    std::vector<PhysicalExtent> freed;
+  };
+
+  explicit Filesystem(std::unique_ptr<Volume> volume);
+  Status Recover();
+
+  // Helpers called with mu_ held.
+  Result<InodeRecord> LoadInode(InodeNumber ino);
+  Result<InodeRecord> LoadDir(InodeNumber ino);
+  void PutInode(Txn* txn, InodeNumber ino, const InodeRecord& record);
+  Result<Entry> CreateInode(InodeNumber parent, std::string_view name, InodeRecord record);
+  Result<DirentRecord> FindDirent(InodeNumber parent, std::string_view name);
+  Result<bool> DirIsEmpty(InodeNumber ino);
+  // Drops one link of `ino` (its dirent is removed by the caller); frees it
+  // when no link and no open handle remain, else records an orphan.
+  Status DropLink(Txn* txn, InodeNumber ino, InodeRecord* record);
+  void DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& record);
+  Status CommitTxn(Txn* txn);
+  void CountLookup(InodeNumber ino);
+  Entry MakeEntry(InodeNumber ino, const InodeRecord& record) const;
+  std::shared_ptr<std::mutex> IoLock(InodeNumber ino);
+
+  // Data-path helpers (file_data.cc).
+  // Reads blocks [first, first + count) of `ino` into `out` (holes as zeros).
+  Status ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t count, char* out);
+  // Writes whole blocks at block-aligned `file_offset`, redirect-on-write;
+  // returns the new extents committed in `txn` by the caller.
+  Result<std::vector<std::pair<uint64_t, ExtentRecord>>> WriteBlocks(const char* data, uint64_t file_offset,
+                                                                     uint64_t length);
+  // Unmaps [start, end) (block aligned; end may be UINT64_MAX) into txn.
+  Status UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_t end, uint64_t* unmapped_bytes);
+  void MapExtents(Txn* txn, InodeNumber ino, const std::vector<std::pair<uint64_t, ExtentRecord>>& extents);
+  std::vector<uint32_t> Checksums(const char* data, uint64_t length) const;
+  bool VerifyBlocks(const ExtentRecord& extent, uint64_t first_block, uint64_t count, const char* data);
+
+  std::unique_ptr<Volume> volume_;
+  Index& index_;
+  BlockStore& store_;
+  const uint64_t block_size_;
+  const bool checksums_;
+  Allocator allocator_;
+  ReclaimGate gate_;
+  FsCounters counters_;
+
+  std::mutex mu_;  // commit lock: namespace changes, inode table, next_ino
+  InodeNumber next_ino_ = 0;
+  std::unordered_map<InodeNumber, InodeState> inodes_;
+};
+
+}  // namespace spillfs

@@ -1,0 +1,47 @@
+// FuseDaemon: serves a Filesystem to the kernel through libfuse's low-level
+// API with a multithreaded session loop. It only translates: every decision
+// about names, permissions of created inodes, sizes and errors is made by
+// Filesystem; FUSE types never leave fuse_daemon.cc.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "spillfs/fs/filesystem.h"
+#include "spillfs/status.h"
+
+struct fuse_session;
+
+namespace spillfs {
+
+struct FuseOptions {
+  std::string mountpoint;
+  std::string fsname;         // shown as the mount source (the volume path)
+  std::string extra_options;  // comma-separated -o options passed to FUSE (allow_other, ...)
+  unsigned max_threads = 16;
+  bool debug = false;
+};
+
+class FuseDaemon {
+ public:
+  FuseDaemon(std::unique_ptr<Filesystem> fs, FuseOptions options);
+  ~FuseDaemon();
+  FuseDaemon(const FuseDaemon&) = delete;
+  FuseDaemon& operator=(const FuseDaemon&) = delete;
+
+  // Mounts on the mountpoint; the caller may report success afterwards.
+  Status Mount();
+  // Serves requests until the filesystem is unmounted or a signal arrives.
+  Status Run();
+
+  Filesystem& fs() { return *fs_; }
+
+ private:
+  std::unique_ptr<Filesystem> fs_;
+  FuseOptions options_;
+  ::fuse_session* session_ = nullptr;
+  bool mounted_ = false;
+};
+
+}  // namespace spillfs

@@ -1,0 +1,122 @@
+#include "spillfs/fs/block_store.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "spillfs/fs/uring_engine.h"
+
+namespace spillfs {
+namespace {
+
+Status Errno(const std::string& what) { return Status::Error(errno, fmt::format("{}: {}", what, std::strerror(errno))); }
+
+}  // namespace
+
+BlockStore::~BlockStore() { close(fd_); }
+
+Status BlockStore::CreateImage(const std::string& path, uint64_t size) {
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno("cannot create " + path);
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    Status s = Errno("cannot size " + path);
+    close(fd);
+    unlink(path.c_str());
+    return s;
+  }
+  close(fd);
+  return Status::OK();
+}
+
+Result<uint64_t> BlockStore::SizeOf(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open " + path);
+  struct stat st{};
+  uint64_t size = 0;
+  Status s;
+  if (fstat(fd, &st) != 0) {
+    s = Errno("cannot stat " + path);
+  } else if (S_ISBLK(st.st_mode)) {
+    if (ioctl(fd, BLKGETSIZE64, &size) != 0) s = Errno("cannot get the size of " + path);
+  } else if (S_ISREG(st.st_mode)) {
+    size = static_cast<uint64_t>(st.st_size);
+  } else {
+    s = Status::Invalid(path + " is neither a regular file nor a block device");
+  }
+  close(fd);
+  if (!s.ok()) return s;
+  return size;
+}
+
+Result<std::unique_ptr<BlockStore>> BlockStore::Open(const std::string& path, bool read_only) {
+  SPILLFS_ASSIGN_OR_RETURN(uint64_t size, SizeOf(path));
+  int fd = open(path.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_DIRECT | O_CLOEXEC);
+  if (fd < 0 && errno == EINVAL) {
+    // The filesystem holding the image refuses O_DIRECT (tmpfs): fall back to
+    // buffered I/O, which is correct but goes through the page cache.
+    fd = open(path.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+  }
+  if (fd < 0) return Errno("cannot open " + path);
+  return std::unique_ptr<BlockStore>(new BlockStore(fd, path, size));
+}
+
+Status BlockStore::Transfer(const std::vector<IoSlice>& slices, bool write) {
+  std::vector<IoRequest> requests;
+  uint64_t total = 0;
+  for (const IoSlice& slice : slices) {
+    if (slice.offset + slice.length > size_ || slice.offset + slice.length < slice.offset) {
+      return Status::IOError(fmt::format("extent [{}, +{}) lies outside the store ({} bytes)", slice.offset,
+                                         slice.length, size_));
+    }
+    for (uint64_t done = 0; done < slice.length; done += kChunkBytes) {
+      uint32_t length = static_cast<uint32_t>(std::min<uint64_t>(kChunkBytes, slice.length - done));
+      requests.push_back(IoRequest{fd_, write, slice.offset + done, slice.buffer + done, length});
+    }
+    total += slice.length;
+  }
+  SPILLFS_RETURN_IF_ERROR(UringEngine::Submit(requests));
+  (write ? bytes_written_ : bytes_read_).fetch_add(total, std::memory_order_relaxed);
+  return Status::OK();
+}
+
+namespace {
+
+std::vector<IoSlice> Slices(const std::vector<PhysicalExtent>& extents, char* buffer) {
+  std::vector<IoSlice> slices;
+  uint64_t at = 0;
+  for (const PhysicalExtent& e : extents) {
+    slices.push_back(IoSlice{e.offset, buffer + at, e.length});
+    at += e.length;
+  }
+  return slices;
+}
+
+}  // namespace
+
+Status BlockStore::Write(const std::vector<PhysicalExtent>& extents, const char* buffer) {
+  return Transfer(Slices(extents, const_cast<char*>(buffer)), true);
+}
+
+Status BlockStore::Read(const std::vector<PhysicalExtent>& extents, char* buffer) {
+  return Transfer(Slices(extents, buffer), false);
+}
+
+Status BlockStore::WriteAt(uint64_t offset, const char* buffer, uint64_t length) {
+  return Write({PhysicalExtent{offset, length}}, buffer);
+}
+
+Status BlockStore::ReadAt(uint64_t offset, char* buffer, uint64_t length) {
+  return Read({PhysicalExtent{offset, length}}, buffer);
+}
+
+Status BlockStore::Flush() {
+  if (fdatasync(fd_) != 0) return Errno("fdatasync of " + path_);
+  return Status::OK();
+}
+
+}  // namespace spillfs

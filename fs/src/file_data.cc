@@ -1,0 +1,440 @@
+// Filesystem: the data operations. File contents live in block-aligned
+// extents; every change writes new blocks (redirect-on-write) and then commits
+// one batch that maps them and frees what they replace.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <linux/falloc.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cstring>
+
+#include "spillfs/fs/clock.h"
+#include "spillfs/fs/filesystem.h"
+#include "spillfs/kvindex/keys.h"
+
+namespace spillfs {
+namespace {
+
+constexpr int64_t kDayNs = 24LL * 3600 * 1000000000;
+
+uint64_t RoundDown(uint64_t value, uint64_t unit) { return value / unit * unit; }
+uint64_t RoundUp(uint64_t value, uint64_t unit) { return (value + unit - 1) / unit * unit; }
+
+// A decoded extent with its file offset.
+struct MappedExtent {
+  uint64_t file_offset;
+  ExtentRecord record;
+  uint64_t end() const { return file_offset + record.length; }
+};
+
+// Visits the extents of `ino` overlapping [start, end) in file order.
+template <typename Fn>
+Status ForEachExtent(const Index& index, InodeNumber ino, uint64_t start, uint64_t end, Fn&& fn) {
+  auto cursor = index.NewCursor(Family::kExtent, keys::Ino(ino));
+  cursor->SeekForPrev(keys::Extent(ino, start));
+  if (!cursor->Valid()) cursor->Seek(keys::Extent(ino, start));
+  for (; cursor->Valid(); cursor->Next()) {
+    if (cursor->key().size() != 16) return Status::Corruption("malformed extent key");
+    uint64_t offset = keys::ExtentOffset(cursor->key());
+    if (offset >= end) break;
+    SPILLFS_ASSIGN_OR_RETURN(ExtentRecord record, ExtentRecord::Decode(cursor->value()));
+    if (offset + record.length <= start) continue;
+    SPILLFS_RETURN_IF_ERROR(fn(MappedExtent{offset, std::move(record)}));
+  }
+  return cursor->status();
+}
+
+// The part of `record` from byte `skip` on, `length` bytes long.
+ExtentRecord Slice(const ExtentRecord& record, uint64_t skip, uint64_t length, uint64_t block) {
+  ExtentRecord out = record;
+  out.physical += skip;
+  out.length = length;
+  if (!record.block_checksums.empty()) {
+    auto first = record.block_checksums.begin() + static_cast<long>(skip / block);
+    out.block_checksums.assign(first, first + static_cast<long>(length / block));
+  }
+  return out;
+}
+
+AlignedBuffer& WriteScratch() {
+  thread_local AlignedBuffer buffer;
+  return buffer;
+}
+
+}  // namespace
+
+std::vector<uint32_t> Filesystem::Checksums(const char* data, uint64_t length) const {
+  std::vector<uint32_t> sums;
+  if (!checksums_) return sums;
+  sums.reserve(length / block_size_);
+  for (uint64_t at = 0; at < length; at += block_size_) {
+    sums.push_back(static_cast<uint32_t>(XXH3_64bits(data + at, block_size_)));
+  }
+  return sums;
+}
+
+bool Filesystem::VerifyBlocks(const ExtentRecord& extent, uint64_t first_block, uint64_t count,
+                              const char* data) {
+  if (extent.block_checksums.empty()) return true;
+  for (uint64_t i = 0; i < count; ++i) {
+    if (static_cast<uint32_t>(XXH3_64bits(data + i * block_size_, block_size_)) !=
+        extent.block_checksums[first_block + i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+Status Filesystem::ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t count, char* out) {
+  ReclaimGate::Reader reader(&gate_);
+  uint64_t start = first_block * block_size_;
+  uint64_t end = start + count * block_size_;
+  std::memset(out, 0, count * block_size_);
+  std::vector<IoSlice> slices;
+  std::vector<MappedExtent> sources;  // parallel to slices
+  SPILLFS_RETURN_IF_ERROR(ForEachExtent(index_, ino, start, end, [&](MappedExtent e) {
+    if (e.record.unwritten()) return Status::OK();
+    uint64_t from = std::max(start, e.file_offset);
+    uint64_t to = std::min(end, e.end());
+    slices.push_back(IoSlice{e.record.physical + (from - e.file_offset), out + (from - start), to - from});
+    sources.push_back(std::move(e));
+    return Status::OK();
+  }));
+  SPILLFS_RETURN_IF_ERROR(store_.ReadSlices(slices));
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const MappedExtent& e = sources[i];
+    uint64_t first = (slices[i].offset - e.record.physical) / block_size_;
+    if (!VerifyBlocks(e.record, first, slices[i].length / block_size_, slices[i].buffer)) {
+      counters_.checksum_errors.fetch_add(1, std::memory_order_relaxed);
+      uint64_t file_offset = start + static_cast<uint64_t>(slices[i].buffer - out);
+      fmt::print(stderr, "spillfs: checksum mismatch in inode {} at file offset {} (physical {})\n", ino,
+                 file_offset, slices[i].offset);
+      return Status::IOError(fmt::format("checksum mismatch in inode {} near offset {}", ino, file_offset));
+    }
+  }
+  return Status::OK();
+}
+
+Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteBlocks(const char* data,
+                                                                               uint64_t file_offset,
+                                                                               uint64_t length) {
+  SPILLFS_ASSIGN_OR_RETURN(std::vector<PhysicalExtent> space, allocator_.Reserve(length));
+  Status written = store_.Write(space, data);
+  if (!written.ok()) {
+    allocator_.Unreserve(space);
+    return written;
+  }
+  std::vector<std::pair<uint64_t, ExtentRecord>> extents;
+  uint64_t at = 0;
+  for (const PhysicalExtent& piece : space) {
+    ExtentRecord record;
+    record.physical = piece.offset;
+    record.length = piece.length;
+    record.block_checksums = Checksums(data + at, piece.length);
+    extents.emplace_back(file_offset + at, std::move(record));
+    at += piece.length;
+  }
+  return extents;
+}
+
+Status Filesystem::UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_t end, uint64_t* unmapped) {
+  uint64_t total = 0;
+  SPILLFS_RETURN_IF_ERROR(ForEachExtent(index_, ino, start, end, [&](const MappedExtent& e) {
+    txn->batch.Delete(Family::kExtent, keys::Extent(ino, e.file_offset));
+    if (e.file_offset < start) {
+      txn->batch.Put(Family::kExtent, keys::Extent(ino, e.file_offset),
+                     Slice(e.record, 0, start - e.file_offset, block_size_).Encode());
+    }
+    if (e.end() > end) {
+      txn->batch.Put(Family::kExtent, keys::Extent(ino, end),
+                     Slice(e.record, end - e.file_offset, e.end() - end, block_size_).Encode());
+    }
+    uint64_t from = std::max(start, e.file_offset);
+    uint64_t to = std::min(end, e.end());
+    txn->freed.push_back(PhysicalExtent{e.record.physical + (from - e.file_offset), to - from});
+    total += to - from;
+    return Status::OK();
+  }));
+  if (unmapped) *unmapped = total;
+  return Status::OK();
+}
+
+void Filesystem::MapExtents(Txn* txn, InodeNumber ino,
+                            const std::vector<std::pair<uint64_t, ExtentRecord>>& extents) {
+  std::vector<PhysicalExtent> space;
+  for (const auto& [offset, record] : extents) {
+    txn->batch.Put(Family::kExtent, keys::Extent(ino, offset), record.Encode());
+    space.push_back(PhysicalExtent{record.physical, record.length});
+  }
+  allocator_.CommitAllocated(space, &txn->batch);
+}
+
+// ---- read and write ----
+
+Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, AlignedBuffer* scratch,
+                                const char** data) {
+  ReclaimGate::Reader reader(&gate_);
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  if (S_ISDIR(record.mode)) return Status::Error(EISDIR, "read of a directory");
+  if (offset >= record.size || size == 0) return size_t{0};
+  uint64_t end = std::min<uint64_t>(record.size, offset + size);
+  uint64_t first = RoundDown(offset, block_size_);
+  uint64_t last = RoundUp(end, block_size_);
+  scratch->Resize(last - first);
+  SPILLFS_RETURN_IF_ERROR(ReadBlocks(ino, first / block_size_, (last - first) / block_size_, scratch->data()));
+  *data = scratch->data() + (offset - first);
+  counters_.bytes_read.fetch_add(end - offset, std::memory_order_relaxed);
+  // relatime: record an access only when it is newer information.
+  int64_t now = NowNs();
+  if (record.atime_ns <= record.mtime_ns || record.atime_ns <= record.ctime_ns ||
+      now - record.atime_ns > kDayNs) {
+    std::lock_guard lock(mu_);
+    auto fresh = LoadInode(ino);
+    if (fresh.ok()) {
+      fresh->atime_ns = now;
+      Txn txn(index_);
+      PutInode(&txn, ino, *fresh);
+      SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
+    }
+  }
+  return static_cast<size_t>(end - offset);
+}
+
+Result<size_t> Filesystem::Write(InodeNumber ino, uint64_t offset, const char* data, size_t size) {
+  if (size == 0) return size_t{0};
+  if (offset + size < offset || offset + size > (1ull << 62)) return Status::Error(EFBIG, "file too large");
+  auto io = IoLock(ino);
+  std::lock_guard io_lock(*io);
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  uint64_t first = RoundDown(offset, block_size_);
+  uint64_t last = RoundUp(offset + size, block_size_);
+  AlignedBuffer& buffer = WriteScratch();
+  buffer.Resize(last - first);
+  // Edge blocks keep their old bytes (zeros past EOF, by invariant).
+  if (offset != first) {
+    SPILLFS_RETURN_IF_ERROR(ReadBlocks(ino, first / block_size_, 1, buffer.data()));
+  }
+  if (offset + size != last && (last - block_size_ != first || offset == first)) {
+    SPILLFS_RETURN_IF_ERROR(
+        ReadBlocks(ino, (last - block_size_) / block_size_, 1, buffer.data() + (last - first - block_size_)));
+  }
+  std::memcpy(buffer.data() + (offset - first), data, size);
+  SPILLFS_ASSIGN_OR_RETURN(auto extents, WriteBlocks(buffer.data(), first, last - first));
+
+  std::lock_guard lock(mu_);
+  SPILLFS_ASSIGN_OR_RETURN(record, LoadInode(ino));
+  Txn txn(index_);
+  uint64_t unmapped = 0;
+  SPILLFS_RETURN_IF_ERROR(UnmapRange(&txn, ino, first, last, &unmapped));
+  MapExtents(&txn, ino, extents);
+  record.allocated_bytes += (last - first) - unmapped;
+  record.size = std::max<uint64_t>(record.size, offset + size);
+  record.mtime_ns = record.ctime_ns = NowNs();
+  PutInode(&txn, ino, record);
+  SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
+  counters_.bytes_written.fetch_add(size, std::memory_order_relaxed);
+  return size;
+}
+
+// ---- size changes ----
+
+namespace {
+
+// The extents a partial-block rewrite produced, to map under the commit lock.
+struct BlockRewrite {
+  uint64_t block_offset = 0;
+  std::vector<std::pair<uint64_t, ExtentRecord>> extents;
+};
+
+}  // namespace
+
+Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request) {
+  std::shared_ptr<std::mutex> io;
+  std::unique_lock<std::mutex> io_lock;
+  std::optional<BlockRewrite> tail;
+  if (request.size) {
+    io = IoLock(ino);
+    io_lock = std::unique_lock(*io);
+    SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+    if (S_ISDIR(record.mode)) return Status::Error(EISDIR, "truncate of a directory");
+    if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "truncate of a special file");
+    if (*request.size > (1ull << 62)) return Status::Error(EFBIG, "file too large");
+    uint64_t size = *request.size;
+    // Shrinking into the middle of a block: zero its tail so the bytes past
+    // EOF read as zeros if the file grows again.
+    if (size < record.size && size % block_size_ != 0) {
+      uint64_t block = RoundDown(size, block_size_);
+      bool mapped = false;
+      SPILLFS_RETURN_IF_ERROR(ForEachExtent(index_, ino, block, block + block_size_, [&](const MappedExtent& e) {
+        mapped = !e.record.unwritten();
+        return Status::OK();
+      }));
+      if (mapped) {
+        AlignedBuffer& buffer = WriteScratch();
+        buffer.Resize(block_size_);
+        SPILLFS_RETURN_IF_ERROR(ReadBlocks(ino, block / block_size_, 1, buffer.data()));
+        std::memset(buffer.data() + (size - block), 0, block_size_ - (size - block));
+        SPILLFS_ASSIGN_OR_RETURN(auto extents, WriteBlocks(buffer.data(), block, block_size_));
+        tail = BlockRewrite{block, std::move(extents)};
+      }
+    }
+  }
+
+  std::lock_guard lock(mu_);
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  int64_t now = NowNs();
+  Txn txn(index_);
+  if (request.mode) record.mode = (record.mode & S_IFMT) | (*request.mode & 07777);
+  if (request.uid) record.uid = *request.uid;
+  if (request.gid) record.gid = *request.gid;
+  if (request.size) {
+    uint64_t size = *request.size;
+    if (size < record.size) {
+      uint64_t unmapped = 0;
+      SPILLFS_RETURN_IF_ERROR(UnmapRange(&txn, ino, RoundUp(size, block_size_), UINT64_MAX, &unmapped));
+      record.allocated_bytes -= unmapped;
+      if (tail) {
+        SPILLFS_RETURN_IF_ERROR(
+            UnmapRange(&txn, ino, tail->block_offset, tail->block_offset + block_size_, &unmapped));
+        MapExtents(&txn, ino, tail->extents);
+        record.allocated_bytes += block_size_ - unmapped;
+      }
+    }
+    if (size != record.size) record.mtime_ns = now;
+    record.size = size;
+  }
+  auto resolve = [now](int64_t t) { return t == SetAttrRequest::kTimeNow ? now : t; };
+  if (request.atime_ns) record.atime_ns = resolve(*request.atime_ns);
+  if (request.mtime_ns) record.mtime_ns = resolve(*request.mtime_ns);
+  record.ctime_ns = request.ctime_ns ? resolve(*request.ctime_ns) : now;
+  PutInode(&txn, ino, record);
+  SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
+  return MakeEntry(ino, record);
+}
+
+// ---- fallocate and seek ----
+
+Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_t length) {
+  if (length == 0) return Status::Error(EINVAL, "fallocate of zero bytes");
+  if (offset + length < offset || offset + length > (1ull << 62)) return Status::Error(EFBIG, "file too large");
+  bool keep_size = mode & FALLOC_FL_KEEP_SIZE;
+  bool punch = mode & FALLOC_FL_PUNCH_HOLE;
+  bool zero = mode & FALLOC_FL_ZERO_RANGE;
+  if (mode & ~(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE)) {
+    return Status::Error(EOPNOTSUPP, "unsupported fallocate mode");
+  }
+  if (punch && (!keep_size || zero)) return Status::Error(EOPNOTSUPP, "PUNCH_HOLE needs KEEP_SIZE alone");
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  if (S_ISDIR(record.mode)) return Status::Error(EISDIR, "fallocate on a directory");
+  if (!S_ISREG(record.mode)) return Status::Error(ENODEV, "fallocate on a special file");
+
+  uint64_t end = offset + length;
+  if (punch || zero) {
+    // Partial edge blocks are rewritten with zeros through the write path;
+    // whole blocks are unmapped (zero range maps them again below).
+    uint64_t inner_start = RoundUp(offset, block_size_);
+    uint64_t inner_end = RoundDown(end, block_size_);
+    uint64_t limit = std::min(end, record.size);  // past EOF reads as zeros already
+    auto zero_span = [&](uint64_t from, uint64_t to) -> Status {
+      to = std::min(to, std::max(limit, from));
+      if (from >= to || from >= record.size) return Status::OK();
+      std::string zeros(to - from, '\0');
+      auto written = Write(ino, from, zeros.data(), zeros.size());
+      return written.status();
+    };
+    if (inner_start > inner_end) {  // inside one block
+      SPILLFS_RETURN_IF_ERROR(zero_span(offset, end));
+    } else {
+      SPILLFS_RETURN_IF_ERROR(zero_span(offset, inner_start));
+      SPILLFS_RETURN_IF_ERROR(zero_span(inner_end, end));
+      if (inner_start < inner_end) {
+        auto io = IoLock(ino);
+        std::lock_guard io_lock(*io);
+        std::lock_guard lock(mu_);
+        SPILLFS_ASSIGN_OR_RETURN(record, LoadInode(ino));
+        Txn txn(index_);
+        uint64_t unmapped = 0;
+        SPILLFS_RETURN_IF_ERROR(UnmapRange(&txn, ino, inner_start, inner_end, &unmapped));
+        record.allocated_bytes -= unmapped;
+        record.mtime_ns = record.ctime_ns = NowNs();
+        PutInode(&txn, ino, record);
+        SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
+      }
+    }
+    if (punch) return Status::OK();
+  }
+
+  // Allocate unwritten extents over the holes of [offset, end).
+  auto io = IoLock(ino);
+  std::lock_guard io_lock(*io);
+  uint64_t start = RoundDown(offset, block_size_);
+  uint64_t stop = RoundUp(end, block_size_);
+  std::vector<std::pair<uint64_t, uint64_t>> holes;
+  uint64_t at = start;
+  SPILLFS_RETURN_IF_ERROR(ForEachExtent(index_, ino, start, stop, [&](const MappedExtent& e) {
+    if (e.file_offset > at) holes.emplace_back(at, e.file_offset);
+    at = std::max(at, e.end());
+    return Status::OK();
+  }));
+  if (at < stop) holes.emplace_back(at, stop);
+  std::vector<std::pair<uint64_t, ExtentRecord>> extents;
+  std::vector<PhysicalExtent> reserved;
+  for (auto [from, to] : holes) {
+    auto space = allocator_.Reserve(to - from);
+    if (!space.ok()) {
+      allocator_.Unreserve(reserved);
+      return space.status();
+    }
+    uint64_t piece_offset = from;
+    for (const PhysicalExtent& piece : *space) {
+      ExtentRecord record_piece;
+      record_piece.physical = piece.offset;
+      record_piece.length = piece.length;
+      record_piece.flags = kExtentUnwritten;
+      extents.emplace_back(piece_offset, std::move(record_piece));
+      piece_offset += piece.length;
+      reserved.push_back(piece);
+    }
+  }
+  std::lock_guard lock(mu_);
+  SPILLFS_ASSIGN_OR_RETURN(record, LoadInode(ino));
+  Txn txn(index_);
+  MapExtents(&txn, ino, extents);
+  for (const PhysicalExtent& piece : reserved) record.allocated_bytes += piece.length;
+  int64_t now = NowNs();
+  if (!keep_size && end > record.size) {
+    record.size = end;
+    record.mtime_ns = now;
+  }
+  record.ctime_ns = now;
+  PutInode(&txn, ino, record);
+  return CommitTxn(&txn);
+}
+
+Result<uint64_t> Filesystem::Lseek(InodeNumber ino, uint64_t offset, int whence) {
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  if (offset >= record.size) return Status::Error(ENXIO, "offset is past the end of the file");
+  std::optional<uint64_t> data;
+  uint64_t hole = offset;
+  bool hole_found = false;
+  SPILLFS_RETURN_IF_ERROR(ForEachExtent(index_, ino, offset, UINT64_MAX, [&](const MappedExtent& e) {
+    if (!data) data = std::max(offset, e.file_offset);
+    if (!hole_found) {
+      if (e.file_offset > hole) {
+        hole_found = true;
+      } else {
+        hole = std::max(hole, e.end());
+      }
+    }
+    return Status::OK();
+  }));
+  if (whence == SEEK_DATA) {
+    if (!data || *data >= record.size) return Status::Error(ENXIO, "no data past the offset");
+    return *data;
+  }
+  if (whence == SEEK_HOLE) return std::min(hole, record.size);
+  return Status::Error(EINVAL, "unsupported whence");
+}
+
+}  // namespace spillfs

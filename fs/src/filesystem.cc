@@ -1,0 +1,483 @@
+// Filesystem: opening, inode bookkeeping and the namespace operations.
+// The data operations (read, write, truncate, fallocate, seek) are in
+// file_data.cc, extended attributes in xattr.cc.
+#include "spillfs/fs/filesystem.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <linux/fs.h>
+#include <sys/stat.h>
+
+#include "spillfs/fs/clock.h"
+#include "spillfs/kvindex/keys.h"
+
+namespace spillfs {
+namespace {
+
+Status CheckName(std::string_view name) {
+  if (name.empty()) return Status::Error(ENOENT, "empty name");
+  if (name.size() > Filesystem::kNameMax) return Status::Error(ENAMETOOLONG, "name longer than 255 bytes");
+  if (name.find('/') != std::string_view::npos || name.find('\0') != std::string_view::npos) {
+    return Status::Error(EINVAL, "name contains '/' or NUL");
+  }
+  return Status::OK();
+}
+
+bool IsDir(const InodeRecord& r) { return S_ISDIR(r.mode); }
+
+void Touch(InodeRecord* r, bool modify, int64_t now) {
+  r->ctime_ns = now;
+  if (modify) r->mtime_ns = now;
+}
+
+struct timespec ToTimespec(int64_t ns) {
+  struct timespec ts;
+  ts.tv_sec = ns / 1000000000;
+  ts.tv_nsec = ns % 1000000000;
+  if (ts.tv_nsec < 0) {
+    ts.tv_nsec += 1000000000;
+    --ts.tv_sec;
+  }
+  return ts;
+}
+
+}  // namespace
+
+Filesystem::Filesystem(std::unique_ptr<Volume> volume)
+    : volume_(std::move(volume)),
+      index_(volume_->index()),
+      store_(volume_->store()),
+      block_size_(volume_->superblock().block_size),
+      checksums_(volume_->superblock().checksums),
+      allocator_(block_size_),
+      gate_([this](const std::vector<PhysicalExtent>& extents) { allocator_.Release(extents); }) {}
+
+Filesystem::~Filesystem() {
+  Status s = SyncAll();
+  (void)s;
+}
+
+Result<std::unique_ptr<Filesystem>> Filesystem::Open(std::unique_ptr<Volume> volume) {
+  std::unique_ptr<Filesystem> fs(new Filesystem(std::move(volume)));
+  SPILLFS_RETURN_IF_ERROR(fs->allocator_.Load(fs->index_));
+  SPILLFS_ASSIGN_OR_RETURN(fs->next_ino_, fs->index_.GetMetaU64(keys::kNextIno));
+  SPILLFS_RETURN_IF_ERROR(fs->Recover());
+  return fs;
+}
+
+// Reclaims inodes that were unlinked while open when the daemon stopped.
+Status Filesystem::Recover() {
+  std::vector<InodeNumber> orphans;
+  auto cursor = index_.NewCursor(Family::kOrphan, "");
+  for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
+    if (cursor->key().size() != 8) return Status::Corruption("malformed orphan key");
+    orphans.push_back(keys::DecodeIno(cursor->key()));
+  }
+  SPILLFS_RETURN_IF_ERROR(cursor->status());
+  std::lock_guard lock(mu_);
+  for (InodeNumber ino : orphans) {
+    Txn txn(index_);
+    auto record = index_.GetInode(ino);
+    if (record.ok()) {
+      SPILLFS_RETURN_IF_ERROR(UnmapRange(&txn, ino, 0, UINT64_MAX, nullptr));
+      DeleteInode(&txn, ino, *record);
+    } else {
+      txn.batch.Delete(Family::kOrphan, keys::Ino(ino));
+    }
+    SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
+  }
+  return Status::OK();
+}
+
+// ---- helpers (mu_ held) ----
+
+Result<InodeRecord> Filesystem::LoadInode(InodeNumber ino) {
+  auto record = index_.GetInode(ino);
+  if (!record.ok() && record.status().IsNotFound()) return Status::Error(ENOENT, fmt::format("no inode {}", ino));
+  return record;
+}
+
+Result<InodeRecord> Filesystem::LoadDir(InodeNumber ino) {
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  if (!IsDir(record)) return Status::Error(ENOTDIR, fmt::format("inode {} is not a directory", ino));
+  return record;
+}
+
+void Filesystem::PutInode(Txn* txn, InodeNumber ino, const InodeRecord& record) {
+  txn->batch.Put(Family::kInode, keys::Ino(ino), record.Encode());
+}
+
+Result<DirentRecord> Filesystem::FindDirent(InodeNumber parent, std::string_view name) {
+  auto dirent = index_.GetDirent(parent, name);
+  if (!dirent.ok() && dirent.status().IsNotFound()) {
+    return Status::Error(ENOENT, fmt::format("no entry {} in directory {}", name, parent));
+  }
+  return dirent;
+}
+
+Result<bool> Filesystem::DirIsEmpty(InodeNumber ino) {
+  auto cursor = index_.NewCursor(Family::kDirent, keys::Ino(ino));
+  cursor->Seek(keys::Ino(ino));
+  bool empty = !cursor->Valid();
+  SPILLFS_RETURN_IF_ERROR(cursor->status());
+  return empty;
+}
+
+Status Filesystem::CommitTxn(Txn* txn) {
+  allocator_.CommitFreed(txn->freed, &txn->batch);
+  SPILLFS_RETURN_IF_ERROR(index_.Commit(&txn->batch));
+  gate_.Retire(std::move(txn->freed));
+  return Status::OK();
+}
+
+void Filesystem::CountLookup(InodeNumber ino) { ++inodes_[ino].lookups; }
+
+std::shared_ptr<std::mutex> Filesystem::IoLock(InodeNumber ino) {
+  std::lock_guard lock(mu_);
+  return inodes_[ino].io;
+}
+
+Entry Filesystem::MakeEntry(InodeNumber ino, const InodeRecord& r) const {
+  Entry entry;
+  entry.ino = ino;
+  entry.generation = r.generation;
+  struct stat& st = entry.attr;
+  st.st_ino = ino;
+  st.st_mode = r.mode;
+  st.st_nlink = r.nlink;
+  st.st_uid = r.uid;
+  st.st_gid = r.gid;
+  st.st_rdev = r.rdev;
+  st.st_size = static_cast<off_t>(IsDir(r) ? block_size_ : r.size);
+  st.st_blksize = static_cast<blksize_t>(block_size_);
+  st.st_blocks = static_cast<blkcnt_t>(IsDir(r) ? block_size_ / 512 : r.allocated_bytes / 512);
+  st.st_atim = ToTimespec(r.atime_ns);
+  st.st_mtim = ToTimespec(r.mtime_ns);
+  st.st_ctim = ToTimespec(r.ctime_ns);
+  return entry;
+}
+
+Status Filesystem::DropLink(Txn* txn, InodeNumber ino, InodeRecord* record) {
+  record->nlink = IsDir(*record) ? 0 : record->nlink - 1;
+  record->ctime_ns = NowNs();
+  if (record->nlink > 0) {
+    PutInode(txn, ino, *record);
+    return Status::OK();
+  }
+  auto it = inodes_.find(ino);
+  if (it != inodes_.end() && it->second.opens > 0) {
+    PutInode(txn, ino, *record);
+    txn->batch.Put(Family::kOrphan, keys::Ino(ino), "");
+    return Status::OK();
+  }
+  SPILLFS_RETURN_IF_ERROR(UnmapRange(txn, ino, 0, UINT64_MAX, nullptr));
+  DeleteInode(txn, ino, *record);
+  return Status::OK();
+}
+
+// Deletes the inode record, its xattrs and its orphan mark. The caller has
+// unmapped its data.
+void Filesystem::DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& record) {
+  auto cursor = index_.NewCursor(Family::kXattr, keys::Ino(ino));
+  for (cursor->Seek(keys::Ino(ino)); cursor->Valid(); cursor->Next()) {
+    txn->batch.Delete(Family::kXattr, cursor->key());
+  }
+  txn->batch.Delete(Family::kInode, keys::Ino(ino));
+  txn->batch.Delete(Family::kOrphan, keys::Ino(ino));
+}
+
+Result<Entry> Filesystem::CreateInode(InodeNumber parent, std::string_view name, InodeRecord record) {
+  SPILLFS_RETURN_IF_ERROR(CheckName(name));
+  std::lock_guard lock(mu_);
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord dir, LoadDir(parent));
+  if (dir.nlink == 0) return Status::Error(ENOENT, "directory was removed");
+  if (index_.GetDirent(parent, name).ok()) return Status::Error(EEXIST, fmt::format("{} exists", name));
+  if (IsDir(record) && dir.nlink >= kLinkMax) return Status::Error(EMLINK, "too many subdirectories");
+  int64_t now = NowNs();
+  record.atime_ns = record.mtime_ns = record.ctime_ns = record.btime_ns = now;
+  record.generation = 1;
+  if (dir.mode & S_ISGID) {
+    record.gid = dir.gid;
+    if (IsDir(record)) record.mode |= S_ISGID;
+  }
+  if (IsDir(record)) {
+    record.parent = parent;
+    ++dir.nlink;
+  }
+  Touch(&dir, true, now);
+  InodeNumber ino = next_ino_;
+  Txn txn(index_);
+  PutInode(&txn, ino, record);
+  PutInode(&txn, parent, dir);
+  txn.batch.Put(Family::kDirent, keys::Dirent(parent, name), DirentRecord{ino, record.mode & S_IFMT}.Encode());
+  txn.batch.Put(Family::kMeta, keys::kNextIno, EncodeMetaU64(ino + 1));
+  SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
+  ++next_ino_;
+  CountLookup(ino);
+  return MakeEntry(ino, record);
+}
+
+// ---- namespace operations ----
+
+Result<Entry> Filesystem::Lookup(InodeNumber parent, std::string_view name) {
+  SPILLFS_RETURN_IF_ERROR(CheckName(name));
+  std::lock_guard lock(mu_);
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord dir, LoadDir(parent));
+  InodeNumber ino;
+  if (name == ".") {
+    ino = parent;
+  } else if (name == "..") {
+    ino = dir.parent;
+  } else {
+    SPILLFS_ASSIGN_OR_RETURN(DirentRecord dirent, FindDirent(parent, name));
+    ino = dirent.ino;
+  }
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  CountLookup(ino);
+  return MakeEntry(ino, record);
+}
+
+void Filesystem::Forget(InodeNumber ino, uint64_t count) {
+  std::lock_guard lock(mu_);
+  auto it = inodes_.find(ino);
+  if (it == inodes_.end()) return;
+  it->second.lookups -= std::min(count, it->second.lookups);
+  if (it->second.lookups == 0 && it->second.opens == 0) inodes_.erase(it);
+}
+
+Result<Entry> Filesystem::GetAttr(InodeNumber ino) {
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  return MakeEntry(ino, record);
+}
+
+Result<Entry> Filesystem::MakeNode(InodeNumber parent, std::string_view name, uint32_t mode, uint64_t rdev,
+                                   const Caller& caller) {
+  if ((mode & S_IFMT) == 0) mode |= S_IFREG;
+  if (S_ISDIR(mode) || S_ISLNK(mode)) return Status::Error(EINVAL, "mknod cannot make directories or links");
+  InodeRecord record;
+  record.mode = mode;
+  record.uid = caller.uid;
+  record.gid = caller.gid;
+  record.nlink = 1;
+  record.rdev = (S_ISCHR(mode) || S_ISBLK(mode)) ? rdev : 0;
+  return CreateInode(parent, name, std::move(record));
+}
+
+Result<Entry> Filesystem::MakeDir(InodeNumber parent, std::string_view name, uint32_t mode,
+                                  const Caller& caller) {
+  InodeRecord record;
+  record.mode = S_IFDIR | (mode & 07777);
+  record.uid = caller.uid;
+  record.gid = caller.gid;
+  record.nlink = 2;
+  return CreateInode(parent, name, std::move(record));
+}
+
+Result<Entry> Filesystem::Symlink(InodeNumber parent, std::string_view name, std::string_view target,
+                                  const Caller& caller) {
+  if (target.empty()) return Status::Error(ENOENT, "empty symlink target");
+  if (target.size() > kSymlinkMax) return Status::Error(ENAMETOOLONG, "symlink target too long");
+  InodeRecord record;
+  record.mode = S_IFLNK | 0777;
+  record.uid = caller.uid;
+  record.gid = caller.gid;
+  record.nlink = 1;
+  record.size = target.size();
+  record.symlink_target.assign(target);
+  return CreateInode(parent, name, std::move(record));
+}
+
+Result<Entry> Filesystem::Link(InodeNumber ino, InodeNumber new_parent, std::string_view new_name) {
+  SPILLFS_RETURN_IF_ERROR(CheckName(new_name));
+  std::lock_guard lock(mu_);
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  if (IsDir(record)) return Status::Error(EPERM, "hard links to directories are not allowed");
+  if (record.nlink == 0) return Status::Error(ENOENT, "file was removed");
+  if (record.nlink >= kLinkMax) return Status::Error(EMLINK, "too many links");
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord dir, LoadDir(new_parent));
+  if (dir.nlink == 0) return Status::Error(ENOENT, "directory was removed");
+  if (index_.GetDirent(new_parent, new_name).ok()) return Status::Error(EEXIST, fmt::format("{} exists", new_name));
+  int64_t now = NowNs();
+  ++record.nlink;
+  Touch(&record, false, now);
+  Touch(&dir, true, now);
+  Txn txn(index_);
+  PutInode(&txn, ino, record);
+  PutInode(&txn, new_parent, dir);
+  txn.batch.Put(Family::kDirent, keys::Dirent(new_parent, new_name),
+                DirentRecord{ino, record.mode & S_IFMT}.Encode());
+  SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
+  CountLookup(ino);
+  return MakeEntry(ino, record);
+}
+
+Result<std::string> Filesystem::ReadLink(InodeNumber ino) {
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  if (!S_ISLNK(record.mode)) return Status::Error(EINVAL, "not a symbolic link");
+  return record.symlink_target;
+}
+
+Status Filesystem::Unlink(InodeNumber parent, std::string_view name) {
+  SPILLFS_RETURN_IF_ERROR(CheckName(name));
+  std::lock_guard lock(mu_);
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord dir, LoadDir(parent));
+  SPILLFS_ASSIGN_OR_RETURN(DirentRecord dirent, FindDirent(parent, name));
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(dirent.ino));
+  if (IsDir(record)) return Status::Error(EISDIR, fmt::format("{} is a directory", name));
+  Txn txn(index_);
+  txn.batch.Delete(Family::kDirent, keys::Dirent(parent, name));
+  Touch(&dir, true, NowNs());
+  PutInode(&txn, parent, dir);
+  SPILLFS_RETURN_IF_ERROR(DropLink(&txn, dirent.ino, &record));
+  return CommitTxn(&txn);
+}
+
+Status Filesystem::Rmdir(InodeNumber parent, std::string_view name) {
+  if (name == ".") return Status::Error(EINVAL, "cannot remove '.'");
+  if (name == "..") return Status::Error(ENOTEMPTY, "cannot remove '..'");
+  SPILLFS_RETURN_IF_ERROR(CheckName(name));
+  std::lock_guard lock(mu_);
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord dir, LoadDir(parent));
+  SPILLFS_ASSIGN_OR_RETURN(DirentRecord dirent, FindDirent(parent, name));
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(dirent.ino));
+  if (!IsDir(record)) return Status::Error(ENOTDIR, fmt::format("{} is not a directory", name));
+  SPILLFS_ASSIGN_OR_RETURN(bool empty, DirIsEmpty(dirent.ino));
+  if (!empty) return Status::Error(ENOTEMPTY, fmt::format("{} is not empty", name));
+  Txn txn(index_);
+  txn.batch.Delete(Family::kDirent, keys::Dirent(parent, name));
+  --dir.nlink;
+  Touch(&dir, true, NowNs());
+  PutInode(&txn, parent, dir);
+  SPILLFS_RETURN_IF_ERROR(DropLink(&txn, dirent.ino, &record));
+  return CommitTxn(&txn);
+}
+
+Status Filesystem::Rename(InodeNumber parent, std::string_view name, InodeNumber new_parent,
+                          std::string_view new_name, unsigned flags) {
+  SPILLFS_RETURN_IF_ERROR(CheckName(name));
+  SPILLFS_RETURN_IF_ERROR(CheckName(new_name));
+  if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return Status::Error(EINVAL, "unsupported rename flags");
+  if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE)) {
+    return Status::Error(EINVAL, "RENAME_NOREPLACE and RENAME_EXCHANGE together");
+  }
+  std::lock_guard lock(mu_);
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord src_dir, LoadDir(parent));
+  SPILLFS_ASSIGN_OR_RETURN(DirentRecord src, FindDirent(parent, name));
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord src_record, LoadInode(src.ino));
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord dst_dir_loaded, LoadDir(new_parent));
+  bool same_dir = parent == new_parent;
+  InodeRecord& dst_dir = same_dir ? src_dir : dst_dir_loaded;
+  auto dst = index_.GetDirent(new_parent, new_name);
+  if (!dst.ok() && !dst.status().IsNotFound()) return dst.status();
+
+  int64_t now = NowNs();
+  Txn txn(index_);
+  if (flags & RENAME_EXCHANGE) {
+    if (!dst.ok()) return Status::Error(ENOENT, fmt::format("{} does not exist", new_name));
+    SPILLFS_ASSIGN_OR_RETURN(InodeRecord dst_record, LoadInode(dst->ino));
+    txn.batch.Put(Family::kDirent, keys::Dirent(parent, name), dst->Encode());
+    txn.batch.Put(Family::kDirent, keys::Dirent(new_parent, new_name), src.Encode());
+    if (!same_dir) {
+      if (IsDir(src_record) && !IsDir(dst_record)) --src_dir.nlink, ++dst_dir.nlink;
+      if (!IsDir(src_record) && IsDir(dst_record)) ++src_dir.nlink, --dst_dir.nlink;
+      if (IsDir(src_record)) src_record.parent = new_parent;
+      if (IsDir(dst_record)) dst_record.parent = parent;
+    }
+    Touch(&src_record, false, now);
+    Touch(&dst_record, false, now);
+    PutInode(&txn, src.ino, src_record);
+    PutInode(&txn, dst->ino, dst_record);
+  } else {
+    if (dst.ok()) {
+      if (flags & RENAME_NOREPLACE) return Status::Error(EEXIST, fmt::format("{} exists", new_name));
+      if (dst->ino == src.ino) return Status::OK();  // two links to one inode: nothing to do
+      SPILLFS_ASSIGN_OR_RETURN(InodeRecord dst_record, LoadInode(dst->ino));
+      if (IsDir(src_record) && !IsDir(dst_record)) return Status::Error(ENOTDIR, "target is not a directory");
+      if (!IsDir(src_record) && IsDir(dst_record)) return Status::Error(EISDIR, "target is a directory");
+      if (IsDir(dst_record)) {
+        SPILLFS_ASSIGN_OR_RETURN(bool empty, DirIsEmpty(dst->ino));
+        if (!empty) return Status::Error(ENOTEMPTY, fmt::format("{} is not empty", new_name));
+        --dst_dir.nlink;
+      }
+      SPILLFS_RETURN_IF_ERROR(DropLink(&txn, dst->ino, &dst_record));
+    }
+    txn.batch.Delete(Family::kDirent, keys::Dirent(parent, name));
+    txn.batch.Put(Family::kDirent, keys::Dirent(new_parent, new_name), src.Encode());
+    if (IsDir(src_record) && !same_dir) {
+      --src_dir.nlink;
+      ++dst_dir.nlink;
+      src_record.parent = new_parent;
+    }
+    Touch(&src_record, false, now);
+    PutInode(&txn, src.ino, src_record);
+  }
+  Touch(&src_dir, true, now);
+  PutInode(&txn, parent, src_dir);
+  if (!same_dir) {
+    Touch(&dst_dir, true, now);
+    PutInode(&txn, new_parent, dst_dir);
+  }
+  return CommitTxn(&txn);
+}
+
+Result<std::vector<DirEntry>> Filesystem::ReadDir(InodeNumber ino) {
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord dir, LoadDir(ino));
+  std::vector<DirEntry> entries;
+  entries.push_back(DirEntry{".", ino, S_IFDIR});
+  entries.push_back(DirEntry{"..", dir.parent, S_IFDIR});
+  auto cursor = index_.NewCursor(Family::kDirent, keys::Ino(ino));
+  for (cursor->Seek(keys::Ino(ino)); cursor->Valid(); cursor->Next()) {
+    SPILLFS_ASSIGN_OR_RETURN(DirentRecord dirent, DirentRecord::Decode(cursor->value()));
+    entries.push_back(DirEntry{std::string(keys::DirentName(cursor->key())), dirent.ino, dirent.type});
+  }
+  SPILLFS_RETURN_IF_ERROR(cursor->status());
+  return entries;
+}
+
+struct statvfs Filesystem::StatFs() {
+  const Superblock& sb = volume_->superblock();
+  struct statvfs st{};
+  st.f_bsize = block_size_;
+  st.f_frsize = block_size_;
+  st.f_blocks = (sb.data_size - sb.data_offset) / block_size_;
+  st.f_bfree = allocator_.available_bytes() / block_size_;
+  st.f_bavail = st.f_bfree;
+  std::lock_guard lock(mu_);
+  st.f_files = 1ull << 32;
+  st.f_ffree = st.f_files - std::min<uint64_t>(st.f_files, next_ino_);
+  st.f_favail = st.f_ffree;
+  st.f_namemax = kNameMax;
+  return st;
+}
+
+// ---- open files ----
+
+Status Filesystem::Open(InodeNumber ino) {
+  std::lock_guard lock(mu_);
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  ++inodes_[ino].opens;
+  return Status::OK();
+}
+
+Status Filesystem::Release(InodeNumber ino) {
+  std::lock_guard lock(mu_);
+  auto it = inodes_.find(ino);
+  if (it == inodes_.end() || it->second.opens == 0) return Status::OK();
+  if (--it->second.opens > 0) return Status::OK();
+  if (it->second.lookups == 0) inodes_.erase(it);
+  auto record = index_.GetInode(ino);
+  if (!record.ok() || record->nlink > 0) return Status::OK();
+  Txn txn(index_);  // last close of an unlinked inode: reclaim it
+  SPILLFS_RETURN_IF_ERROR(UnmapRange(&txn, ino, 0, UINT64_MAX, nullptr));
+  DeleteInode(&txn, ino, *record);
+  return CommitTxn(&txn);
+}
+
+Status Filesystem::SyncAll() {
+  SPILLFS_RETURN_IF_ERROR(store_.Flush());
+  return index_.Sync();
+}
+
+Status Filesystem::Fsync(InodeNumber ino, bool datasync) { return SyncAll(); }
+
+}  // namespace spillfs

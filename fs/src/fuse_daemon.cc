@@ -1,0 +1,392 @@
+#define FUSE_USE_VERSION 314
+#include "spillfs/fs/fuse_daemon.h"
+
+#include <fmt/format.h>
+#include <fuse3/fuse_lowlevel.h>
+#include <sys/xattr.h>
+
+#include <cstring>
+#include <vector>
+
+namespace spillfs {
+namespace {
+
+constexpr double kAttrTimeout = 1.0;
+constexpr double kEntryTimeout = 1.0;
+constexpr unsigned kMaxWrite = 1u << 20;
+
+Filesystem& Fs(fuse_req_t req) { return *static_cast<Filesystem*>(fuse_req_userdata(req)); }
+
+Caller CallerOf(fuse_req_t req) {
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  return Caller{ctx->uid, ctx->gid};
+}
+
+void ReplyError(fuse_req_t req, const Status& status) { fuse_reply_err(req, status.ok() ? 0 : status.code()); }
+
+void ReplyEntry(fuse_req_t req, const Result<Entry>& entry) {
+  if (!entry.ok()) return ReplyError(req, entry.status());
+  fuse_entry_param param{};
+  param.ino = entry->ino;
+  param.generation = entry->generation;
+  param.attr = entry->attr;
+  param.attr_timeout = kAttrTimeout;
+  param.entry_timeout = kEntryTimeout;
+  if (fuse_reply_entry(req, &param) == -ENOENT) Fs(req).Forget(entry->ino, 1);  // request was interrupted
+}
+
+void ReplyAttr(fuse_req_t req, const Result<Entry>& entry) {
+  if (!entry.ok()) return ReplyError(req, entry.status());
+  fuse_reply_attr(req, &entry->attr, kAttrTimeout);
+}
+
+// Directory listing taken at the first readdir (offset 0), served by index.
+struct DirHandle {
+  std::vector<DirEntry> entries;
+};
+
+DirHandle* Dir(fuse_file_info* fi) { return reinterpret_cast<DirHandle*>(fi->fh); }
+
+// ---- operations ----
+
+void OnInit(void* userdata, fuse_conn_info* conn) {
+  conn->max_write = kMaxWrite;
+  conn->max_readahead = kMaxWrite;
+  if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+  conn->want &= ~FUSE_CAP_HANDLE_KILLPRIV;  // the kernel clears suid/sgid on write and chown
+}
+
+void OnDestroy(void* userdata) {
+  Status s = static_cast<Filesystem*>(userdata)->SyncAll();
+  if (!s.ok()) fmt::print(stderr, "spillfs: sync at unmount failed: {}\n", s.ToString());
+}
+
+void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) { ReplyEntry(req, Fs(req).Lookup(parent, name)); }
+
+void OnForget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
+  Fs(req).Forget(ino, nlookup);
+  fuse_reply_none(req);
+}
+
+void OnForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
+  for (size_t i = 0; i < count; ++i) Fs(req).Forget(forgets[i].ino, forgets[i].nlookup);
+  fuse_reply_none(req);
+}
+
+void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { ReplyAttr(req, Fs(req).GetAttr(ino)); }
+
+int64_t TimespecNs(const struct timespec& ts) { return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec; }
+
+void OnSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
+  SetAttrRequest request;
+  if (to_set & FUSE_SET_ATTR_MODE) request.mode = attr->st_mode;
+  if (to_set & FUSE_SET_ATTR_UID) request.uid = attr->st_uid;
+  if (to_set & FUSE_SET_ATTR_GID) request.gid = attr->st_gid;
+  if (to_set & FUSE_SET_ATTR_SIZE) request.size = static_cast<uint64_t>(attr->st_size);
+  if (to_set & FUSE_SET_ATTR_ATIME_NOW) {
+    request.atime_ns = SetAttrRequest::kTimeNow;
+  } else if (to_set & FUSE_SET_ATTR_ATIME) {
+    request.atime_ns = TimespecNs(attr->st_atim);
+  }
+  if (to_set & FUSE_SET_ATTR_MTIME_NOW) {
+    request.mtime_ns = SetAttrRequest::kTimeNow;
+  } else if (to_set & FUSE_SET_ATTR_MTIME) {
+    request.mtime_ns = TimespecNs(attr->st_mtim);
+  }
+  if (to_set & FUSE_SET_ATTR_CTIME) request.ctime_ns = TimespecNs(attr->st_ctim);
+  ReplyAttr(req, Fs(req).SetAttr(ino, request));
+}
+
+void OnReadlink(fuse_req_t req, fuse_ino_t ino) {
+  auto target = Fs(req).ReadLink(ino);
+  if (!target.ok()) return ReplyError(req, target.status());
+  fuse_reply_readlink(req, target->c_str());
+}
+
+void OnMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  ReplyEntry(req, Fs(req).MakeNode(parent, name, mode, rdev, CallerOf(req)));
+}
+
+void OnMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  ReplyEntry(req, Fs(req).MakeDir(parent, name, mode, CallerOf(req)));
+}
+
+void OnUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) { ReplyError(req, Fs(req).Unlink(parent, name)); }
+
+void OnRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) { ReplyError(req, Fs(req).Rmdir(parent, name)); }
+
+void OnSymlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
+  ReplyEntry(req, Fs(req).Symlink(parent, name, target, CallerOf(req)));
+}
+
+void OnRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent, const char* new_name,
+              unsigned flags) {
+  ReplyError(req, Fs(req).Rename(parent, name, new_parent, new_name, flags));
+}
+
+void OnLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* new_name) {
+  ReplyEntry(req, Fs(req).Link(ino, new_parent, new_name));
+}
+
+void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  auto entry = Fs(req).GetAttr(ino);
+  if (!entry.ok()) return ReplyError(req, entry.status());
+  if (S_ISDIR(entry->attr.st_mode)) return ReplyError(req, Status::Error(EISDIR, ""));
+  Status s = Fs(req).Open(ino);
+  if (!s.ok()) return ReplyError(req, s);
+  fi->keep_cache = 1;  // every change goes through this mount, so the page cache stays valid
+  if (fuse_reply_open(req, fi) == -ENOENT) (void)Fs(req).Release(ino);
+}
+
+void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  auto entry = Fs(req).MakeNode(parent, name, mode, 0, CallerOf(req));
+  if (!entry.ok()) return ReplyError(req, entry.status());
+  Status s = Fs(req).Open(entry->ino);
+  if (!s.ok()) return ReplyError(req, s);
+  fi->keep_cache = 1;
+  fuse_entry_param param{};
+  param.ino = entry->ino;
+  param.generation = entry->generation;
+  param.attr = entry->attr;
+  param.attr_timeout = kAttrTimeout;
+  param.entry_timeout = kEntryTimeout;
+  if (fuse_reply_create(req, &param, fi) == -ENOENT) {
+    (void)Fs(req).Release(entry->ino);
+    Fs(req).Forget(entry->ino, 1);
+  }
+}
+
+void OnRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file_info*) {
+  thread_local AlignedBuffer scratch;
+  const char* data = nullptr;
+  auto n = Fs(req).Read(ino, static_cast<uint64_t>(offset), size, &scratch, &data);
+  if (!n.ok()) return ReplyError(req, n.status());
+  fuse_reply_buf(req, data, *n);
+}
+
+void OnWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t offset, fuse_file_info*) {
+  auto n = Fs(req).Write(ino, static_cast<uint64_t>(offset), buf, size);
+  if (!n.ok()) return ReplyError(req, n.status());
+  fuse_reply_write(req, *n);
+}
+
+void OnFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+void OnRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { ReplyError(req, Fs(req).Release(ino)); }
+
+void OnFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info*) {
+  ReplyError(req, Fs(req).Fsync(ino, datasync != 0));
+}
+
+void OnOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  auto entry = Fs(req).GetAttr(ino);
+  if (!entry.ok()) return ReplyError(req, entry.status());
+  if (!S_ISDIR(entry->attr.st_mode)) return ReplyError(req, Status::Error(ENOTDIR, ""));
+  Status s = Fs(req).Open(ino);
+  if (!s.ok()) return ReplyError(req, s);
+  fi->fh = reinterpret_cast<uint64_t>(new DirHandle());
+  if (fuse_reply_open(req, fi) == -ENOENT) {
+    delete Dir(fi);
+    (void)Fs(req).Release(ino);
+  }
+}
+
+void ReadDirectory(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file_info* fi, bool plus) {
+  DirHandle* handle = Dir(fi);
+  if (offset == 0) {
+    auto entries = Fs(req).ReadDir(ino);
+    if (!entries.ok()) return ReplyError(req, entries.status());
+    handle->entries = std::move(*entries);
+  }
+  std::vector<char> buffer(size);
+  size_t used = 0;
+  for (size_t i = static_cast<size_t>(offset); i < handle->entries.size(); ++i) {
+    const DirEntry& e = handle->entries[i];
+    off_t next = static_cast<off_t>(i + 1);
+    size_t room = size - used;
+    size_t needed;
+    if (!plus) {
+      struct stat st{};
+      st.st_ino = e.ino;
+      st.st_mode = e.type;
+      needed = fuse_add_direntry(req, buffer.data() + used, room, e.name.c_str(), &st, next);
+    } else if (e.name == "." || e.name == "..") {
+      fuse_entry_param param{};
+      param.attr.st_ino = e.ino;
+      param.attr.st_mode = e.type;
+      needed = fuse_add_direntry_plus(req, buffer.data() + used, room, e.name.c_str(), &param, next);
+    } else {
+      // Count a lookup only for an entry that fits in the reply.
+      fuse_entry_param probe{};
+      if (fuse_add_direntry_plus(req, nullptr, 0, e.name.c_str(), &probe, next) > room) break;
+      auto entry = Fs(req).Lookup(ino, e.name);
+      if (!entry.ok()) continue;  // removed since the listing was taken
+      fuse_entry_param param{};
+      param.ino = entry->ino;
+      param.generation = entry->generation;
+      param.attr = entry->attr;
+      param.attr_timeout = kAttrTimeout;
+      param.entry_timeout = kEntryTimeout;
+      needed = fuse_add_direntry_plus(req, buffer.data() + used, room, e.name.c_str(), &param, next);
+    }
+    if (needed > room) break;
+    used += needed;
+  }
+  fuse_reply_buf(req, buffer.data(), used);
+}
+
+void OnReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file_info* fi) {
+  ReadDirectory(req, ino, size, offset, fi, false);
+}
+
+void OnReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file_info* fi) {
+  ReadDirectory(req, ino, size, offset, fi, true);
+}
+
+void OnReleasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  delete Dir(fi);
+  ReplyError(req, Fs(req).Release(ino));
+}
+
+void OnFsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info*) {
+  ReplyError(req, Fs(req).Fsync(ino, datasync != 0));
+}
+
+void OnStatfs(fuse_req_t req, fuse_ino_t) {
+  struct statvfs st = Fs(req).StatFs();
+  fuse_reply_statfs(req, &st);
+}
+
+void OnSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size, int flags) {
+  ReplyError(req, Fs(req).SetXattr(ino, name, std::string_view(value, size), flags));
+}
+
+// getxattr and listxattr share the size protocol: 0 asks for the length.
+void ReplyXattrBytes(fuse_req_t req, const std::string& bytes, size_t size) {
+  if (size == 0) {
+    fuse_reply_xattr(req, bytes.size());
+  } else if (bytes.size() > size) {
+    fuse_reply_err(req, ERANGE);
+  } else {
+    fuse_reply_buf(req, bytes.data(), bytes.size());
+  }
+}
+
+void OnGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  auto value = Fs(req).GetXattr(ino, name);
+  if (!value.ok()) return ReplyError(req, value.status());
+  ReplyXattrBytes(req, *value, size);
+}
+
+void OnListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  auto names = Fs(req).ListXattr(ino);
+  if (!names.ok()) return ReplyError(req, names.status());
+  std::string bytes;
+  for (const std::string& name : *names) {
+    bytes += name;
+    bytes.push_back('\0');
+  }
+  ReplyXattrBytes(req, bytes, size);
+}
+
+void OnRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  ReplyError(req, Fs(req).RemoveXattr(ino, name));
+}
+
+void OnFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length, fuse_file_info*) {
+  if (offset < 0 || length <= 0) return ReplyError(req, Status::Error(EINVAL, ""));
+  ReplyError(req, Fs(req).Fallocate(ino, mode, static_cast<uint64_t>(offset), static_cast<uint64_t>(length)));
+}
+
+void OnLseek(fuse_req_t req, fuse_ino_t ino, off_t offset, int whence, fuse_file_info*) {
+  if (whence != SEEK_DATA && whence != SEEK_HOLE) return ReplyError(req, Status::Error(EINVAL, ""));
+  if (offset < 0) return ReplyError(req, Status::Error(ENXIO, ""));
+  auto result = Fs(req).Lseek(ino, static_cast<uint64_t>(offset), whence);
+  if (!result.ok()) return ReplyError(req, result.status());
+  fuse_reply_lseek(req, static_cast<off_t>(*result));
+}
+
+fuse_lowlevel_ops MakeOps() {
+  fuse_lowlevel_ops ops{};
+  ops.init = OnInit;
+  ops.destroy = OnDestroy;
+  ops.lookup = OnLookup;
+  ops.forget = OnForget;
+  ops.forget_multi = OnForgetMulti;
+  ops.getattr = OnGetattr;
+  ops.setattr = OnSetattr;
+  ops.readlink = OnReadlink;
+  ops.mknod = OnMknod;
+  ops.mkdir = OnMkdir;
+  ops.unlink = OnUnlink;
+  ops.rmdir = OnRmdir;
+  ops.symlink = OnSymlink;
+  ops.rename = OnRename;
+  ops.link = OnLink;
+  ops.open = OnOpen;
+  ops.create = OnCreate;
+  ops.read = OnRead;
+  ops.write = OnWrite;
+  ops.flush = OnFlush;
+  ops.release = OnRelease;
+  ops.fsync = OnFsync;
+  ops.opendir = OnOpendir;
+  ops.readdir = OnReaddir;
+  ops.readdirplus = OnReaddirplus;
+  ops.releasedir = OnReleasedir;
+  ops.fsyncdir = OnFsyncdir;
+  ops.statfs = OnStatfs;
+  ops.setxattr = OnSetxattr;
+  ops.getxattr = OnGetxattr;
+  ops.listxattr = OnListxattr;
+  ops.removexattr = OnRemovexattr;
+  ops.fallocate = OnFallocate;
+  ops.lseek = OnLseek;
+  return ops;
+}
+
+}  // namespace
+
+FuseDaemon::FuseDaemon(std::unique_ptr<Filesystem> fs, FuseOptions options)
+    : fs_(std::move(fs)), options_(std::move(options)) {}
+
+FuseDaemon::~FuseDaemon() {
+  if (session_ != nullptr) {
+    if (mounted_) fuse_session_unmount(session_);
+    fuse_remove_signal_handlers(session_);
+    fuse_session_destroy(session_);
+  }
+}
+
+Status FuseDaemon::Mount() {
+  std::string opts = "default_permissions,subtype=spillfs,fsname=" + options_.fsname;
+  if (!options_.extra_options.empty()) opts += "," + options_.extra_options;
+  std::vector<std::string> argv_strings = {"spillfs", "-o", opts};
+  if (options_.debug) argv_strings.push_back("-d");
+  std::vector<char*> argv;
+  for (auto& s : argv_strings) argv.push_back(s.data());
+  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+  static const fuse_lowlevel_ops ops = MakeOps();
+  session_ = fuse_session_new(&args, &ops, sizeof(ops), fs_.get());
+  fuse_opt_free_args(&args);
+  if (session_ == nullptr) return Status::Invalid(fmt::format("FUSE rejected the mount options '{}'", opts));
+  if (fuse_set_signal_handlers(session_) != 0) return Status::IOError("cannot install signal handlers");
+  if (fuse_session_mount(session_, options_.mountpoint.c_str()) != 0) {
+    return Status::IOError(fmt::format("cannot mount on {} (is /dev/fuse available?)", options_.mountpoint));
+  }
+  mounted_ = true;
+  return Status::OK();
+}
+
+Status FuseDaemon::Run() {
+  fuse_loop_config* config = fuse_loop_cfg_create();
+  fuse_loop_cfg_set_max_threads(config, options_.max_threads);
+  fuse_loop_cfg_set_idle_threads(config, options_.max_threads);
+  fuse_loop_cfg_set_clone_fd(config, 0);
+  int rc = fuse_session_loop_mt(session_, config);
+  fuse_loop_cfg_destroy(config);
+  if (rc < 0) return Status::Error(-rc, "FUSE session loop failed");
+  return Status::OK();
+}
+
+}  // namespace spillfs

@@ -1,0 +1,76 @@
+// Filesystem: extended attributes, one index key per (inode, name).
+#include <fmt/format.h>
+#include <sys/xattr.h>
+
+#include "spillfs/fs/clock.h"
+#include "spillfs/fs/filesystem.h"
+#include "spillfs/kvindex/keys.h"
+
+namespace spillfs {
+namespace {
+
+constexpr size_t kXattrNameMax = 255;
+constexpr size_t kXattrValueMax = 65536;
+
+Status CheckXattrName(std::string_view name) {
+  if (name.empty()) return Status::Error(EINVAL, "empty attribute name");
+  if (name.size() > kXattrNameMax) return Status::Error(ERANGE, "attribute name longer than 255 bytes");
+  return Status::OK();
+}
+
+}  // namespace
+
+Status Filesystem::SetXattr(InodeNumber ino, std::string_view name, std::string_view value, int flags) {
+  SPILLFS_RETURN_IF_ERROR(CheckXattrName(name));
+  if (value.size() > kXattrValueMax) return Status::Error(E2BIG, "attribute value larger than 64 KiB");
+  std::lock_guard lock(mu_);
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  std::string existing;
+  Status found = index_.Get(Family::kXattr, keys::Xattr(ino, name), &existing);
+  if (!found.ok() && !found.IsNotFound()) return found;
+  if ((flags & XATTR_CREATE) && found.ok()) return Status::Error(EEXIST, fmt::format("{} exists", name));
+  if ((flags & XATTR_REPLACE) && !found.ok()) return Status::Error(ENODATA, fmt::format("no attribute {}", name));
+  Txn txn(index_);
+  txn.batch.Put(Family::kXattr, keys::Xattr(ino, name), value);
+  record.ctime_ns = NowNs();
+  PutInode(&txn, ino, record);
+  return CommitTxn(&txn);
+}
+
+Result<std::string> Filesystem::GetXattr(InodeNumber ino, std::string_view name) {
+  SPILLFS_RETURN_IF_ERROR(CheckXattrName(name));
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  std::string value;
+  Status found = index_.Get(Family::kXattr, keys::Xattr(ino, name), &value);
+  if (found.IsNotFound()) return Status::Error(ENODATA, fmt::format("no attribute {}", name));
+  SPILLFS_RETURN_IF_ERROR(found);
+  return value;
+}
+
+Result<std::vector<std::string>> Filesystem::ListXattr(InodeNumber ino) {
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  std::vector<std::string> names;
+  auto cursor = index_.NewCursor(Family::kXattr, keys::Ino(ino));
+  for (cursor->Seek(keys::Ino(ino)); cursor->Valid(); cursor->Next()) {
+    names.emplace_back(keys::DirentName(cursor->key()));
+  }
+  SPILLFS_RETURN_IF_ERROR(cursor->status());
+  return names;
+}
+
+Status Filesystem::RemoveXattr(InodeNumber ino, std::string_view name) {
+  SPILLFS_RETURN_IF_ERROR(CheckXattrName(name));
+  std::lock_guard lock(mu_);
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  std::string existing;
+  Status found = index_.Get(Family::kXattr, keys::Xattr(ino, name), &existing);
+  if (found.IsNotFound()) return Status::Error(ENODATA, fmt::format("no attribute {}", name));
+  SPILLFS_RETURN_IF_ERROR(found);
+  Txn txn(index_);
+  txn.batch.Delete(Family::kXattr, keys::Xattr(ino, name));
+  record.ctime_ns = NowNs();
+  PutInode(&txn, ino, record);
+  return CommitTxn(&txn);
+}
+
+}  // namespace spillfs

@@ -1,0 +1,119 @@
+// Index: the RocksDB database that holds all spillfs metadata.
+//
+// It knows column families, keys and records, and nothing of FUSE or of the
+// data area. Every filesystem operation builds one Batch and commits it
+// atomically; Commit(sync=false) is ordered but not yet durable, Sync() makes
+// everything committed so far durable with one WAL flush (group commit).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "spillfs/kvindex/records.h"
+#include "spillfs/status.h"
+
+namespace rocksdb {
+class DB;
+class ColumnFamilyHandle;
+class WriteBatch;
+class Iterator;
+class Slice;
+}  // namespace rocksdb
+
+namespace spillfs {
+
+enum class Family : int { kInode = 0, kDirent, kExtent, kFree, kOrphan, kXattr, kBlob, kMeta, kCount };
+
+// Name of the column family, as stored in RocksDB and printed by tools.
+const char* FamilyName(Family family);
+
+class Index {
+ public:
+  struct Options {
+    bool create = false;     // create a new, empty index; fail if one exists
+    bool read_only = false;  // open without taking RocksDB's lock (inspection)
+  };
+
+  // A group of changes committed atomically.
+  class Batch {
+   public:
+    explicit Batch(const Index& index);
+    ~Batch();
+    Batch(Batch&&) noexcept;
+    Batch& operator=(Batch&&) noexcept;
+
+    void Put(Family family, std::string_view key, std::string_view value);
+    void Delete(Family family, std::string_view key);
+    size_t Count() const;
+
+   private:
+    friend class Index;
+    const Index* index_;
+    std::unique_ptr<rocksdb::WriteBatch> batch_;
+  };
+
+  // Ordered walk over the keys of one family that start with a prefix.
+  class Cursor {
+   public:
+    ~Cursor();
+    bool Valid() const;
+    void Next();
+    void Prev();
+    std::string_view key() const;
+    std::string_view value() const;
+    Status status() const;
+    // Positions at the first key >= target (within the prefix).
+    void Seek(std::string_view target);
+    // Positions at the last key <= target (within the prefix).
+    void SeekForPrev(std::string_view target);
+
+   private:
+    friend class Index;
+    Cursor(std::unique_ptr<rocksdb::Iterator> it, std::string prefix, std::string upper);
+    bool InPrefix() const;
+    std::unique_ptr<rocksdb::Iterator> it_;
+    std::string prefix_;
+    std::string upper_;                          // bytes of the upper bound
+    std::unique_ptr<rocksdb::Slice> upper_slice_;  // iterate_upper_bound; outlives it_
+  };
+
+  ~Index();
+  Index(const Index&) = delete;
+  Index& operator=(const Index&) = delete;
+
+  static Result<std::unique_ptr<Index>> Open(const std::string& path, const Options& options);
+
+  // Returns NotFound (ENOENT) when the key is absent.
+  Status Get(Family family, std::string_view key, std::string* value) const;
+  Status Commit(Batch* batch, bool sync = false);
+  // Makes every committed batch durable.
+  Status Sync();
+  // A cursor over `family` limited to keys starting with `prefix` (may be empty).
+  std::unique_ptr<Cursor> NewCursor(Family family, std::string_view prefix) const;
+
+  // Typed helpers over Get.
+  Result<InodeRecord> GetInode(InodeNumber ino) const;
+  Result<DirentRecord> GetDirent(InodeNumber parent, std::string_view name) const;
+  Result<Superblock> GetSuperblock() const;
+  Result<uint64_t> GetMetaU64(std::string_view name) const;
+
+  // Approximate bytes RocksDB uses on disk (SST + WAL).
+  uint64_t ApproximateSizeBytes() const;
+
+ private:
+  Index() = default;
+  rocksdb::ColumnFamilyHandle* Handle(Family family) const;
+
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  bool read_only_ = false;
+};
+
+// Encodes a meta u64 value (fixed big-endian).
+std::string EncodeMetaU64(uint64_t value);
+
+}  // namespace spillfs

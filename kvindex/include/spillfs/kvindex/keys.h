@@ -1,0 +1,37 @@
+// Key layout of the spillfs index (one RocksDB column family per kind).
+//
+//   inode   ino                      -> InodeRecord
+//   dirent  parent ino + name        -> DirentRecord
+//   extent  ino + file offset        -> ExtentRecord
+//   free    physical offset          -> varint length (free-space extents)
+//   orphan  ino                      -> "" (unlinked while open)
+//   xattr   ino + name               -> raw value
+//   blob    content hash             -> blob record (dedup; reserved)
+//   meta    name                     -> volume-wide values (superblock, next_ino, ...)
+//
+// Integers are 8-byte big-endian so bytewise order is numeric order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace spillfs::keys {
+
+std::string Ino(uint64_t ino);                              // inode, orphan, prefixes
+std::string Dirent(uint64_t parent, std::string_view name);  // parent + name
+std::string Extent(uint64_t ino, uint64_t file_offset);
+std::string Free(uint64_t physical);
+std::string Xattr(uint64_t ino, std::string_view name);
+
+// Splits keys back; the caller has checked the key length (>= 8 or == 16).
+uint64_t DecodeIno(std::string_view key);
+std::string_view DirentName(std::string_view key);
+uint64_t ExtentOffset(std::string_view key);
+
+// Meta keys.
+inline constexpr std::string_view kSuperblock = "superblock";
+inline constexpr std::string_view kNextIno = "next_ino";
+inline constexpr std::string_view kNextGeneration = "next_generation";
+
+}  // namespace spillfs::keys

@@ -1,0 +1,189 @@
+#include "spillfs/kvindex/records.h"
+
+#include <fmt/format.h>
+
+#include "spillfs/kvindex/coding.h"
+
+namespace spillfs {
+namespace {
+
+constexpr uint8_t kInodeVersion = 1;
+constexpr uint8_t kDirentVersion = 1;
+constexpr uint8_t kExtentVersion = 1;
+constexpr uint8_t kSuperblockVersion = 1;
+
+Status Truncated(const char* what) { return Status::Corruption(fmt::format("{} record truncated", what)); }
+
+Status CheckVersion(coding::Reader* reader, uint8_t expected, const char* what) {
+  uint8_t version = 0;
+  if (!reader->GetU8(&version)) return Truncated(what);
+  if (version != expected) {
+    return Status::Corruption(fmt::format("{} record has unknown version {}", what, version));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string InodeRecord::Encode() const {
+  std::string out;
+  out.push_back(static_cast<char>(kInodeVersion));
+  coding::PutVarint64(&out, mode);
+  coding::PutVarint64(&out, uid);
+  coding::PutVarint64(&out, gid);
+  coding::PutVarint64(&out, nlink);
+  coding::PutVarint64(&out, size);
+  coding::PutVarsigned64(&out, atime_ns);
+  coding::PutVarsigned64(&out, mtime_ns);
+  coding::PutVarsigned64(&out, ctime_ns);
+  coding::PutVarsigned64(&out, btime_ns);
+  coding::PutVarint64(&out, generation);
+  coding::PutVarint64(&out, flags);
+  coding::PutVarint64(&out, rdev);
+  coding::PutLengthPrefixed(&out, symlink_target);
+  coding::PutVarint64(&out, allocated_bytes);
+  coding::PutVarint64(&out, parent);
+  return out;
+}
+
+Result<InodeRecord> InodeRecord::Decode(std::string_view bytes) {
+  coding::Reader reader(bytes);
+  SPILLFS_RETURN_IF_ERROR(CheckVersion(&reader, kInodeVersion, "inode"));
+  InodeRecord r;
+  std::string_view target;
+  if (!reader.GetVarint32(&r.mode) || !reader.GetVarint32(&r.uid) || !reader.GetVarint32(&r.gid) ||
+      !reader.GetVarint32(&r.nlink) || !reader.GetVarint64(&r.size) ||
+      !reader.GetVarsigned64(&r.atime_ns) || !reader.GetVarsigned64(&r.mtime_ns) ||
+      !reader.GetVarsigned64(&r.ctime_ns) || !reader.GetVarsigned64(&r.btime_ns) ||
+      !reader.GetVarint64(&r.generation) || !reader.GetVarint32(&r.flags) ||
+      !reader.GetVarint64(&r.rdev) || !reader.GetLengthPrefixed(&target) ||
+      !reader.GetVarint64(&r.allocated_bytes) || !reader.GetVarint64(&r.parent)) {
+    return Truncated("inode");
+  }
+  r.symlink_target.assign(target);
+  return r;
+}
+
+std::string DirentRecord::Encode() const {
+  std::string out;
+  out.push_back(static_cast<char>(kDirentVersion));
+  coding::PutVarint64(&out, ino);
+  coding::PutVarint64(&out, type);
+  return out;
+}
+
+Result<DirentRecord> DirentRecord::Decode(std::string_view bytes) {
+  coding::Reader reader(bytes);
+  SPILLFS_RETURN_IF_ERROR(CheckVersion(&reader, kDirentVersion, "dirent"));
+  DirentRecord r;
+  if (!reader.GetVarint64(&r.ino) || !reader.GetVarint32(&r.type)) return Truncated("dirent");
+  return r;
+}
+
+std::string ExtentRecord::Encode() const {
+  std::string out;
+  out.push_back(static_cast<char>(kExtentVersion));
+  coding::PutVarint64(&out, physical);
+  coding::PutVarint64(&out, length);
+  coding::PutVarint64(&out, flags);
+  coding::PutVarint64(&out, blob_id);
+  coding::PutVarint64(&out, block_checksums.size());
+  for (uint32_t sum : block_checksums) coding::PutFixed32BE(&out, sum);
+  return out;
+}
+
+Result<ExtentRecord> ExtentRecord::Decode(std::string_view bytes) {
+  coding::Reader reader(bytes);
+  SPILLFS_RETURN_IF_ERROR(CheckVersion(&reader, kExtentVersion, "extent"));
+  ExtentRecord r;
+  uint64_t count = 0;
+  std::string_view sums;
+  if (!reader.GetVarint64(&r.physical) || !reader.GetVarint64(&r.length) ||
+      !reader.GetVarint32(&r.flags) || !reader.GetVarint64(&r.blob_id) ||
+      !reader.GetVarint64(&count) || count > bytes.size() || !reader.GetBytes(count * 4, &sums)) {
+    return Truncated("extent");
+  }
+  r.block_checksums.reserve(count);
+  for (uint64_t i = 0; i < count; ++i) r.block_checksums.push_back(coding::DecodeFixed32BE(sums.data() + 4 * i));
+  return r;
+}
+
+std::string Superblock::Encode() const {
+  std::string out;
+  out.push_back(static_cast<char>(kSuperblockVersion));
+  coding::PutVarint64(&out, format_version);
+  coding::PutLengthPrefixed(&out, uuid);
+  coding::PutVarint64(&out, block_size);
+  coding::PutVarint64(&out, data_offset);
+  coding::PutVarint64(&out, data_size);
+  out.push_back(static_cast<char>(backing));
+  coding::PutLengthPrefixed(&out, device_path);
+  coding::PutVarsigned64(&out, created_ns);
+  out.push_back(checksums ? 1 : 0);
+  out.push_back(dedup ? 1 : 0);
+  return out;
+}
+
+Result<Superblock> Superblock::Decode(std::string_view bytes) {
+  coding::Reader reader(bytes);
+  SPILLFS_RETURN_IF_ERROR(CheckVersion(&reader, kSuperblockVersion, "superblock"));
+  Superblock sb;
+  std::string_view uuid, device;
+  uint8_t backing = 0, checksums = 0, dedup = 0;
+  if (!reader.GetVarint32(&sb.format_version) || !reader.GetLengthPrefixed(&uuid) ||
+      !reader.GetVarint32(&sb.block_size) || !reader.GetVarint64(&sb.data_offset) ||
+      !reader.GetVarint64(&sb.data_size) || !reader.GetU8(&backing) ||
+      !reader.GetLengthPrefixed(&device) || !reader.GetVarsigned64(&sb.created_ns) ||
+      !reader.GetU8(&checksums) || !reader.GetU8(&dedup)) {
+    return Truncated("superblock");
+  }
+  if (sb.format_version != kFormatVersion) {
+    return Status::Corruption(fmt::format("volume format version {} is not supported (this build reads {})",
+                                          sb.format_version, kFormatVersion));
+  }
+  if (uuid.size() != 16) return Status::Corruption("superblock uuid is not 16 bytes");
+  if (backing != static_cast<uint8_t>(BackingKind::kImageFile) &&
+      backing != static_cast<uint8_t>(BackingKind::kBlockDevice)) {
+    return Status::Corruption(fmt::format("superblock names unknown backing kind {}", backing));
+  }
+  if (sb.block_size < 512 || (sb.block_size & (sb.block_size - 1)) != 0 ||
+      sb.data_offset % sb.block_size != 0 || sb.data_size < sb.data_offset) {
+    return Status::Corruption("superblock geometry is inconsistent");
+  }
+  sb.uuid.assign(uuid);
+  sb.device_path.assign(device);
+  sb.backing = static_cast<BackingKind>(backing);
+  sb.checksums = checksums != 0;
+  sb.dedup = dedup != 0;
+  return sb;
+}
+
+std::string Superblock::EncodeBlock() const {
+  std::string body = Encode();
+  std::string out;
+  coding::PutFixed32BE(&out, kSuperblockMagic);
+  coding::PutFixed32BE(&out, static_cast<uint32_t>(body.size()));
+  out += body;
+  out.resize(block_size, '\0');
+  return out;
+}
+
+Result<Superblock> Superblock::DecodeBlock(std::string_view block) {
+  if (block.size() < 8 || coding::DecodeFixed32BE(block.data()) != kSuperblockMagic) {
+    return Status::Corruption("no spillfs superblock at the start of the data area");
+  }
+  uint32_t length = coding::DecodeFixed32BE(block.data() + 4);
+  if (length > block.size() - 8) return Status::Corruption("superblock length is out of range");
+  return Decode(block.substr(8, length));
+}
+
+std::string Superblock::UuidString() const {
+  std::string out;
+  for (size_t i = 0; i < uuid.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out.push_back('-');
+    out += fmt::format("{:02x}", static_cast<uint8_t>(uuid[i]));
+  }
+  return out;
+}
+
+}  // namespace spillfs

@@ -1,0 +1,129 @@
+#include "mounted_volume.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <thread>
+
+namespace spillfs::testing {
+namespace {
+
+bool IsMountPoint(const std::string& path) {
+  struct stat self{}, parent{};
+  if (stat(path.c_str(), &self) != 0) return false;
+  if (stat((path + "/..").c_str(), &parent) != 0) return false;
+  return self.st_dev != parent.st_dev;
+}
+
+}  // namespace
+
+const char* SpillfsBinary() { return SPILLFS_BINARY; }
+
+int RunSpillfs(const std::string& args, std::string* output) {
+  std::string command = std::string(SpillfsBinary()) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  std::array<char, 4096> buf;
+  std::string text;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) text.append(buf.data(), n);
+  int status = pclose(pipe);
+  if (output != nullptr) *output = text;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+MountedVolume::MountedVolume(const Options& options) : options_(options) {
+  char tmpl[] = "/tmp/spillfs-test-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+  root_ = tmpl;
+  volume_ = root_ + "/vol";
+  mountpoint_ = root_ + "/mnt";
+  std::filesystem::create_directory(mountpoint_);
+  std::string output;
+  int rc = RunSpillfs("mkfs " + volume_ + " --size " + options_.size + " " + options_.mkfs_args, &output);
+  if (rc != 0) throw std::runtime_error("spillfs mkfs failed: " + output);
+  std::string error;
+  if (!Mount(&error)) throw std::runtime_error("mount failed: " + error);
+}
+
+MountedVolume::~MountedVolume() {
+  if (mounted()) Unmount();
+  std::error_code ec;
+  std::filesystem::remove_all(root_, ec);
+}
+
+bool MountedVolume::Mount(std::string* error) {
+  pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    int devnull = open("/dev/null", O_RDONLY);
+    dup2(devnull, STDIN_FILENO);
+    if (options_.mount_options.empty()) {
+      execl(SpillfsBinary(), "spillfs", "mount", volume_.c_str(), mountpoint_.c_str(), "-f",
+            static_cast<char*>(nullptr));
+    } else {
+      execl(SpillfsBinary(), "spillfs", "mount", volume_.c_str(), mountpoint_.c_str(), "-f", "-o",
+            options_.mount_options.c_str(), static_cast<char*>(nullptr));
+    }
+    _exit(127);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (IsMountPoint(mountpoint_)) {
+      daemon_pid_ = pid;
+      return true;
+    }
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      if (error) *error = "spillfs mount exited with status " + std::to_string(WEXITSTATUS(status));
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  if (error) *error = "mount did not appear within 20 s";
+  return false;
+}
+
+bool MountedVolume::Unmount(std::string* error) {
+  if (!mounted()) return true;
+  std::string output;
+  int rc = RunSpillfs("umount " + mountpoint_, &output);
+  int status = 0;
+  waitpid(daemon_pid_, &status, 0);
+  daemon_pid_ = -1;
+  if (rc != 0) {
+    if (error) *error = "spillfs umount failed: " + output;
+    return false;
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    if (error) *error = "daemon exited abnormally (status " + std::to_string(status) + ")";
+    return false;
+  }
+  return true;
+}
+
+void MountedVolume::Kill() {
+  if (!mounted()) return;
+  kill(daemon_pid_, SIGKILL);
+  waitpid(daemon_pid_, nullptr, 0);
+  daemon_pid_ = -1;
+  umount2(mountpoint_.c_str(), MNT_DETACH);
+}
+
+std::string MountedVolume::Path(const std::string& relative) const {
+  return mountpoint_ + "/" + relative;
+}
+
+}  // namespace spillfs::testing

@@ -1,0 +1,56 @@
+// MountedVolume: a real spillfs volume in a temporary directory, mounted with
+// the real `spillfs` binary (a child process running `spillfs mount -f`), for
+// tests that drive the filesystem through system calls.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+namespace spillfs::testing {
+
+// Path of the spillfs binary under test (set by CMake).
+const char* SpillfsBinary();
+
+// Runs `spillfs ARGS` and returns its exit status; stdout+stderr go to *output.
+int RunSpillfs(const std::string& args, std::string* output = nullptr);
+
+class MountedVolume {
+ public:
+  struct Options {
+    std::string size = "1G";      // passed to mkfs --size
+    std::string mkfs_args;        // extra mkfs arguments
+    std::string mount_options;    // passed as -o when not empty
+  };
+
+  MountedVolume() : MountedVolume(Options()) {}
+  explicit MountedVolume(const Options& options);
+  ~MountedVolume();  // unmounts (if mounted) and removes the temporary directory
+
+  MountedVolume(const MountedVolume&) = delete;
+  MountedVolume& operator=(const MountedVolume&) = delete;
+
+  // Mounts the volume; returns false (with the reason in *error) on failure.
+  bool Mount(std::string* error = nullptr);
+  // Unmounts with `spillfs umount` and waits until the daemon has exited.
+  bool Unmount(std::string* error = nullptr);
+  bool Remount(std::string* error = nullptr) { return Unmount(error) && Mount(error); }
+  // Sends SIGKILL to the daemon and lazily detaches the mount (crash simulation).
+  void Kill();
+
+  bool mounted() const { return daemon_pid_ > 0; }
+  pid_t daemon_pid() const { return daemon_pid_; }
+  const std::string& volume() const { return volume_; }        // the volume directory
+  const std::string& mountpoint() const { return mountpoint_; }
+  // mountpoint() + "/" + relative
+  std::string Path(const std::string& relative) const;
+
+ private:
+  Options options_;
+  std::string root_;        // temporary directory holding both
+  std::string volume_;
+  std::string mountpoint_;
+  pid_t daemon_pid_ = -1;
+};
+
+}  // namespace spillfs::testing

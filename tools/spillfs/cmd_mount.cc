@@ -1,0 +1,197 @@
+// spillfs mount VOLUME MOUNTPOINT [-f] [-o OPTS] and spillfs umount MOUNTPOINT.
+//
+// The daemon forks before it opens the volume: RocksDB's background threads
+// and POSIX locks do not survive fork(). The parent waits on a pipe for the
+// child to say "mounted" (or why not) and exits with that result.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "commands.h"
+#include "mount_table.h"
+#include "spillfs/fs/fuse_daemon.h"
+#include "spillfs/fs/volume.h"
+
+namespace spillfs::cli {
+namespace {
+
+namespace stdfs = std::filesystem;
+
+struct MountArgs {
+  std::string volume;
+  std::string mountpoint;
+  bool foreground = false;
+  bool debug = false;
+  std::string options;
+  unsigned threads = 16;
+};
+
+// Checks everything that can be checked before forking.
+Status Validate(MountArgs* args) {
+  std::error_code ec;
+  if (!stdfs::exists(args->mountpoint, ec)) {
+    return Status::Error(ENOENT, fmt::format("mountpoint {} does not exist", args->mountpoint));
+  }
+  if (!stdfs::is_directory(args->mountpoint, ec)) {
+    return Status::Error(ENOTDIR, fmt::format("mountpoint {} is not a directory", args->mountpoint));
+  }
+  args->mountpoint = stdfs::canonical(args->mountpoint, ec).string();
+  if (!stdfs::is_directory(args->volume, ec)) {
+    return Status::Error(ENOENT, fmt::format("volume {} does not exist", args->volume));
+  }
+  args->volume = stdfs::canonical(args->volume, ec).string();
+  if (!Volume::Exists(args->volume)) {
+    return Status::Error(EINVAL, fmt::format("{} is not a spillfs volume (make one with spillfs mkfs)", args->volume));
+  }
+  if (auto mounted = FindVolumeMount(args->volume)) {
+    return Status::Error(EBUSY, fmt::format("volume {} is already mounted on {}", args->volume, mounted->mountpoint));
+  }
+  if (auto busy = FindMount(args->mountpoint)) {
+    return Status::Error(EBUSY, fmt::format("{} is already a mount point ({} from {})", args->mountpoint,
+                                            busy->fstype, busy->source));
+  }
+  SPILLFS_ASSIGN_OR_RETURN(int lock_fd, LockVolume(args->volume));
+  close(lock_fd);
+  return Status::OK();
+}
+
+// Opens the volume and mounts it; `report` is called once with the outcome.
+int Serve(const MountArgs& args, const std::function<void(const Status&)>& report) {
+  auto volume = Volume::Open(args.volume, {});
+  if (!volume.ok()) {
+    report(volume.status());
+    return 1;
+  }
+  auto fs = Filesystem::Open(std::move(*volume));
+  if (!fs.ok()) {
+    report(fs.status().WithContext("cannot open the filesystem"));
+    return 1;
+  }
+  FuseOptions options;
+  options.mountpoint = args.mountpoint;
+  options.fsname = args.volume;
+  options.extra_options = args.options;
+  options.max_threads = args.threads;
+  options.debug = args.debug;
+  FuseDaemon daemon(std::move(*fs), options);
+  Status mounted = daemon.Mount();
+  report(mounted);
+  if (!mounted.ok()) return 1;
+  Status served = daemon.Run();
+  if (!served.ok()) {
+    fmt::print(stderr, "spillfs: {}\n", served.ToString());
+    return 1;
+  }
+  return 0;
+}
+
+int RunBackground(const MountArgs& args) {
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return Fail("mount", std::strerror(errno));
+  pid_t pid = fork();
+  if (pid < 0) return Fail("mount", std::strerror(errno));
+  if (pid == 0) {
+    close(pipe_fds[0]);
+    setsid();
+    int log = open((args.volume + "/spillfs.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    int rc = Serve(args, [&](const Status& s) {
+      std::string message = s.ok() ? "OK" : s.message();
+      ssize_t n = write(pipe_fds[1], message.data(), message.size());
+      (void)n;
+      close(pipe_fds[1]);
+      if (s.ok()) {
+        dup2(null, STDIN_FILENO);
+        dup2(null, STDOUT_FILENO);
+        if (log >= 0) dup2(log, STDERR_FILENO);
+      }
+    });
+    _exit(rc);
+  }
+  close(pipe_fds[1]);
+  std::string message;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(pipe_fds[0], buf, sizeof(buf))) > 0) message.append(buf, static_cast<size_t>(n));
+  close(pipe_fds[0]);
+  if (message != "OK") {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return Fail("mount", message.empty() ? "the daemon exited before mounting" : message);
+  }
+  fmt::print("spillfs: {} mounted on {} (daemon pid {})\n", args.volume, args.mountpoint, pid);
+  return 0;
+}
+
+int RunMount(MountArgs args) {
+  Status valid = Validate(&args);
+  if (!valid.ok()) return Fail("mount", valid.message());
+  if (!args.foreground) return RunBackground(args);
+  return Serve(args, [&](const Status& s) {
+    if (s.ok()) {
+      fmt::print("spillfs: {} mounted on {} (foreground, pid {})\n", args.volume, args.mountpoint, getpid());
+      std::fflush(stdout);
+    } else {
+      Fail("mount", s.message());
+    }
+  });
+}
+
+int RunUmount(const std::string& path) {
+  std::error_code ec;
+  std::string mountpoint = stdfs::weakly_canonical(path, ec).string();
+  auto entry = FindMount(mountpoint);
+  if (!entry || entry->fstype != kFsType) {
+    return Fail("umount", fmt::format("{} is not a spillfs mount point", path));
+  }
+  if (umount2(mountpoint.c_str(), 0) != 0) {
+    if (errno == EBUSY) return Fail("umount", fmt::format("{} is busy (files or directories are in use)", mountpoint));
+    if (errno != EPERM) return Fail("umount", fmt::format("cannot unmount {}: {}", mountpoint, std::strerror(errno)));
+    std::string command = "fusermount3 -u '" + mountpoint + "'";
+    if (std::system(command.c_str()) != 0) return Fail("umount", fmt::format("fusermount3 -u {} failed", mountpoint));
+  }
+  // Wait for the daemon to finish syncing and release the volume.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto lock = LockVolume(entry->source);
+    if (lock.ok()) {
+      close(*lock);
+      fmt::print("spillfs: unmounted {}\n", mountpoint);
+      return 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return Fail("umount", fmt::format("unmounted {}, but the daemon has not released {} after 120 s", mountpoint,
+                                    entry->source));
+}
+
+}  // namespace
+
+void RegisterMount(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<MountArgs>();
+  CLI::App* cmd = app.add_subcommand("mount", "Mount a volume (runs the FUSE daemon, in the background unless -f)");
+  cmd->add_option("VOLUME", args->volume, "Volume directory made by spillfs mkfs")->required();
+  cmd->add_option("MOUNTPOINT", args->mountpoint, "Existing empty directory to mount on")->required();
+  cmd->add_flag("-f,--foreground", args->foreground, "Stay in the foreground");
+  cmd->add_flag("-d,--debug", args->debug, "Log every FUSE request (implies nothing else)");
+  cmd->add_option("-o", args->options, "Extra FUSE mount options, comma separated (e.g. allow_other)");
+  cmd->add_option("--threads", args->threads, "Maximum FUSE worker threads")->check(CLI::Range(1, 256));
+  cmd->callback([args, exit_code] { *exit_code = RunMount(*args); });
+}
+
+void RegisterUmount(CLI::App& app, int* exit_code) {
+  auto path = std::make_shared<std::string>();
+  CLI::App* cmd = app.add_subcommand("umount", "Unmount a spillfs mount point and wait for the daemon to finish");
+  cmd->add_option("MOUNTPOINT", *path, "Where the volume is mounted")->required();
+  cmd->callback([path, exit_code] { *exit_code = RunUmount(*path); });
+}
+
+}  // namespace spillfs::cli
