@@ -119,6 +119,9 @@ Result<std::vector<PhysicalExtent>> Allocator::Reserve(uint64_t length) {
       need -= take;
       if (need == 0) break;
     }
+    if (need > 0) {  // the byte count disagrees with the runs: never hand out less
+      return Status::Corruption(fmt::format("free-space total {} exceeds the free runs", available_bytes_));
+    }
   }
   for (const PhysicalExtent& e : out) Remove(&available_, e.offset, e.length, nullptr);
   available_bytes_ -= length;

@@ -119,45 +119,96 @@ Status Filesystem::ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t co
 Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteBlocks(const char* data,
                                                                                uint64_t file_offset,
                                                                                uint64_t length) {
-  SPILLFS_ASSIGN_OR_RETURN(std::vector<PhysicalExtent> space, allocator_.Reserve(length));
-  Status written = store_.Write(space, data);
+  return WriteSegments({Segment{file_offset, data, length}});
+}
+
+// Reserves space for all segments at once, writes them in parallel and
+// returns one extent per run that is contiguous both in the file and on disk.
+Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteSegments(
+    const std::vector<Segment>& segments) {
+  uint64_t total = 0;
+  for (const Segment& s : segments) total += s.length;
+  std::vector<std::pair<uint64_t, ExtentRecord>> extents;
+  if (total == 0) return extents;
+  SPILLFS_ASSIGN_OR_RETURN(std::vector<PhysicalExtent> space, allocator_.Reserve(total));
+  std::vector<IoSlice> slices;
+  size_t piece = 0;
+  uint64_t piece_used = 0;
+  for (const Segment& segment : segments) {
+    for (uint64_t done = 0; done < segment.length;) {
+      const PhysicalExtent& target = space[piece];
+      uint64_t n = std::min(segment.length - done, target.length - piece_used);
+      uint64_t physical = target.offset + piece_used;
+      uint64_t file_offset = segment.file_offset + done;
+      slices.push_back(IoSlice{physical, const_cast<char*>(segment.data + done), n});
+      std::vector<uint32_t> sums = Checksums(segment.data + done, n);
+      auto* last = extents.empty() ? nullptr : &extents.back();
+      if (last && last->first + last->second.length == file_offset &&
+          last->second.physical + last->second.length == physical) {
+        last->second.length += n;
+        last->second.block_checksums.insert(last->second.block_checksums.end(), sums.begin(), sums.end());
+      } else {
+        ExtentRecord record;
+        record.physical = physical;
+        record.length = n;
+        record.block_checksums = std::move(sums);
+        extents.emplace_back(file_offset, std::move(record));
+      }
+      done += n;
+      piece_used += n;
+      if (piece_used == target.length) {
+        ++piece;
+        piece_used = 0;
+      }
+    }
+  }
+  Status written = store_.WriteSlices(slices);
   if (!written.ok()) {
     allocator_.Unreserve(space);
     return written;
   }
-  std::vector<std::pair<uint64_t, ExtentRecord>> extents;
-  uint64_t at = 0;
-  for (const PhysicalExtent& piece : space) {
-    ExtentRecord record;
-    record.physical = piece.offset;
-    record.length = piece.length;
-    record.block_checksums = Checksums(data + at, piece.length);
-    extents.emplace_back(file_offset + at, std::move(record));
-    at += piece.length;
-  }
   return extents;
 }
 
-Status Filesystem::UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_t end, uint64_t* unmapped) {
+Status Filesystem::UnmapRanges(Txn* txn, InodeNumber ino, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                               uint64_t* unmapped) {
   uint64_t total = 0;
-  SPILLFS_RETURN_IF_ERROR(ForEachExtent(index_, ino, start, end, [&](const MappedExtent& e) {
-    txn->batch.Delete(Family::kExtent, keys::Extent(ino, e.file_offset));
-    if (e.file_offset < start) {
-      txn->batch.Put(Family::kExtent, keys::Extent(ino, e.file_offset),
-                     Slice(e.record, 0, start - e.file_offset, block_size_).Encode());
+  if (ranges.empty()) {
+    if (unmapped) *unmapped = 0;
+    return Status::OK();
+  }
+  // Each old extent is visited once and cut by every range it overlaps, so a
+  // batch never holds two conflicting rewrites of one extent key.
+  SPILLFS_RETURN_IF_ERROR(ForEachExtent(index_, ino, ranges.front().first, ranges.back().second,
+                                        [&](const MappedExtent& e) {
+    uint64_t keep_from = e.file_offset;  // start of the next surviving piece
+    bool touched = false;
+    for (auto [start, end] : ranges) {
+      if (end <= e.file_offset || start >= e.end()) continue;
+      if (!touched) txn->batch.Delete(Family::kExtent, keys::Extent(ino, e.file_offset));
+      touched = true;
+      uint64_t from = std::max(start, e.file_offset);
+      uint64_t to = std::min(end, e.end());
+      if (keep_from < from) {
+        txn->batch.Put(Family::kExtent, keys::Extent(ino, keep_from),
+                       Slice(e.record, keep_from - e.file_offset, from - keep_from, block_size_).Encode());
+      }
+      txn->freed.push_back(PhysicalExtent{e.record.physical + (from - e.file_offset), to - from});
+      total += to - from;
+      keep_from = to;
     }
-    if (e.end() > end) {
-      txn->batch.Put(Family::kExtent, keys::Extent(ino, end),
-                     Slice(e.record, end - e.file_offset, e.end() - end, block_size_).Encode());
+    if (touched && keep_from < e.end()) {
+      txn->batch.Put(Family::kExtent, keys::Extent(ino, keep_from),
+                     Slice(e.record, keep_from - e.file_offset, e.end() - keep_from, block_size_).Encode());
     }
-    uint64_t from = std::max(start, e.file_offset);
-    uint64_t to = std::min(end, e.end());
-    txn->freed.push_back(PhysicalExtent{e.record.physical + (from - e.file_offset), to - from});
-    total += to - from;
     return Status::OK();
   }));
   if (unmapped) *unmapped = total;
   return Status::OK();
+}
+
+Status Filesystem::UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_t end, uint64_t* unmapped) {
+  return UnmapRanges(txn, ino, {{start, end}}, unmapped);
 }
 
 void Filesystem::MapExtents(Txn* txn, InodeNumber ino,
@@ -174,15 +225,17 @@ void Filesystem::MapExtents(Txn* txn, InodeNumber ino,
 
 Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, AlignedBuffer* scratch,
                                 const char** data) {
-  ReclaimGate::Reader reader(&gate_);
+  std::shared_lock io_lock(IoLock(ino));
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (S_ISDIR(record.mode)) return Status::Error(EISDIR, "read of a directory");
+  if (auto overlay = cache_.GetOverlay(ino)) record.size = overlay->size;
   if (offset >= record.size || size == 0) return size_t{0};
   uint64_t end = std::min<uint64_t>(record.size, offset + size);
   uint64_t first = RoundDown(offset, block_size_);
   uint64_t last = RoundUp(end, block_size_);
   scratch->Resize(last - first);
-  SPILLFS_RETURN_IF_ERROR(ReadBlocks(ino, first / block_size_, (last - first) / block_size_, scratch->data()));
+  SPILLFS_RETURN_IF_ERROR(
+      ReadBlocksCached(ino, first / block_size_, (last - first) / block_size_, scratch->data()));
   *data = scratch->data() + (offset - first);
   counters_.bytes_read.fetch_add(end - offset, std::memory_order_relaxed);
   // relatime: record an access only when it is newer information.
@@ -204,8 +257,18 @@ Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, A
 Result<size_t> Filesystem::Write(InodeNumber ino, uint64_t offset, const char* data, size_t size) {
   if (size == 0) return size_t{0};
   if (offset + size < offset || offset + size > (1ull << 62)) return Status::Error(EFBIG, "file too large");
-  auto io = IoLock(ino);
-  std::lock_guard io_lock(*io);
+  // The RAM tier takes the write when it has room (waiting briefly for the
+  // flusher to make some); otherwise the write goes straight to new blocks.
+  uint64_t chunks = size / WriteBackCache::kChunkBytes + 2;
+  if (cache_.capacity() > 0 && cache_.WaitForRoom(chunks * WriteBackCache::kChunkBytes, std::chrono::seconds(5))) {
+    return WriteCached(ino, offset, data, size);
+  }
+  return WriteThrough(ino, offset, data, size);
+}
+
+Result<size_t> Filesystem::WriteThrough(InodeNumber ino, uint64_t offset, const char* data, size_t size) {
+  std::unique_lock io_lock(IoLock(ino));
+  SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));  // cached blocks must not later overwrite this write
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   uint64_t first = RoundDown(offset, block_size_);
   uint64_t last = RoundUp(offset + size, block_size_);
@@ -250,13 +313,12 @@ struct BlockRewrite {
 }  // namespace
 
 Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request) {
-  std::shared_ptr<std::mutex> io;
-  std::unique_lock<std::mutex> io_lock;
+  std::unique_lock io_lock(IoLock(ino), std::defer_lock);
   std::optional<BlockRewrite> tail;
+  if (request.size || request.mtime_ns) io_lock.lock();
   if (request.size) {
-    io = IoLock(ino);
-    io_lock = std::unique_lock(*io);
     SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+    if (auto overlay = cache_.GetOverlay(ino)) record.size = overlay->size;
     if (S_ISDIR(record.mode)) return Status::Error(EISDIR, "truncate of a directory");
     if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "truncate of a special file");
     if (*request.size > (1ull << 62)) return Status::Error(EFBIG, "file too large");
@@ -279,6 +341,20 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
         tail = BlockRewrite{block, std::move(extents)};
       }
     }
+    // Cached data past the new size is cancelled, never written; a cached
+    // partial last block gets its tail zeroed.
+    if (auto file = cache_.Find(ino)) {
+      uint64_t keep_blocks = RoundUp(size, block_size_) / block_size_;
+      cache_.DropFrom(ino, *file, keep_blocks, /*cancelled=*/true);
+      if (size % block_size_ != 0) {
+        uint64_t block = size / block_size_;
+        auto it = file->chunks.find(block / cache_.blocks_per_chunk());
+        if (it != file->chunks.end() && it->second.valid[block % cache_.blocks_per_chunk()]) {
+          char* bytes = it->second.data.data() + (block % cache_.blocks_per_chunk()) * block_size_;
+          std::memset(bytes + size % block_size_, 0, block_size_ - size % block_size_);
+        }
+      }
+    }
   }
 
   std::lock_guard lock(mu_);
@@ -291,22 +367,25 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
   if (request.size) {
     uint64_t size = *request.size;
     if (size < record.size) {
+      // One unmap covers the rewritten tail block too: two unmaps in one
+      // batch could both rewrite the same old extent.
       uint64_t unmapped = 0;
-      SPILLFS_RETURN_IF_ERROR(UnmapRange(&txn, ino, RoundUp(size, block_size_), UINT64_MAX, &unmapped));
+      uint64_t cut = tail ? tail->block_offset : RoundUp(size, block_size_);
+      SPILLFS_RETURN_IF_ERROR(UnmapRange(&txn, ino, cut, UINT64_MAX, &unmapped));
       record.allocated_bytes -= unmapped;
       if (tail) {
-        SPILLFS_RETURN_IF_ERROR(
-            UnmapRange(&txn, ino, tail->block_offset, tail->block_offset + block_size_, &unmapped));
         MapExtents(&txn, ino, tail->extents);
-        record.allocated_bytes += block_size_ - unmapped;
+        record.allocated_bytes += block_size_;
       }
     }
+    if (auto overlay = cache_.GetOverlay(ino)) record.size = overlay->size;
     if (size != record.size) record.mtime_ns = now;
     record.size = size;
   }
   auto resolve = [now](int64_t t) { return t == SetAttrRequest::kTimeNow ? now : t; };
   if (request.atime_ns) record.atime_ns = resolve(*request.atime_ns);
   if (request.mtime_ns) record.mtime_ns = resolve(*request.mtime_ns);
+  if (auto file = cache_.Find(ino)) cache_.SetAttrs(*file, record.size, record.mtime_ns);
   record.ctime_ns = request.ctime_ns ? resolve(*request.ctime_ns) : now;
   PutInode(&txn, ino, record);
   SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
@@ -325,6 +404,7 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
     return Status::Error(EOPNOTSUPP, "unsupported fallocate mode");
   }
   if (punch && (!keep_size || zero)) return Status::Error(EOPNOTSUPP, "PUNCH_HOLE needs KEEP_SIZE alone");
+  SPILLFS_RETURN_IF_ERROR(FlushFile(ino));  // work on the committed mapping only
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (S_ISDIR(record.mode)) return Status::Error(EISDIR, "fallocate on a directory");
   if (!S_ISREG(record.mode)) return Status::Error(ENODEV, "fallocate on a special file");
@@ -349,8 +429,8 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
       SPILLFS_RETURN_IF_ERROR(zero_span(offset, inner_start));
       SPILLFS_RETURN_IF_ERROR(zero_span(inner_end, end));
       if (inner_start < inner_end) {
-        auto io = IoLock(ino);
-        std::lock_guard io_lock(*io);
+        std::unique_lock io_lock(IoLock(ino));
+        SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));  // the edges just went through the RAM tier
         std::lock_guard lock(mu_);
         SPILLFS_ASSIGN_OR_RETURN(record, LoadInode(ino));
         Txn txn(index_);
@@ -366,8 +446,8 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
   }
 
   // Allocate unwritten extents over the holes of [offset, end).
-  auto io = IoLock(ino);
-  std::lock_guard io_lock(*io);
+  std::unique_lock io_lock(IoLock(ino));
+  SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));
   uint64_t start = RoundDown(offset, block_size_);
   uint64_t stop = RoundUp(end, block_size_);
   std::vector<std::pair<uint64_t, uint64_t>> holes;
@@ -413,6 +493,8 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
 }
 
 Result<uint64_t> Filesystem::Lseek(InodeNumber ino, uint64_t offset, int whence) {
+  SPILLFS_RETURN_IF_ERROR(FlushFile(ino));  // holes and data as the SSD will hold them
+  std::shared_lock io_lock(IoLock(ino));
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (offset >= record.size) return Status::Error(ENXIO, "offset is past the end of the file");
   std::optional<uint64_t> data;

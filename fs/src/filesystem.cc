@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <linux/fs.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "spillfs/fs/clock.h"
 #include "spillfs/kvindex/keys.h"
@@ -43,30 +44,64 @@ struct timespec ToTimespec(int64_t ns) {
 
 }  // namespace
 
-Filesystem::Filesystem(std::unique_ptr<Volume> volume)
+uint64_t FilesystemOptions::DefaultRamTierBytes() {
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page_size = sysconf(_SC_PAGESIZE);
+  uint64_t ram = pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) : 0;
+  return std::min<uint64_t>(ram / 4, 8ull << 30);
+}
+
+Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& options)
     : volume_(std::move(volume)),
       index_(volume_->index()),
       store_(volume_->store()),
       block_size_(volume_->superblock().block_size),
       checksums_(volume_->superblock().checksums),
+      options_(options),
       allocator_(block_size_),
-      gate_([this](const std::vector<PhysicalExtent>& extents) { allocator_.Release(extents); }) {}
+      gate_([this](const std::vector<PhysicalExtent>& extents) { allocator_.Release(extents); }),
+      cache_(options.ram_tier_bytes, block_size_) {}
 
 Filesystem::~Filesystem() {
-  Status s = SyncAll();
-  (void)s;
+  if (flusher_.joinable()) {
+    stopping_ = true;
+    cache_.WakeFlusher();
+    flusher_.join();
+  }
+  Status s = FlushAll();
+  if (s.ok()) s = SyncAll();
+  if (s.ok()) {
+    // A clean stop: ephemeral files were flushed and survive the next mount.
+    Index::Batch batch(index_);
+    batch.Put(Family::kMeta, keys::kCleanUnmount, "1");
+    s = index_.Commit(&batch, /*sync=*/true);
+  }
+  if (!s.ok()) fmt::print(stderr, "spillfs: final flush failed: {}\n", s.ToString());
 }
 
-Result<std::unique_ptr<Filesystem>> Filesystem::Open(std::unique_ptr<Volume> volume) {
-  std::unique_ptr<Filesystem> fs(new Filesystem(std::move(volume)));
+Result<std::unique_ptr<Filesystem>> Filesystem::Open(std::unique_ptr<Volume> volume,
+                                                      const FilesystemOptions& options) {
+  std::unique_ptr<Filesystem> fs(new Filesystem(std::move(volume), options));
   SPILLFS_RETURN_IF_ERROR(fs->allocator_.Load(fs->index_));
   SPILLFS_ASSIGN_OR_RETURN(fs->next_ino_, fs->index_.GetMetaU64(keys::kNextIno));
   SPILLFS_RETURN_IF_ERROR(fs->Recover());
+  if (options.ram_tier_bytes > 0) fs->flusher_ = std::thread([raw = fs.get()] { raw->FlusherLoop(); });
   return fs;
 }
 
-// Reclaims inodes that were unlinked while open when the daemon stopped.
+// Reclaims inodes that were unlinked while open when the daemon stopped and,
+// unless the last stop was clean, every ephemeral file.
 Status Filesystem::Recover() {
+  std::string clean;
+  Status was_clean = index_.Get(Family::kMeta, keys::kCleanUnmount, &clean);
+  if (!was_clean.ok() && !was_clean.IsNotFound()) return was_clean;
+  if (was_clean.ok()) {
+    Index::Batch batch(index_);
+    batch.Delete(Family::kMeta, keys::kCleanUnmount);
+    SPILLFS_RETURN_IF_ERROR(index_.Commit(&batch, /*sync=*/true));
+  } else {
+    SPILLFS_RETURN_IF_ERROR(ReclaimEphemeral());
+  }
   std::vector<InodeNumber> orphans;
   auto cursor = index_.NewCursor(Family::kOrphan, "");
   for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
@@ -87,6 +122,34 @@ Status Filesystem::Recover() {
     SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
   }
   return Status::OK();
+}
+
+// After a crash: ephemeral regular files promise nothing, so they go, with
+// their directory entries.
+Status Filesystem::ReclaimEphemeral() {
+  std::unordered_map<InodeNumber, InodeRecord> doomed;
+  auto inodes = index_.NewCursor(Family::kInode, "");
+  for (inodes->Seek(""); inodes->Valid(); inodes->Next()) {
+    SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, InodeRecord::Decode(inodes->value()));
+    if ((record.flags & kInodeEphemeral) && S_ISREG(record.mode)) doomed.emplace(keys::DecodeIno(inodes->key()), record);
+  }
+  SPILLFS_RETURN_IF_ERROR(inodes->status());
+  if (doomed.empty()) return Status::OK();
+  std::lock_guard lock(mu_);
+  Txn txn(index_);
+  auto dirents = index_.NewCursor(Family::kDirent, "");
+  for (dirents->Seek(""); dirents->Valid(); dirents->Next()) {
+    SPILLFS_ASSIGN_OR_RETURN(DirentRecord dirent, DirentRecord::Decode(dirents->value()));
+    if (doomed.count(dirent.ino)) txn.batch.Delete(Family::kDirent, dirents->key());
+  }
+  SPILLFS_RETURN_IF_ERROR(dirents->status());
+  for (auto& [ino, record] : doomed) {
+    SPILLFS_RETURN_IF_ERROR(UnmapRange(&txn, ino, 0, UINT64_MAX, nullptr));
+    DeleteInode(&txn, ino, record);
+  }
+  fmt::print(stderr, "spillfs: reclaimed {} ephemeral files after an unclean stop\n", doomed.size());
+  SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
+  return index_.Sync();
 }
 
 // ---- helpers (mu_ held) ----
@@ -132,11 +195,6 @@ Status Filesystem::CommitTxn(Txn* txn) {
 
 void Filesystem::CountLookup(InodeNumber ino) { ++inodes_[ino].lookups; }
 
-std::shared_ptr<std::mutex> Filesystem::IoLock(InodeNumber ino) {
-  std::lock_guard lock(mu_);
-  return inodes_[ino].io;
-}
-
 Entry Filesystem::MakeEntry(InodeNumber ino, const InodeRecord& r) const {
   Entry entry;
   entry.ino = ino;
@@ -154,6 +212,7 @@ Entry Filesystem::MakeEntry(InodeNumber ino, const InodeRecord& r) const {
   st.st_atim = ToTimespec(r.atime_ns);
   st.st_mtim = ToTimespec(r.mtime_ns);
   st.st_ctim = ToTimespec(r.ctime_ns);
+  ApplyOverlay(ino, &entry);
   return entry;
 }
 
@@ -184,6 +243,7 @@ void Filesystem::DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& recor
   }
   txn->batch.Delete(Family::kInode, keys::Ino(ino));
   txn->batch.Delete(Family::kOrphan, keys::Ino(ino));
+  cache_.Remove(ino, /*cancelled=*/true);  // unflushed data never reaches the SSD
 }
 
 Result<Entry> Filesystem::CreateInode(InodeNumber parent, std::string_view name, InodeRecord record) {
@@ -196,6 +256,7 @@ Result<Entry> Filesystem::CreateInode(InodeNumber parent, std::string_view name,
   int64_t now = NowNs();
   record.atime_ns = record.mtime_ns = record.ctime_ns = record.btime_ns = now;
   record.generation = 1;
+  record.flags |= dir.flags & kInodeEphemeral;  // inherited
   if (dir.mode & S_ISGID) {
     record.gid = dir.gid;
     if (IsDir(record)) record.mode |= S_ISGID;
@@ -478,6 +539,9 @@ Status Filesystem::SyncAll() {
   return index_.Sync();
 }
 
-Status Filesystem::Fsync(InodeNumber ino, bool datasync) { return SyncAll(); }
+Status Filesystem::Fsync(InodeNumber ino, bool datasync) {
+  SPILLFS_RETURN_IF_ERROR(FlushFile(ino));
+  return SyncAll();
+}
 
 }  // namespace spillfs

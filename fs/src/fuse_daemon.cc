@@ -1,11 +1,14 @@
 #define FUSE_USE_VERSION 314
 #include "spillfs/fs/fuse_daemon.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fuse3/fuse_lowlevel.h>
 #include <sys/xattr.h>
 
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <vector>
 
 namespace spillfs {
@@ -14,6 +17,7 @@ namespace {
 constexpr double kAttrTimeout = 1.0;
 constexpr double kEntryTimeout = 1.0;
 constexpr unsigned kMaxWrite = 1u << 20;
+constexpr unsigned kReadAheadKib = 8192;
 
 Filesystem& Fs(fuse_req_t req) { return *static_cast<Filesystem*>(fuse_req_userdata(req)); }
 
@@ -132,6 +136,14 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto entry = Fs(req).GetAttr(ino);
   if (!entry.ok()) return ReplyError(req, entry.status());
   if (S_ISDIR(entry->attr.st_mode)) return ReplyError(req, Status::Error(EISDIR, ""));
+  if ((fi->flags & O_TRUNC) && S_ISREG(entry->attr.st_mode)) {
+    // libfuse asks for atomic O_TRUNC: the truncation arrives with the open.
+    SetAttrRequest truncate;
+    truncate.size = 0;
+    truncate.mtime_ns = SetAttrRequest::kTimeNow;
+    auto truncated = Fs(req).SetAttr(ino, truncate);
+    if (!truncated.ok()) return ReplyError(req, truncated.status());
+  }
   Status s = Fs(req).Open(ino);
   if (!s.ok()) return ReplyError(req, s);
   fi->keep_cache = 1;  // every change goes through this mount, so the page cache stays valid
@@ -170,7 +182,7 @@ void OnWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t
   fuse_reply_write(req, *n);
 }
 
-void OnFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+void OnFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { ReplyError(req, Fs(req).Flush(ino)); }
 
 void OnRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { ReplyError(req, Fs(req).Release(ino)); }
 
@@ -345,6 +357,20 @@ fuse_lowlevel_ops MakeOps() {
   return ops;
 }
 
+// The kernel offers FUSE only 128 KiB of read-ahead; sequential readers of
+// big tensors go much faster with more. Best effort: needs root and sysfs.
+void RaiseReadAhead(const std::string& mountpoint, unsigned kib) {
+  std::ifstream mountinfo("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(mountinfo, line)) {
+    std::istringstream fields(line);
+    std::string id, parent, device, root, point;
+    if (!(fields >> id >> parent >> device >> root >> point) || point != mountpoint) continue;
+    std::ofstream knob("/sys/class/bdi/" + device + "/read_ahead_kb");
+    knob << kib;
+  }
+}
+
 }  // namespace
 
 FuseDaemon::FuseDaemon(std::unique_ptr<Filesystem> fs, FuseOptions options)
@@ -375,6 +401,7 @@ Status FuseDaemon::Mount() {
     return Status::IOError(fmt::format("cannot mount on {} (is /dev/fuse available?)", options_.mountpoint));
   }
   mounted_ = true;
+  RaiseReadAhead(options_.mountpoint, kReadAheadKib);
   return Status::OK();
 }
 

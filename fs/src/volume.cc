@@ -55,6 +55,7 @@ Status InitializeIndex(const std::string& dir, const Superblock& sb) {
   Index::Batch batch(*index);
   batch.Put(Family::kMeta, keys::kSuperblock, sb.Encode());
   batch.Put(Family::kMeta, keys::kNextIno, EncodeMetaU64(kRootInode + 1));
+  batch.Put(Family::kMeta, keys::kCleanUnmount, "1");
   batch.Put(Family::kInode, keys::Ino(kRootInode), root.Encode());
   std::string length;
   coding::PutVarint64(&length, sb.data_size - sb.data_offset);

@@ -15,7 +15,10 @@ constexpr size_t kXattrValueMax = 65536;
 Status CheckXattrName(std::string_view name) {
   if (name.empty()) return Status::Error(EINVAL, "empty attribute name");
   if (name.size() > kXattrNameMax) return Status::Error(ERANGE, "attribute name longer than 255 bytes");
-  return Status::OK();
+  for (std::string_view prefix : {"user.", "trusted.", "security.", "system."}) {
+    if (name.size() > prefix.size() && name.substr(0, prefix.size()) == prefix) return Status::OK();
+  }
+  return Status::Error(EOPNOTSUPP, fmt::format("attribute {} has no known namespace", name));
 }
 
 }  // namespace
@@ -30,6 +33,15 @@ Status Filesystem::SetXattr(InodeNumber ino, std::string_view name, std::string_
   if (!found.ok() && !found.IsNotFound()) return found;
   if ((flags & XATTR_CREATE) && found.ok()) return Status::Error(EEXIST, fmt::format("{} exists", name));
   if ((flags & XATTR_REPLACE) && !found.ok()) return Status::Error(ENODATA, fmt::format("no attribute {}", name));
+  if (name == kEphemeralXattr) {
+    if (value != "1" && value != "0") return Status::Error(EINVAL, "user.spillfs.ephemeral takes 1 or 0");
+    if (!S_ISDIR(record.mode) && !S_ISREG(record.mode)) return Status::Error(EINVAL, "only files and directories");
+    if (value == "1") {
+      record.flags |= kInodeEphemeral;
+    } else {
+      record.flags &= ~kInodeEphemeral;
+    }
+  }
   Txn txn(index_);
   txn.batch.Put(Family::kXattr, keys::Xattr(ino, name), value);
   record.ctime_ns = NowNs();
@@ -66,6 +78,7 @@ Status Filesystem::RemoveXattr(InodeNumber ino, std::string_view name) {
   Status found = index_.Get(Family::kXattr, keys::Xattr(ino, name), &existing);
   if (found.IsNotFound()) return Status::Error(ENODATA, fmt::format("no attribute {}", name));
   SPILLFS_RETURN_IF_ERROR(found);
+  if (name == kEphemeralXattr) record.flags &= ~kInodeEphemeral;
   Txn txn(index_);
   txn.batch.Delete(Family::kXattr, keys::Xattr(ino, name));
   record.ctime_ns = NowNs();

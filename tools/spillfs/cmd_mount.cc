@@ -17,6 +17,7 @@
 
 #include "commands.h"
 #include "mount_table.h"
+#include "sizes.h"
 #include "spillfs/fs/fuse_daemon.h"
 #include "spillfs/fs/volume.h"
 
@@ -32,6 +33,9 @@ struct MountArgs {
   bool debug = false;
   std::string options;
   unsigned threads = 16;
+  std::string ram_tier;        // size of the write-back RAM tier ("" = default)
+  int64_t flush_age_ms = 2000;
+  FilesystemOptions fs_options;
 };
 
 // Checks everything that can be checked before forking.
@@ -70,7 +74,7 @@ int Serve(const MountArgs& args, const std::function<void(const Status&)>& repor
     report(volume.status());
     return 1;
   }
-  auto fs = Filesystem::Open(std::move(*volume));
+  auto fs = Filesystem::Open(std::move(*volume), args.fs_options);
   if (!fs.ok()) {
     report(fs.status().WithContext("cannot open the filesystem"));
     return 1;
@@ -134,6 +138,12 @@ int RunBackground(const MountArgs& args) {
 int RunMount(MountArgs args) {
   Status valid = Validate(&args);
   if (!valid.ok()) return Fail("mount", valid.message());
+  if (!args.ram_tier.empty()) {
+    auto bytes = ParseSize(args.ram_tier);
+    if (!bytes.ok()) return Fail("mount", "--ram-tier: " + bytes.status().message());
+    args.fs_options.ram_tier_bytes = *bytes;
+  }
+  args.fs_options.flush_age_ms = args.flush_age_ms;
   if (!args.foreground) return RunBackground(args);
   return Serve(args, [&](const Status& s) {
     if (s.ok()) {
@@ -184,6 +194,10 @@ void RegisterMount(CLI::App& app, int* exit_code) {
   cmd->add_flag("-d,--debug", args->debug, "Log every FUSE request (implies nothing else)");
   cmd->add_option("-o", args->options, "Extra FUSE mount options, comma separated (e.g. allow_other)");
   cmd->add_option("--threads", args->threads, "Maximum FUSE worker threads")->check(CLI::Range(1, 256));
+  cmd->add_option("--ram-tier", args->ram_tier,
+                  "Write-back RAM tier size, e.g. 4G; 0 writes through (default: 1/4 of RAM, at most 8G)");
+  cmd->add_option("--flush-age", args->flush_age_ms, "Flush non-ephemeral dirty data older than this many ms")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
   cmd->callback([args, exit_code] { *exit_code = RunMount(*args); });
 }
 

@@ -11,10 +11,13 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
+#include <thread>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -25,6 +28,7 @@
 #include "spillfs/fs/allocator.h"
 #include "spillfs/fs/reclaim_gate.h"
 #include "spillfs/fs/volume.h"
+#include "spillfs/fs/write_back_cache.h"
 #include "spillfs/kvindex/records.h"
 #include "spillfs/status.h"
 
@@ -61,6 +65,18 @@ struct SetAttrRequest {
   static constexpr int64_t kTimeNow = INT64_MIN;
 };
 
+struct FilesystemOptions {
+  // Size of the write-back RAM tier; 0 writes every request straight through.
+  uint64_t ram_tier_bytes = DefaultRamTierBytes();
+  // Non-ephemeral dirty data older than this is flushed by the background flusher.
+  int64_t flush_age_ms = 2000;
+  // A quarter of physical memory, at most 8 GiB.
+  static uint64_t DefaultRamTierBytes();
+};
+
+// The xattr that marks a directory (and what is created under it) ephemeral.
+inline constexpr const char* kEphemeralXattr = "user.spillfs.ephemeral";
+
 // Counters shown by tools (issue: admin tools); monotonic since mount.
 struct FsCounters {
   std::atomic<uint64_t> bytes_written{0};  // logical bytes accepted by write()
@@ -74,8 +90,10 @@ class Filesystem {
   static constexpr size_t kSymlinkMax = 4095;
   static constexpr uint32_t kLinkMax = 65000;
 
-  // Takes over an open volume; reclaims orphans left by a crash.
-  static Result<std::unique_ptr<Filesystem>> Open(std::unique_ptr<Volume> volume);
+  // Takes over an open volume; reclaims orphans (and, after a crash,
+  // ephemeral files) and starts the background flusher.
+  static Result<std::unique_ptr<Filesystem>> Open(std::unique_ptr<Volume> volume,
+                                                  const FilesystemOptions& options = {});
   ~Filesystem();
 
   // --- namespace ---
@@ -109,8 +127,12 @@ class Filesystem {
   Result<size_t> Read(InodeNumber ino, uint64_t offset, size_t size, AlignedBuffer* scratch,
                       const char** data);
   Result<size_t> Write(InodeNumber ino, uint64_t offset, const char* data, size_t size);
-  // datasync: skip the inode's attribute-only changes (all are in one index anyway).
+  // Writes the file's cached data and makes it and the index durable.
   Status Fsync(InodeNumber ino, bool datasync);
+  // Close of a handle: writes the file's cached data unless it is ephemeral.
+  Status Flush(InodeNumber ino);
+  // Writes every cached file (ephemeral ones too).
+  Status FlushAll();
   // mode: 0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE.
   Status Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_t length);
   // SEEK_DATA / SEEK_HOLE.
@@ -127,6 +149,7 @@ class Filesystem {
 
   Volume& volume() { return *volume_; }
   const FsCounters& counters() const { return counters_; }
+  WriteBackCache::Stats ram_tier_stats() const { return cache_.stats(); }
   uint64_t block_size() const { return block_size_; }
 
  private:
@@ -134,8 +157,14 @@ class Filesystem {
   struct InodeState {
     uint64_t lookups = 0;
     uint32_t opens = 0;
-    std::shared_ptr<std::mutex> io = std::make_shared<std::mutex>();  // serializes data changes
   };
+  // Contiguous file bytes in memory, to be written as one or more extents.
+  struct Segment {
+    uint64_t file_offset;
+    const char* data;
+    uint64_t length;
+  };
+  static constexpr size_t kIoLockStripes = 256;
   // A commit in progress: one index batch and the space it frees.
   struct Txn {
     explicit Txn(const Index& index) : batch(index) {}
@@ -143,8 +172,9 @@ class Filesystem {
     std::vector<PhysicalExtent> freed;
   };
 
-  explicit Filesystem(std::unique_ptr<Volume> volume);
+  Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& options);
   Status Recover();
+  Status ReclaimEphemeral();
 
   // Helpers called with mu_ held.
   Result<InodeRecord> LoadInode(InodeNumber ino);
@@ -160,17 +190,32 @@ class Filesystem {
   Status CommitTxn(Txn* txn);
   void CountLookup(InodeNumber ino);
   Entry MakeEntry(InodeNumber ino, const InodeRecord& record) const;
-  std::shared_ptr<std::mutex> IoLock(InodeNumber ino);
+  // Serializes data changes of an inode (exclusive) against reads (shared).
+  std::shared_mutex& IoLock(InodeNumber ino) { return io_locks_[ino % kIoLockStripes]; }
 
   // Data-path helpers (file_data.cc).
   // Reads blocks [first, first + count) of `ino` into `out` (holes as zeros).
   Status ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t count, char* out);
   // Writes whole blocks at block-aligned `file_offset`, redirect-on-write;
-  // returns the new extents committed in `txn` by the caller.
+  // returns the new extents for the caller to map in its txn.
   Result<std::vector<std::pair<uint64_t, ExtentRecord>>> WriteBlocks(const char* data, uint64_t file_offset,
                                                                      uint64_t length);
+  Result<std::vector<std::pair<uint64_t, ExtentRecord>>> WriteSegments(const std::vector<Segment>& segments);
+  // Write paths: through the RAM tier, or straight to new blocks.
+  Result<size_t> WriteCached(InodeNumber ino, uint64_t offset, const char* data, size_t size);
+  Result<size_t> WriteThrough(InodeNumber ino, uint64_t offset, const char* data, size_t size);
+  // Reads blocks, preferring cached ones; caller holds the I/O lock shared.
+  Status ReadBlocksCached(InodeNumber ino, uint64_t first_block, uint64_t count, char* out);
+  // Flushes the file's cached data; FlushLocked needs the I/O lock exclusive.
+  Status FlushFile(InodeNumber ino);
+  Status FlushLocked(InodeNumber ino);
+  void FlusherLoop();
+  void ApplyOverlay(InodeNumber ino, Entry* entry) const;
   // Unmaps [start, end) (block aligned; end may be UINT64_MAX) into txn.
   Status UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_t end, uint64_t* unmapped_bytes);
+  // Unmaps several sorted, disjoint ranges in one pass.
+  Status UnmapRanges(Txn* txn, InodeNumber ino, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                     uint64_t* unmapped_bytes);
   void MapExtents(Txn* txn, InodeNumber ino, const std::vector<std::pair<uint64_t, ExtentRecord>>& extents);
   std::vector<uint32_t> Checksums(const char* data, uint64_t length) const;
   bool VerifyBlocks(const ExtentRecord& extent, uint64_t first_block, uint64_t count, const char* data);
@@ -180,9 +225,14 @@ class Filesystem {
   BlockStore& store_;
   const uint64_t block_size_;
   const bool checksums_;
+  const FilesystemOptions options_;
   Allocator allocator_;
   ReclaimGate gate_;
   FsCounters counters_;
+  WriteBackCache cache_;
+  std::array<std::shared_mutex, kIoLockStripes> io_locks_;
+  std::atomic<bool> stopping_{false};
+  std::thread flusher_;
 
   std::mutex mu_;  // commit lock: namespace changes, inode table, next_ino
   InodeNumber next_ino_ = 0;

@@ -33,5 +33,7 @@ uint64_t ExtentOffset(std::string_view key);
 inline constexpr std::string_view kSuperblock = "superblock";
 inline constexpr std::string_view kNextIno = "next_ino";
 inline constexpr std::string_view kNextGeneration = "next_generation";
+// Present while the volume is not mounted after a clean unmount.
+inline constexpr std::string_view kCleanUnmount = "clean_unmount";
 
 }  // namespace spillfs::keys

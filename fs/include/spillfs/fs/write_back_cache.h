@@ -1,0 +1,122 @@
+// WriteBackCache: the RAM tier. Dirty file data waits here in aligned host
+// memory and is written to the SSD later as large extents (flush by fsync,
+// close, age or memory pressure). Data truncated away or unlinked before it
+// was flushed costs no SSD I/O at all.
+//
+// Locking: the cache's own mutex guards the table of files, their logical
+// size/mtime overlay and the byte accounting. A file's chunk contents are
+// guarded by that inode's I/O lock in Filesystem (exclusive to change,
+// shared to read). Files are shared_ptr so a flush in progress keeps its
+// buffers alive even if the inode is reclaimed meanwhile.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "spillfs/fs/buffer_pool.h"
+#include "spillfs/kvindex/records.h"
+
+namespace spillfs {
+
+class WriteBackCache {
+ public:
+  static constexpr uint64_t kChunkBytes = 256 << 10;
+
+  // A fixed, chunk-aligned window of a file; `valid` marks blocks whose bytes
+  // here are the file's current contents.
+  struct Chunk {
+    explicit Chunk(BufferPool* pool) : data(pool) {}
+    PooledBuffer data;
+    std::vector<bool> valid;
+    uint64_t valid_blocks = 0;
+  };
+
+  struct File {
+    std::map<uint64_t, Chunk> chunks;  // chunk index -> chunk
+    uint64_t size = 0;                 // logical size including cached data
+    int64_t mtime_ns = 0;
+    int64_t first_dirty_ns = 0;        // when the oldest unflushed data arrived
+    bool ephemeral = false;
+    uint64_t dirty_bytes = 0;          // valid bytes held (accounting)
+    uint64_t chunk_count = 0;          // chunks.size(), readable under the cache mutex
+  };
+
+  struct Stats {
+    uint64_t capacity_bytes = 0;
+    uint64_t used_bytes = 0;      // chunk memory held
+    uint64_t dirty_bytes = 0;     // valid bytes awaiting flush
+    uint64_t cancelled_bytes = 0; // dirty bytes dropped by unlink/truncate (never written)
+    uint64_t files = 0;
+  };
+
+  WriteBackCache(uint64_t capacity_bytes, uint64_t block_size);
+
+  uint64_t capacity() const { return capacity_; }
+  uint64_t block_size() const { return block_size_; }
+  uint64_t blocks_per_chunk() const { return kChunkBytes / block_size_; }
+
+  // The file's cache entry, or null.
+  std::shared_ptr<File> Find(InodeNumber ino) const;
+  // The file's entry, created with the given committed size/mtime.
+  std::shared_ptr<File> GetOrCreate(InodeNumber ino, uint64_t size, int64_t mtime_ns, bool ephemeral);
+  // Size and mtime overlay for getattr; nullopt when nothing is cached.
+  struct Overlay {
+    uint64_t size;
+    int64_t mtime_ns;
+    uint64_t dirty_bytes;
+  };
+  std::optional<Overlay> GetOverlay(InodeNumber ino) const;
+
+  // Chunk for block `block` of `file`, created (all blocks invalid) if absent.
+  // Caller holds the inode's I/O lock exclusively.
+  Chunk& ChunkFor(File& file, uint64_t block);
+  // Marks `count` blocks from `block` valid and accounts for the new ones.
+  void MarkValid(File& file, uint64_t block, uint64_t count);
+  // Updates the overlay after a write.
+  void NoteWrite(File& file, uint64_t end_offset, int64_t mtime_ns);
+  // Sets the overlay after setattr (truncate, utimens).
+  void SetAttrs(File& file, uint64_t size, int64_t mtime_ns);
+
+  // Drops cached blocks at or past `block` (truncate); returns bytes dropped.
+  uint64_t DropFrom(InodeNumber ino, File& file, uint64_t block, bool cancelled);
+  // Removes the whole entry (reclaimed inode or completed flush of it all).
+  uint64_t Remove(InodeNumber ino, bool cancelled);
+  // After a flush wrote every valid block it saw: releases those chunks.
+  void FinishFlush(InodeNumber ino, File& file, const std::vector<uint64_t>& flushed_chunks);
+
+  // Files to flush now, oldest first: all when `all`, else those dirty for
+  // longer than `max_age_ns` (non-ephemeral) plus, while memory is above the
+  // high watermark, the oldest of any kind.
+  std::vector<InodeNumber> PickVictims(int64_t now_ns, int64_t max_age_ns, bool all) const;
+  bool OverHighWatermark() const;
+  // Blocks until `bytes` more fit or `timeout` passes; false on timeout.
+  bool WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeout);
+  // Wakes the flusher (it waits on this with a timeout).
+  void WakeFlusher();
+  bool WaitForWork(std::chrono::milliseconds timeout);
+  Stats stats() const;
+
+ private:
+  void AccountChunk(int64_t delta);
+
+  const uint64_t capacity_;
+  const uint64_t block_size_;
+  BufferPool pool_;  // declared before files_: outlives every chunk
+  mutable std::mutex mu_;
+  std::condition_variable room_;  // signalled when memory is released
+  std::condition_variable work_;  // signalled when the flusher should look
+  bool work_pending_ = false;
+  std::unordered_map<InodeNumber, std::shared_ptr<File>> files_;
+  uint64_t used_bytes_ = 0;
+  uint64_t dirty_bytes_ = 0;
+  uint64_t cancelled_bytes_ = 0;
+};
+
+}  // namespace spillfs

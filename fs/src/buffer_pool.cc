@@ -1,0 +1,41 @@
+#include "spillfs/fs/buffer_pool.h"
+
+#include <sys/mman.h>
+
+#include <new>
+
+namespace spillfs {
+
+BufferPool::BufferPool(size_t buffer_bytes, size_t slab_bytes)
+    : buffer_bytes_(buffer_bytes), slab_bytes_(slab_bytes) {}
+
+BufferPool::~BufferPool() {
+  for (void* slab : slabs_) munmap(slab, slab_bytes_);
+}
+
+char* BufferPool::Acquire() {
+  std::lock_guard lock(mu_);
+  if (free_.empty()) {
+    void* slab = mmap(nullptr, slab_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (slab == MAP_FAILED) throw std::bad_alloc();
+    madvise(slab, slab_bytes_, MADV_HUGEPAGE);
+    slabs_.push_back(slab);
+    char* base = static_cast<char*>(slab);
+    for (size_t at = slab_bytes_; at >= buffer_bytes_; at -= buffer_bytes_) free_.push_back(base + at - buffer_bytes_);
+  }
+  char* buffer = free_.back();
+  free_.pop_back();
+  return buffer;
+}
+
+void BufferPool::Release(char* buffer) {
+  std::lock_guard lock(mu_);
+  free_.push_back(buffer);
+}
+
+size_t BufferPool::reserved_bytes() const {
+  std::lock_guard lock(mu_);
+  return slabs_.size() * slab_bytes_;
+}
+
+}  // namespace spillfs

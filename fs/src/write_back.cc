@@ -1,0 +1,172 @@
+// Filesystem: the write-back RAM tier — cached writes, cached reads, flushes
+// and the background flusher.
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "spillfs/fs/clock.h"
+#include "spillfs/fs/filesystem.h"
+
+namespace spillfs {
+
+Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const char* data, size_t size) {
+  std::unique_lock io_lock(IoLock(ino));
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "write to a non-regular file");
+  auto file = cache_.GetOrCreate(ino, record.size, record.mtime_ns, record.flags & kInodeEphemeral);
+  const uint64_t per_chunk = cache_.blocks_per_chunk();
+  uint64_t first_block = offset / block_size_;
+  uint64_t end = offset + size;
+  uint64_t last_block = (end + block_size_ - 1) / block_size_;
+  for (uint64_t block = first_block; block < last_block; ++block) {
+    WriteBackCache::Chunk& chunk = cache_.ChunkFor(*file, block);
+    char* dst = chunk.data.data() + (block % per_chunk) * block_size_;
+    uint64_t block_start = block * block_size_;
+    uint64_t from = std::max(offset, block_start);
+    uint64_t to = std::min(end, block_start + block_size_);
+    bool partial = from != block_start || to != block_start + block_size_;
+    if (partial && !chunk.valid[block % per_chunk]) {
+      // First touch of a partly written block: start from its current bytes.
+      SPILLFS_RETURN_IF_ERROR(ReadBlocks(ino, block, 1, dst));
+    }
+    std::memcpy(dst + (from - block_start), data + (from - offset), to - from);
+  }
+  cache_.MarkValid(*file, first_block, last_block - first_block);
+  cache_.NoteWrite(*file, end, NowNs());
+  counters_.bytes_written.fetch_add(size, std::memory_order_relaxed);
+  if (cache_.OverHighWatermark()) cache_.WakeFlusher();
+  return size;
+}
+
+Status Filesystem::ReadBlocksCached(InodeNumber ino, uint64_t first_block, uint64_t count, char* out) {
+  auto file = cache_.Find(ino);
+  if (!file) return ReadBlocks(ino, first_block, count, out);
+  const uint64_t per_chunk = cache_.blocks_per_chunk();
+  auto cached = [&](uint64_t block) -> const char* {
+    auto it = file->chunks.find(block / per_chunk);
+    if (it == file->chunks.end() || !it->second.valid[block % per_chunk]) return nullptr;
+    return it->second.data.data() + (block % per_chunk) * block_size_;
+  };
+  // Copy cached blocks; read each run of uncached blocks from the SSD.
+  uint64_t run_start = 0, run_length = 0;
+  auto read_run = [&]() -> Status {
+    if (run_length == 0) return Status::OK();
+    Status s = ReadBlocks(ino, run_start, run_length, out + (run_start - first_block) * block_size_);
+    run_length = 0;
+    return s;
+  };
+  for (uint64_t block = first_block; block < first_block + count; ++block) {
+    if (const char* bytes = cached(block)) {
+      SPILLFS_RETURN_IF_ERROR(read_run());
+      std::memcpy(out + (block - first_block) * block_size_, bytes, block_size_);
+    } else {
+      if (run_length == 0) run_start = block;
+      ++run_length;
+    }
+  }
+  return read_run();
+}
+
+Status Filesystem::FlushFile(InodeNumber ino) {
+  if (!cache_.Find(ino)) return Status::OK();
+  std::unique_lock io_lock(IoLock(ino));
+  return FlushLocked(ino);
+}
+
+Status Filesystem::FlushLocked(InodeNumber ino) {
+  auto file = cache_.Find(ino);
+  if (!file) return Status::OK();
+  const uint64_t per_chunk = cache_.blocks_per_chunk();
+  std::vector<Segment> segments;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  std::vector<uint64_t> flushed_chunks;
+  for (auto& [index, chunk] : file->chunks) {
+    flushed_chunks.push_back(index);
+    for (uint64_t i = 0; i < per_chunk;) {
+      if (!chunk.valid[i]) {
+        ++i;
+        continue;
+      }
+      uint64_t j = i;
+      while (j < per_chunk && chunk.valid[j]) ++j;
+      uint64_t file_offset = (index * per_chunk + i) * block_size_;
+      uint64_t length = (j - i) * block_size_;
+      segments.push_back(Segment{file_offset, chunk.data.data() + i * block_size_, length});
+      if (!ranges.empty() && ranges.back().second == file_offset) {
+        ranges.back().second += length;
+      } else {
+        ranges.emplace_back(file_offset, file_offset + length);
+      }
+      i = j;
+    }
+  }
+  SPILLFS_ASSIGN_OR_RETURN(auto extents, WriteSegments(segments));
+  auto overlay = cache_.GetOverlay(ino);
+
+  std::lock_guard lock(mu_);
+  auto record = LoadInode(ino);
+  if (!record.ok()) {
+    // Reclaimed while we wrote: the new blocks were never mapped.
+    std::vector<PhysicalExtent> space;
+    for (auto& [offset, extent] : extents) space.push_back(PhysicalExtent{extent.physical, extent.length});
+    allocator_.Unreserve(space);
+    cache_.FinishFlush(ino, *file, flushed_chunks);
+    return record.status().code() == ENOENT ? Status::OK() : record.status();
+  }
+  Txn txn(index_);
+  uint64_t unmapped = 0;
+  SPILLFS_RETURN_IF_ERROR(UnmapRanges(&txn, ino, ranges, &unmapped));
+  MapExtents(&txn, ino, extents);
+  uint64_t written = 0;
+  for (const Segment& s : segments) written += s.length;
+  record->allocated_bytes += written - unmapped;
+  if (overlay) {
+    record->size = overlay->size;
+    record->mtime_ns = overlay->mtime_ns;
+    record->ctime_ns = std::max(record->ctime_ns, overlay->mtime_ns);
+  }
+  PutInode(&txn, ino, *record);
+  SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
+  cache_.FinishFlush(ino, *file, flushed_chunks);
+  return Status::OK();
+}
+
+Status Filesystem::Flush(InodeNumber ino) {
+  auto file = cache_.Find(ino);
+  if (!file || file->ephemeral) return Status::OK();
+  return FlushFile(ino);
+}
+
+Status Filesystem::FlushAll() {
+  Status first;
+  for (InodeNumber ino : cache_.PickVictims(NowNs(), 0, /*all=*/true)) {
+    Status s = FlushFile(ino);
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+void Filesystem::FlusherLoop() {
+  const int64_t max_age_ns = options_.flush_age_ms * 1000000;
+  while (!stopping_) {
+    cache_.WaitForWork(std::chrono::milliseconds(200));
+    for (InodeNumber ino : cache_.PickVictims(NowNs(), max_age_ns, /*all=*/false)) {
+      if (stopping_) break;
+      Status s = FlushFile(ino);
+      if (!s.ok()) fmt::print(stderr, "spillfs: background flush of inode {} failed: {}\n", ino, s.ToString());
+    }
+  }
+}
+
+void Filesystem::ApplyOverlay(InodeNumber ino, Entry* entry) const {
+  auto overlay = cache_.GetOverlay(ino);
+  if (!overlay) return;
+  struct stat& st = entry->attr;
+  st.st_size = static_cast<off_t>(overlay->size);
+  st.st_mtim.tv_sec = overlay->mtime_ns / 1000000000;
+  st.st_mtim.tv_nsec = overlay->mtime_ns % 1000000000;
+  if (overlay->mtime_ns > st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec) st.st_ctim = st.st_mtim;
+  st.st_blocks += static_cast<blkcnt_t>(overlay->dirty_bytes / 512);
+}
+
+}  // namespace spillfs
