@@ -90,12 +90,25 @@ void Allocator::Remove(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint6
   }
 }
 
-Result<std::vector<PhysicalExtent>> Allocator::Reserve(uint64_t length) {
+Status Allocator::Hold(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  if (held_bytes_ + bytes > available_bytes_) return Status::NoSpace();
+  held_bytes_ += bytes;
+  return Status::OK();
+}
+
+void Allocator::ReleaseHold(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  held_bytes_ -= std::min(held_bytes_, bytes);
+}
+
+Result<std::vector<PhysicalExtent>> Allocator::Reserve(uint64_t length, uint64_t from_hold) {
   std::lock_guard lock(mu_);
   if (length == 0 || length % unit_ != 0) {
     return Status::Invalid(fmt::format("allocation of {} bytes is not a positive multiple of {}", length, unit_));
   }
-  if (length > available_bytes_) return Status::NoSpace();
+  from_hold = std::min(from_hold, held_bytes_);
+  if (length + (held_bytes_ - from_hold) > available_bytes_) return Status::NoSpace();
   std::vector<PhysicalExtent> out;
   // First choice: one run big enough, at or after the cursor, then anywhere.
   auto fits = [&](auto begin, auto end) {
@@ -125,6 +138,7 @@ Result<std::vector<PhysicalExtent>> Allocator::Reserve(uint64_t length) {
   }
   for (const PhysicalExtent& e : out) Remove(&available_, e.offset, e.length, nullptr);
   available_bytes_ -= length;
+  held_bytes_ -= from_hold;
   cursor_ = out.back().offset + out.back().length;
   return out;
 }
@@ -157,7 +171,7 @@ void Allocator::Release(const std::vector<PhysicalExtent>& extents) {
 
 uint64_t Allocator::available_bytes() const {
   std::lock_guard lock(mu_);
-  return available_bytes_;
+  return available_bytes_ - std::min(available_bytes_, held_bytes_);
 }
 
 uint64_t Allocator::persisted_free_bytes() const {

@@ -102,6 +102,9 @@ Status Filesystem::ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t co
     return Status::OK();
   }));
   SPILLFS_RETURN_IF_ERROR(store_.ReadSlices(slices));
+  uint64_t blocks_read = 0;
+  for (const IoSlice& slice : slices) blocks_read += slice.length / block_size_;
+  counters_.ram_tier_misses.fetch_add(blocks_read, std::memory_order_relaxed);
   for (size_t i = 0; i < slices.size(); ++i) {
     const MappedExtent& e = sources[i];
     uint64_t first = (slices[i].offset - e.record.physical) / block_size_;
@@ -119,18 +122,18 @@ Status Filesystem::ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t co
 Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteBlocks(const char* data,
                                                                                uint64_t file_offset,
                                                                                uint64_t length) {
-  return WriteSegments({Segment{file_offset, data, length}});
+  return WriteSegments({Segment{file_offset, data, length}}, 0);
 }
 
 // Reserves space for all segments at once, writes them in parallel and
 // returns one extent per run that is contiguous both in the file and on disk.
 Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteSegments(
-    const std::vector<Segment>& segments) {
+    const std::vector<Segment>& segments, uint64_t from_hold) {
   uint64_t total = 0;
   for (const Segment& s : segments) total += s.length;
   std::vector<std::pair<uint64_t, ExtentRecord>> extents;
   if (total == 0) return extents;
-  SPILLFS_ASSIGN_OR_RETURN(std::vector<PhysicalExtent> space, allocator_.Reserve(total));
+  SPILLFS_ASSIGN_OR_RETURN(std::vector<PhysicalExtent> space, allocator_.Reserve(total, from_hold));
   std::vector<IoSlice> slices;
   size_t piece = 0;
   uint64_t piece_used = 0;
@@ -238,6 +241,7 @@ Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, A
       ReadBlocksCached(ino, first / block_size_, (last - first) / block_size_, scratch->data()));
   *data = scratch->data() + (offset - first);
   counters_.bytes_read.fetch_add(end - offset, std::memory_order_relaxed);
+  counters_.reads.fetch_add(1, std::memory_order_relaxed);
   // relatime: record an access only when it is newer information.
   int64_t now = NowNs();
   if (record.atime_ns <= record.mtime_ns || record.atime_ns <= record.ctime_ns ||
@@ -297,6 +301,7 @@ Result<size_t> Filesystem::WriteThrough(InodeNumber ino, uint64_t offset, const 
   PutInode(&txn, ino, record);
   SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
   counters_.bytes_written.fetch_add(size, std::memory_order_relaxed);
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
   return size;
 }
 
@@ -345,7 +350,7 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
     // partial last block gets its tail zeroed.
     if (auto file = cache_.Find(ino)) {
       uint64_t keep_blocks = RoundUp(size, block_size_) / block_size_;
-      cache_.DropFrom(ino, *file, keep_blocks, /*cancelled=*/true);
+      allocator_.ReleaseHold(cache_.DropFrom(ino, *file, keep_blocks, /*cancelled=*/true));
       if (size % block_size_ != 0) {
         uint64_t block = size / block_size_;
         auto it = file->chunks.find(block / cache_.blocks_per_chunk());

@@ -243,7 +243,7 @@ void Filesystem::DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& recor
   }
   txn->batch.Delete(Family::kInode, keys::Ino(ino));
   txn->batch.Delete(Family::kOrphan, keys::Ino(ino));
-  cache_.Remove(ino, /*cancelled=*/true);  // unflushed data never reaches the SSD
+  allocator_.ReleaseHold(cache_.Remove(ino, /*cancelled=*/true));  // unflushed data never reaches the SSD
 }
 
 Result<Entry> Filesystem::CreateInode(InodeNumber parent, std::string_view name, InodeRecord record) {

@@ -19,7 +19,14 @@ constexpr double kEntryTimeout = 1.0;
 constexpr unsigned kMaxWrite = 1u << 20;
 constexpr unsigned kReadAheadKib = 8192;
 
-Filesystem& Fs(fuse_req_t req) { return *static_cast<Filesystem*>(fuse_req_userdata(req)); }
+FuseDaemon& Daemon(fuse_req_t req) { return *static_cast<FuseDaemon*>(fuse_req_userdata(req)); }
+Filesystem& Fs(fuse_req_t req) { return Daemon(req).fs(); }
+ControlPlane& Control(fuse_req_t req) { return Daemon(req).control(); }
+
+// Names and inodes of the control plane cannot be created, changed or removed.
+bool Reserved(fuse_ino_t parent, const char* name) {
+  return ControlPlane::Owns(parent) || (parent == kRootInode && std::strcmp(name, ControlPlane::kDirName) == 0);
+}
 
 Caller CallerOf(fuse_req_t req) {
   const fuse_ctx* ctx = fuse_req_ctx(req);
@@ -61,27 +68,41 @@ void OnInit(void* userdata, fuse_conn_info* conn) {
 }
 
 void OnDestroy(void* userdata) {
-  Status s = static_cast<Filesystem*>(userdata)->SyncAll();
+  Status s = static_cast<FuseDaemon*>(userdata)->fs().SyncAll();
   if (!s.ok()) fmt::print(stderr, "spillfs: sync at unmount failed: {}\n", s.ToString());
 }
 
-void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) { ReplyEntry(req, Fs(req).Lookup(parent, name)); }
+void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (auto entry = Control(req).Lookup(parent, name)) return ReplyEntry(req, *entry);
+  if (ControlPlane::Owns(parent)) return ReplyError(req, Status::NotFound());
+  ReplyEntry(req, Fs(req).Lookup(parent, name));
+}
 
 void OnForget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
-  Fs(req).Forget(ino, nlookup);
+  if (!ControlPlane::Owns(ino)) Fs(req).Forget(ino, nlookup);
   fuse_reply_none(req);
 }
 
 void OnForgetMulti(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
-  for (size_t i = 0; i < count; ++i) Fs(req).Forget(forgets[i].ino, forgets[i].nlookup);
+  for (size_t i = 0; i < count; ++i) {
+    if (!ControlPlane::Owns(forgets[i].ino)) Fs(req).Forget(forgets[i].ino, forgets[i].nlookup);
+  }
   fuse_reply_none(req);
 }
 
-void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { ReplyAttr(req, Fs(req).GetAttr(ino)); }
+void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  if (ControlPlane::Owns(ino)) return ReplyAttr(req, Control(req).GetAttr(ino));
+  ReplyAttr(req, Fs(req).GetAttr(ino));
+}
 
 int64_t TimespecNs(const struct timespec& ts) { return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec; }
 
 void OnSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
+  if (ControlPlane::Owns(ino)) {
+    // O_TRUNC of the control file arrives as a size change: nothing to keep.
+    if (to_set == FUSE_SET_ATTR_SIZE && ino == ControlPlane::kControlIno) return ReplyAttr(req, Control(req).GetAttr(ino));
+    return ReplyError(req, Status::Error(EPERM, "control plane"));
+  }
   SetAttrRequest request;
   if (to_set & FUSE_SET_ATTR_MODE) request.mode = attr->st_mode;
   if (to_set & FUSE_SET_ATTR_UID) request.uid = attr->st_uid;
@@ -108,31 +129,50 @@ void OnReadlink(fuse_req_t req, fuse_ino_t ino) {
 }
 
 void OnMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  if (Reserved(parent, name)) return ReplyError(req, Status::Error(EEXIST, ""));
   ReplyEntry(req, Fs(req).MakeNode(parent, name, mode, rdev, CallerOf(req)));
 }
 
 void OnMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  if (Reserved(parent, name)) return ReplyError(req, Status::Error(EEXIST, ""));
   ReplyEntry(req, Fs(req).MakeDir(parent, name, mode, CallerOf(req)));
 }
 
-void OnUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) { ReplyError(req, Fs(req).Unlink(parent, name)); }
+void OnUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (Reserved(parent, name)) return ReplyError(req, Status::Error(EPERM, ""));
+  ReplyError(req, Fs(req).Unlink(parent, name));
+}
 
-void OnRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) { ReplyError(req, Fs(req).Rmdir(parent, name)); }
+void OnRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (Reserved(parent, name)) return ReplyError(req, Status::Error(EPERM, ""));
+  ReplyError(req, Fs(req).Rmdir(parent, name));
+}
 
 void OnSymlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
+  if (Reserved(parent, name)) return ReplyError(req, Status::Error(EEXIST, ""));
   ReplyEntry(req, Fs(req).Symlink(parent, name, target, CallerOf(req)));
 }
 
 void OnRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent, const char* new_name,
               unsigned flags) {
+  if (Reserved(parent, name) || Reserved(new_parent, new_name)) return ReplyError(req, Status::Error(EPERM, ""));
   ReplyError(req, Fs(req).Rename(parent, name, new_parent, new_name, flags));
 }
 
 void OnLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* new_name) {
+  if (ControlPlane::Owns(ino) || Reserved(new_parent, new_name)) return ReplyError(req, Status::Error(EPERM, ""));
   ReplyEntry(req, Fs(req).Link(ino, new_parent, new_name));
 }
 
 void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (ControlPlane::Owns(ino)) {
+    auto handle = Control(req).Open(ino, fi->flags, fuse_req_ctx(req)->uid);
+    if (!handle.ok()) return ReplyError(req, handle.status());
+    fi->fh = reinterpret_cast<uint64_t>(*handle);
+    fi->direct_io = 1;  // sizes are unknown until read; bypass the page cache
+    if (fuse_reply_open(req, fi) == -ENOENT) Control(req).Release(*handle);
+    return;
+  }
   auto entry = Fs(req).GetAttr(ino);
   if (!entry.ok()) return ReplyError(req, entry.status());
   if (S_ISDIR(entry->attr.st_mode)) return ReplyError(req, Status::Error(EISDIR, ""));
@@ -151,6 +191,7 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  if (Reserved(parent, name)) return ReplyError(req, Status::Error(EEXIST, ""));
   auto entry = Fs(req).MakeNode(parent, name, mode, 0, CallerOf(req));
   if (!entry.ok()) return ReplyError(req, entry.status());
   Status s = Fs(req).Open(entry->ino);
@@ -168,7 +209,14 @@ void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, 
   }
 }
 
-void OnRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file_info*) {
+ControlPlane::Handle* ControlHandle(fuse_file_info* fi) { return reinterpret_cast<ControlPlane::Handle*>(fi->fh); }
+
+void OnRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file_info* fi) {
+  if (ControlPlane::Owns(ino)) {
+    std::string_view bytes = Control(req).Read(ControlHandle(fi), static_cast<uint64_t>(offset), size);
+    fuse_reply_buf(req, bytes.data(), bytes.size());
+    return;
+  }
   thread_local AlignedBuffer scratch;
   const char* data = nullptr;
   auto n = Fs(req).Read(ino, static_cast<uint64_t>(offset), size, &scratch, &data);
@@ -176,25 +224,40 @@ void OnRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file
   fuse_reply_buf(req, data, *n);
 }
 
-void OnWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t offset, fuse_file_info*) {
+void OnWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t offset, fuse_file_info* fi) {
+  if (ControlPlane::Owns(ino)) {
+    auto n = Control(req).Write(ControlHandle(fi), static_cast<uint64_t>(offset), std::string_view(buf, size));
+    if (!n.ok()) return ReplyError(req, n.status());
+    fuse_reply_write(req, *n);
+    return;
+  }
   auto n = Fs(req).Write(ino, static_cast<uint64_t>(offset), buf, size);
   if (!n.ok()) return ReplyError(req, n.status());
   fuse_reply_write(req, *n);
 }
 
-void OnFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { ReplyError(req, Fs(req).Flush(ino)); }
+void OnFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  if (ControlPlane::Owns(ino)) return ReplyError(req, Status::OK());
+  ReplyError(req, Fs(req).Flush(ino));
+}
 
-void OnRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { ReplyError(req, Fs(req).Release(ino)); }
+void OnRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (ControlPlane::Owns(ino)) {
+    Control(req).Release(ControlHandle(fi));
+    return ReplyError(req, Status::OK());
+  }
+  ReplyError(req, Fs(req).Release(ino));
+}
 
 void OnFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info*) {
   ReplyError(req, Fs(req).Fsync(ino, datasync != 0));
 }
 
 void OnOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  auto entry = Fs(req).GetAttr(ino);
+  auto entry = ControlPlane::Owns(ino) ? Control(req).GetAttr(ino) : Fs(req).GetAttr(ino);
   if (!entry.ok()) return ReplyError(req, entry.status());
   if (!S_ISDIR(entry->attr.st_mode)) return ReplyError(req, Status::Error(ENOTDIR, ""));
-  Status s = Fs(req).Open(ino);
+  Status s = ControlPlane::Owns(ino) ? Status::OK() : Fs(req).Open(ino);
   if (!s.ok()) return ReplyError(req, s);
   fi->fh = reinterpret_cast<uint64_t>(new DirHandle());
   if (fuse_reply_open(req, fi) == -ENOENT) {
@@ -206,7 +269,7 @@ void OnOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void ReadDirectory(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file_info* fi, bool plus) {
   DirHandle* handle = Dir(fi);
   if (offset == 0) {
-    auto entries = Fs(req).ReadDir(ino);
+    auto entries = ControlPlane::Owns(ino) ? Control(req).ReadDir(ino) : Fs(req).ReadDir(ino);
     if (!entries.ok()) return ReplyError(req, entries.status());
     handle->entries = std::move(*entries);
   }
@@ -231,7 +294,8 @@ void ReadDirectory(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fu
       // Count a lookup only for an entry that fits in the reply.
       fuse_entry_param probe{};
       if (fuse_add_direntry_plus(req, nullptr, 0, e.name.c_str(), &probe, next) > room) break;
-      auto entry = Fs(req).Lookup(ino, e.name);
+      auto control_entry = Control(req).Lookup(ino, e.name);
+      auto entry = control_entry ? Result<Entry>(*control_entry) : Fs(req).Lookup(ino, e.name);
       if (!entry.ok()) continue;  // removed since the listing was taken
       fuse_entry_param param{};
       param.ino = entry->ino;
@@ -257,6 +321,7 @@ void OnReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fu
 
 void OnReleasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   delete Dir(fi);
+  if (ControlPlane::Owns(ino)) return ReplyError(req, Status::OK());
   ReplyError(req, Fs(req).Release(ino));
 }
 
@@ -270,6 +335,7 @@ void OnStatfs(fuse_req_t req, fuse_ino_t) {
 }
 
 void OnSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size, int flags) {
+  if (ControlPlane::Owns(ino)) return ReplyError(req, Status::Error(EPERM, ""));
   ReplyError(req, Fs(req).SetXattr(ino, name, std::string_view(value, size), flags));
 }
 
@@ -285,12 +351,14 @@ void ReplyXattrBytes(fuse_req_t req, const std::string& bytes, size_t size) {
 }
 
 void OnGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  if (ControlPlane::Owns(ino)) return ReplyError(req, Status::Error(ENODATA, ""));
   auto value = Fs(req).GetXattr(ino, name);
   if (!value.ok()) return ReplyError(req, value.status());
   ReplyXattrBytes(req, *value, size);
 }
 
 void OnListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  if (ControlPlane::Owns(ino)) return ReplyXattrBytes(req, "", size);
   auto names = Fs(req).ListXattr(ino);
   if (!names.ok()) return ReplyError(req, names.status());
   std::string bytes;
@@ -302,10 +370,12 @@ void OnListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 }
 
 void OnRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  if (ControlPlane::Owns(ino)) return ReplyError(req, Status::Error(EPERM, ""));
   ReplyError(req, Fs(req).RemoveXattr(ino, name));
 }
 
 void OnFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length, fuse_file_info*) {
+  if (ControlPlane::Owns(ino)) return ReplyError(req, Status::Error(EOPNOTSUPP, ""));
   if (offset < 0 || length <= 0) return ReplyError(req, Status::Error(EINVAL, ""));
   ReplyError(req, Fs(req).Fallocate(ino, mode, static_cast<uint64_t>(offset), static_cast<uint64_t>(length)));
 }
@@ -374,7 +444,7 @@ void RaiseReadAhead(const std::string& mountpoint, unsigned kib) {
 }  // namespace
 
 FuseDaemon::FuseDaemon(std::unique_ptr<Filesystem> fs, FuseOptions options)
-    : fs_(std::move(fs)), options_(std::move(options)) {}
+    : fs_(std::move(fs)), control_(std::make_unique<ControlPlane>(fs_.get())), options_(std::move(options)) {}
 
 FuseDaemon::~FuseDaemon() {
   if (session_ != nullptr) {
@@ -393,7 +463,7 @@ Status FuseDaemon::Mount() {
   for (auto& s : argv_strings) argv.push_back(s.data());
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
   static const fuse_lowlevel_ops ops = MakeOps();
-  session_ = fuse_session_new(&args, &ops, sizeof(ops), fs_.get());
+  session_ = fuse_session_new(&args, &ops, sizeof(ops), this);
   fuse_opt_free_args(&args);
   if (session_ == nullptr) return Status::Invalid(fmt::format("FUSE rejected the mount options '{}'", opts));
   if (fuse_set_signal_handlers(session_) != 0) return Status::IOError("cannot install signal handlers");

@@ -18,6 +18,15 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
   uint64_t first_block = offset / block_size_;
   uint64_t end = offset + size;
   uint64_t last_block = (end + block_size_ - 1) / block_size_;
+  // Every block that becomes dirty needs a new block at flush (redirect-on-
+  // write): promise that space now, so a full volume fails this write.
+  uint64_t new_blocks = 0;
+  for (uint64_t block = first_block; block < last_block; ++block) {
+    auto it = file->chunks.find(block / per_chunk);
+    if (it == file->chunks.end() || !it->second.valid[block % per_chunk]) ++new_blocks;
+  }
+  SPILLFS_RETURN_IF_ERROR(allocator_.Hold(new_blocks * block_size_));
+  cache_.AddHold(*file, new_blocks * block_size_);
   for (uint64_t block = first_block; block < last_block; ++block) {
     WriteBackCache::Chunk& chunk = cache_.ChunkFor(*file, block);
     char* dst = chunk.data.data() + (block % per_chunk) * block_size_;
@@ -34,6 +43,7 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
   cache_.MarkValid(*file, first_block, last_block - first_block);
   cache_.NoteWrite(*file, end, NowNs());
   counters_.bytes_written.fetch_add(size, std::memory_order_relaxed);
+  counters_.writes.fetch_add(1, std::memory_order_relaxed);
   if (cache_.OverHighWatermark()) cache_.WakeFlusher();
   return size;
 }
@@ -57,6 +67,7 @@ Status Filesystem::ReadBlocksCached(InodeNumber ino, uint64_t first_block, uint6
   };
   for (uint64_t block = first_block; block < first_block + count; ++block) {
     if (const char* bytes = cached(block)) {
+      counters_.ram_tier_hits.fetch_add(1, std::memory_order_relaxed);
       SPILLFS_RETURN_IF_ERROR(read_run());
       std::memcpy(out + (block - first_block) * block_size_, bytes, block_size_);
     } else {
@@ -100,7 +111,13 @@ Status Filesystem::FlushLocked(InodeNumber ino) {
       i = j;
     }
   }
-  SPILLFS_ASSIGN_OR_RETURN(auto extents, WriteSegments(segments));
+  uint64_t hold = cache_.TakeHold(*file);
+  auto written_extents = WriteSegments(segments, hold);
+  if (!written_extents.ok()) {
+    if (allocator_.Hold(hold).ok()) cache_.AddHold(*file, hold);  // keep the promise for a retry
+    return written_extents.status();
+  }
+  auto extents = std::move(written_extents).value();
   auto overlay = cache_.GetOverlay(ino);
 
   std::lock_guard lock(mu_);

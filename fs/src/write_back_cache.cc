@@ -1,6 +1,7 @@
 #include "spillfs/fs/write_back_cache.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace spillfs {
 
@@ -74,6 +75,16 @@ void WriteBackCache::SetAttrs(File& file, uint64_t size, int64_t mtime_ns) {
   file.mtime_ns = mtime_ns;
 }
 
+void WriteBackCache::AddHold(File& file, uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  file.held_bytes += bytes;
+}
+
+uint64_t WriteBackCache::TakeHold(File& file) {
+  std::lock_guard lock(mu_);
+  return std::exchange(file.held_bytes, 0);
+}
+
 uint64_t WriteBackCache::DropFrom(InodeNumber ino, File& file, uint64_t block, bool cancelled) {
   uint64_t dropped_blocks = 0;
   uint64_t freed_chunks = 0;
@@ -103,7 +114,9 @@ uint64_t WriteBackCache::DropFrom(InodeNumber ino, File& file, uint64_t block, b
   if (cancelled) cancelled_bytes_ += bytes;
   if (file.chunk_count == 0) file.first_dirty_ns = 0;
   if (freed_chunks > 0) room_.notify_all();
-  return bytes;
+  uint64_t hold = std::min(file.held_bytes, bytes);
+  file.held_bytes -= hold;
+  return hold;
 }
 
 uint64_t WriteBackCache::Remove(InodeNumber ino, bool cancelled) {
@@ -112,6 +125,7 @@ uint64_t WriteBackCache::Remove(InodeNumber ino, bool cancelled) {
   if (it == files_.end()) return 0;
   File& file = *it->second;
   uint64_t bytes = file.dirty_bytes;
+  uint64_t hold = std::exchange(file.held_bytes, 0);
   dirty_bytes_ -= bytes;
   used_bytes_ -= file.chunk_count * kChunkBytes;
   if (cancelled) cancelled_bytes_ += bytes;
@@ -119,7 +133,7 @@ uint64_t WriteBackCache::Remove(InodeNumber ino, bool cancelled) {
   file.chunk_count = 0;
   files_.erase(it);  // a flush in progress keeps the buffers alive through its shared_ptr
   room_.notify_all();
-  return bytes;
+  return hold;
 }
 
 void WriteBackCache::FinishFlush(InodeNumber ino, File& file, const std::vector<uint64_t>& flushed_chunks) {

@@ -22,6 +22,11 @@ int main(int argc, char** argv) {
   spillfs::cli::RegisterMkfs(app, &exit_code);
   spillfs::cli::RegisterMount(app, &exit_code);
   spillfs::cli::RegisterUmount(app, &exit_code);
+  spillfs::cli::RegisterFsck(app, &exit_code);
+  spillfs::cli::RegisterStat(app, &exit_code);
+  spillfs::cli::RegisterLs(app, &exit_code);
+  spillfs::cli::RegisterDu(app, &exit_code);
+  spillfs::cli::RegisterTop(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

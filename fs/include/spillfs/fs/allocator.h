@@ -35,7 +35,12 @@ class Allocator {
   // Reserves `length` bytes (a multiple of unit) as one or more extents,
   // preferring one contiguous run after the last allocation. ENOSPC when the
   // available space is smaller than `length`.
-  Result<std::vector<PhysicalExtent>> Reserve(uint64_t length);
+  // `from_hold` bytes of an earlier Hold() are converted into this reservation.
+  Result<std::vector<PhysicalExtent>> Reserve(uint64_t length, uint64_t from_hold = 0);
+  // Delayed allocation: promises `bytes` to data waiting in the RAM tier, so
+  // write() can fail with ENOSPC when the data arrives rather than at flush.
+  Status Hold(uint64_t bytes);
+  void ReleaseHold(uint64_t bytes);
   // Returns reserved extents that will not be committed.
   void Unreserve(const std::vector<PhysicalExtent>& extents);
 
@@ -47,6 +52,7 @@ class Allocator {
   void CommitFreed(const std::vector<PhysicalExtent>& extents, Index::Batch* batch);
   void Release(const std::vector<PhysicalExtent>& extents);
 
+  // Space that can still be promised: available minus holds.
   uint64_t available_bytes() const;
   uint64_t persisted_free_bytes() const;
   // Snapshot of the persisted free list (for checks and tools).
@@ -64,6 +70,7 @@ class Allocator {
   std::map<uint64_t, uint64_t> available_;  // offset -> length, coalesced
   uint64_t persisted_bytes_ = 0;
   uint64_t available_bytes_ = 0;
+  uint64_t held_bytes_ = 0;
   uint64_t cursor_ = 0;  // next-fit position
 };
 

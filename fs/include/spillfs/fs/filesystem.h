@@ -82,6 +82,10 @@ struct FsCounters {
   std::atomic<uint64_t> bytes_written{0};  // logical bytes accepted by write()
   std::atomic<uint64_t> bytes_read{0};     // logical bytes returned by read()
   std::atomic<uint64_t> checksum_errors{0};
+  std::atomic<uint64_t> writes{0};            // write() calls
+  std::atomic<uint64_t> reads{0};             // read() calls
+  std::atomic<uint64_t> ram_tier_hits{0};     // blocks read from the RAM tier
+  std::atomic<uint64_t> ram_tier_misses{0};   // blocks read from the SSD
 };
 
 class Filesystem {
@@ -150,6 +154,8 @@ class Filesystem {
   Volume& volume() { return *volume_; }
   const FsCounters& counters() const { return counters_; }
   WriteBackCache::Stats ram_tier_stats() const { return cache_.stats(); }
+  // Space that new data can still use (free minus RAM-tier promises).
+  uint64_t free_bytes() const { return allocator_.available_bytes(); }
   uint64_t block_size() const { return block_size_; }
 
  private:
@@ -200,7 +206,8 @@ class Filesystem {
   // returns the new extents for the caller to map in its txn.
   Result<std::vector<std::pair<uint64_t, ExtentRecord>>> WriteBlocks(const char* data, uint64_t file_offset,
                                                                      uint64_t length);
-  Result<std::vector<std::pair<uint64_t, ExtentRecord>>> WriteSegments(const std::vector<Segment>& segments);
+  Result<std::vector<std::pair<uint64_t, ExtentRecord>>> WriteSegments(const std::vector<Segment>& segments,
+                                                                       uint64_t from_hold);
   // Write paths: through the RAM tier, or straight to new blocks.
   Result<size_t> WriteCached(InodeNumber ino, uint64_t offset, const char* data, size_t size);
   Result<size_t> WriteThrough(InodeNumber ino, uint64_t offset, const char* data, size_t size);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "spillfs/fs/control_plane.h"
 #include "spillfs/fs/filesystem.h"
 #include "spillfs/status.h"
 
@@ -36,9 +37,11 @@ class FuseDaemon {
   Status Run();
 
   Filesystem& fs() { return *fs_; }
+  ControlPlane& control() { return *control_; }
 
  private:
   std::unique_ptr<Filesystem> fs_;
+  std::unique_ptr<ControlPlane> control_;
   FuseOptions options_;
   ::fuse_session* session_ = nullptr;
   bool mounted_ = false;

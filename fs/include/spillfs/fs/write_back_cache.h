@@ -46,6 +46,7 @@ class WriteBackCache {
     bool ephemeral = false;
     uint64_t dirty_bytes = 0;          // valid bytes held (accounting)
     uint64_t chunk_count = 0;          // chunks.size(), readable under the cache mutex
+    uint64_t held_bytes = 0;           // space promised by Allocator::Hold for this data
   };
 
   struct Stats {
@@ -84,9 +85,14 @@ class WriteBackCache {
   // Sets the overlay after setattr (truncate, utimens).
   void SetAttrs(File& file, uint64_t size, int64_t mtime_ns);
 
-  // Drops cached blocks at or past `block` (truncate); returns bytes dropped.
+  // Space holds: added after Allocator::Hold succeeds; taken by a flush that
+  // converts them into a reservation; returned if the flush fails.
+  void AddHold(File& file, uint64_t bytes);
+  uint64_t TakeHold(File& file);
+  // Drops cached blocks at or past `block` (truncate). Returns the hold to
+  // give back to the allocator.
   uint64_t DropFrom(InodeNumber ino, File& file, uint64_t block, bool cancelled);
-  // Removes the whole entry (reclaimed inode or completed flush of it all).
+  // Removes the whole entry (reclaimed inode). Returns the hold to give back.
   uint64_t Remove(InodeNumber ino, bool cancelled);
   // After a flush wrote every valid block it saw: releases those chunks.
   void FinishFlush(InodeNumber ino, File& file, const std::vector<uint64_t>& flushed_chunks);

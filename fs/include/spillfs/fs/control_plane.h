@@ -1,0 +1,65 @@
+// ControlPlane: the hidden `.spillfs` directory in the mount root.
+//
+//   .spillfs/control  write one JSON request (at offset 0), then read the JSON
+//                     reply (see Inspector::HandleControl for the requests);
+//                     root only (mode 0600), like the backing store itself.
+//   .spillfs/stats    Prometheus text of the live volume statistics.
+//
+// These are virtual inodes with reserved numbers at the top of the inode
+// space; they never touch the index. Replies are computed at the first read
+// of a handle and served by offset, so `cat` and pread both work.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "spillfs/fs/filesystem.h"
+#include "spillfs/fs/inspector.h"
+
+namespace spillfs {
+
+class ControlPlane {
+ public:
+  static constexpr InodeNumber kDirIno = UINT64_MAX - 16;
+  static constexpr InodeNumber kControlIno = UINT64_MAX - 15;
+  static constexpr InodeNumber kStatsIno = UINT64_MAX - 14;
+  static constexpr const char* kDirName = ".spillfs";
+
+  explicit ControlPlane(Filesystem* fs);
+
+  static bool Owns(InodeNumber ino) { return ino >= kDirIno && ino <= kStatsIno; }
+
+  // Lookup of `name` in `parent`; nullopt when the name is not ours.
+  std::optional<Entry> Lookup(InodeNumber parent, std::string_view name) const;
+  Result<Entry> GetAttr(InodeNumber ino) const;
+  Result<std::vector<DirEntry>> ReadDir(InodeNumber ino) const;
+
+  // One open handle of a virtual file.
+  struct Handle {
+    InodeNumber ino;
+    std::string request;
+    std::optional<std::string> reply;
+  };
+  Result<Handle*> Open(InodeNumber ino, int flags, uint32_t uid);
+  Result<size_t> Write(Handle* handle, uint64_t offset, std::string_view data);
+  // Bytes of the reply at [offset, offset + size).
+  std::string_view Read(Handle* handle, uint64_t offset, size_t size);
+  void Release(Handle* handle);
+
+  RuntimeStats Runtime() const;
+
+ private:
+  Entry MakeEntry(InodeNumber ino) const;
+  std::string Answer(const Handle& handle);
+
+  Filesystem* fs_;
+  std::chrono::steady_clock::time_point started_;
+  std::mutex mu_;  // the index read by Inspector is shared; replies are built one at a time
+};
+
+}  // namespace spillfs

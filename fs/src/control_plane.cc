@@ -1,0 +1,113 @@
+#include "spillfs/fs/control_plane.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+namespace spillfs {
+
+ControlPlane::ControlPlane(Filesystem* fs) : fs_(fs), started_(std::chrono::steady_clock::now()) {}
+
+Entry ControlPlane::MakeEntry(InodeNumber ino) const {
+  Entry entry;
+  entry.ino = ino;
+  entry.generation = 1;
+  struct stat& st = entry.attr;
+  st.st_ino = ino;
+  st.st_mode = ino == kDirIno ? (S_IFDIR | 0755) : ino == kControlIno ? (S_IFREG | 0600) : (S_IFREG | 0444);
+  st.st_nlink = ino == kDirIno ? 2 : 1;
+  st.st_blksize = 4096;
+  return entry;
+}
+
+std::optional<Entry> ControlPlane::Lookup(InodeNumber parent, std::string_view name) const {
+  if (parent == kRootInode && name == kDirName) return MakeEntry(kDirIno);
+  if (parent != kDirIno) return std::nullopt;
+  if (name == "control") return MakeEntry(kControlIno);
+  if (name == "stats") return MakeEntry(kStatsIno);
+  if (name == ".") return MakeEntry(kDirIno);
+  return std::nullopt;
+}
+
+Result<Entry> ControlPlane::GetAttr(InodeNumber ino) const {
+  if (!Owns(ino)) return Status::NotFound();
+  return MakeEntry(ino);
+}
+
+Result<std::vector<DirEntry>> ControlPlane::ReadDir(InodeNumber ino) const {
+  if (ino != kDirIno) return Status::Error(ENOTDIR, "not a directory");
+  return std::vector<DirEntry>{{".", kDirIno, S_IFDIR},
+                               {"..", kRootInode, S_IFDIR},
+                               {"control", kControlIno, S_IFREG},
+                               {"stats", kStatsIno, S_IFREG}};
+}
+
+Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uint32_t uid) {
+  if (ino == kDirIno) return Status::Error(EISDIR, "is a directory");
+  if (ino == kStatsIno && (flags & O_ACCMODE) != O_RDONLY) return Status::Error(EACCES, "stats is read-only");
+  if (ino == kControlIno && uid != 0) return Status::Error(EACCES, "the control file is for root");
+  return new Handle{ino, {}, std::nullopt};
+}
+
+Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_view data) {
+  if (handle->ino != kControlIno) return Status::Error(EBADF, "not writable");
+  constexpr uint64_t kMaxRequest = 16 << 20;
+  if (offset + data.size() > kMaxRequest) return Status::Error(EFBIG, "control request too large");
+  if (handle->request.size() < offset + data.size()) handle->request.resize(offset + data.size());
+  handle->request.replace(offset, data.size(), data);
+  handle->reply.reset();  // a new request gets a new answer
+  return data.size();
+}
+
+std::string ControlPlane::Answer(const Handle& handle) {
+  std::lock_guard lock(mu_);
+  Volume& volume = fs_->volume();
+  Inspector inspector(volume.index(), volume.superblock());
+  RuntimeStats runtime = Runtime();
+  if (handle.ino == kStatsIno) {
+    auto stat = inspector.Stat(runtime);
+    return stat.ok() ? PrometheusText(*stat) : fmt::format("# error: {}\n", stat.status().ToString());
+  }
+  // Listings show extents, which exist only once cached data is flushed.
+  auto request = nlohmann::json::parse(handle.request, nullptr, /*allow_exceptions=*/false);
+  if (request.is_object() && request.value("op", "") != "stat") {
+    Status flushed = fs_->FlushAll();
+    if (!flushed.ok()) return Inspector::ErrorReply(flushed).dump();
+  }
+  return inspector.HandleControl(handle.request, runtime);
+}
+
+std::string_view ControlPlane::Read(Handle* handle, uint64_t offset, size_t size) {
+  if (!handle->reply) handle->reply = Answer(*handle);
+  const std::string& reply = *handle->reply;
+  if (offset >= reply.size()) return {};
+  return std::string_view(reply).substr(offset, size);
+}
+
+void ControlPlane::Release(Handle* handle) { delete handle; }
+
+RuntimeStats ControlPlane::Runtime() const {
+  RuntimeStats r;
+  r.mounted = true;
+  r.has_free_bytes = true;
+  r.free_bytes = fs_->free_bytes();
+  WriteBackCache::Stats tier = fs_->ram_tier_stats();
+  r.ram_tier_bytes = tier.dirty_bytes;
+  r.ram_tier_capacity_bytes = tier.capacity_bytes;
+  const FsCounters& c = fs_->counters();
+  r.ram_tier_hits = c.ram_tier_hits.load();
+  r.ram_tier_misses = c.ram_tier_misses.load();
+  r.bytes_written_ssd = fs_->volume().store().bytes_written();
+  r.bytes_read_ssd = fs_->volume().store().bytes_read();
+  r.bytes_cancelled = tier.cancelled_bytes;
+  r.checksum_errors = c.checksum_errors.load();
+  r.bytes_written = c.bytes_written.load();
+  r.bytes_read = c.bytes_read.load();
+  r.writes = c.writes.load();
+  r.reads = c.reads.load();
+  r.uptime_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  return r;
+}
+
+}  // namespace spillfs

@@ -1,0 +1,1241 @@
+// Unit tests for fs/filesystem.h and fs/volume.h: a volume made in a
+// temporary directory, driven through Filesystem directly (no FUSE).
+#include "spillfs/fs/filesystem.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "spillfs/fs/volume.h"
+#include "spillfs/kvindex/coding.h"
+#include "spillfs/kvindex/keys.h"
+
+namespace spillfs {
+namespace {
+
+constexpr uint64_t kVolumeSize = 64ull << 20;
+constexpr uint64_t kBlock = Volume::kBlockSize;
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/spillfs-fs-test-XXXXXX";
+    char* made = mkdtemp(tmpl);
+    if (made == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = made;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string RandomBytes(size_t n, std::mt19937_64* rng) {
+  std::string out(n, '\0');
+  for (auto& c : out) c = static_cast<char>((*rng)());
+  return out;
+}
+
+uint64_t RoundUp(uint64_t v, uint64_t unit) { return (v + unit - 1) / unit * unit; }
+
+Volume::CreateOptions SizedOptions(uint64_t size, bool force = false) {
+  Volume::CreateOptions options;
+  options.size = size;
+  options.force = force;
+  return options;
+}
+
+// Compares file contents, reporting sizes and the first differing offset
+// instead of printing megabytes of bytes.
+::testing::AssertionResult SameBytes(const std::string& got, const std::string& want) {
+  if (got == want) return ::testing::AssertionSuccess();
+  size_t i = 0;
+  while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
+  std::ostringstream message;
+  message << "got " << got.size() << " bytes, want " << want.size()
+          << "; first difference at offset " << i;
+  if (i < got.size() && i < want.size()) {
+    message << std::hex << " (got 0x" << (static_cast<unsigned>(got[i]) & 0xff) << ", want 0x"
+            << (static_cast<unsigned>(want[i]) & 0xff) << ")";
+  }
+  return ::testing::AssertionFailure() << message.str();
+}
+
+class FilesystemTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    vol_ = dir_.path() + "/vol";
+    auto sb = Volume::Create(vol_, SizedOptions(kVolumeSize));
+    ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+    OpenFs();
+    ASSERT_NE(fs_, nullptr);
+    initial_free_ = fs_->StatFs().f_bfree;
+    ASSERT_EQ(initial_free_, (kVolumeSize - Volume::kDataOffset) / kBlock);
+  }
+
+  void OpenFs() {
+    auto volume = Volume::Open(vol_, Volume::OpenOptions{});
+    ASSERT_TRUE(volume.ok()) << volume.status().ToString();
+    auto fs = Filesystem::Open(std::move(volume).value());
+    ASSERT_TRUE(fs.ok()) << fs.status().ToString();
+    fs_ = std::move(fs).value();
+  }
+  void Reopen() {
+    fs_.reset();
+    OpenFs();
+  }
+  Index& index() { return fs_->volume().index(); }
+  uint64_t FreeBlocks() { return fs_->StatFs().f_bfree; }
+
+  InodeNumber MakeFile(InodeNumber parent, std::string_view name, uint32_t mode = S_IFREG | 0644) {
+    auto e = fs_->MakeNode(parent, name, mode, 0, caller_);
+    EXPECT_TRUE(e.ok()) << name << ": " << e.status().ToString();
+    return e.ok() ? e->ino : 0;
+  }
+  InodeNumber MakeDir(InodeNumber parent, std::string_view name) {
+    auto e = fs_->MakeDir(parent, name, 0755, caller_);
+    EXPECT_TRUE(e.ok()) << name << ": " << e.status().ToString();
+    return e.ok() ? e->ino : 0;
+  }
+  InodeNumber LookupIno(InodeNumber parent, std::string_view name) {
+    auto e = fs_->Lookup(parent, name);
+    return e.ok() ? e->ino : 0;
+  }
+  int LookupErr(InodeNumber parent, std::string_view name) {
+    return fs_->Lookup(parent, name).status().code();
+  }
+
+  void WriteAt(InodeNumber ino, uint64_t offset, const std::string& data) {
+    auto n = fs_->Write(ino, offset, data.data(), data.size());
+    ASSERT_TRUE(n.ok()) << "write " << offset << "+" << data.size() << ": "
+                        << n.status().ToString();
+    ASSERT_EQ(*n, data.size());
+  }
+  Result<std::string> ReadAt(InodeNumber ino, uint64_t offset, size_t size) {
+    AlignedBuffer scratch;
+    const char* data = nullptr;
+    auto n = fs_->Read(ino, offset, size, &scratch, &data);
+    if (!n.ok()) return n.status();
+    return std::string(data, *n);
+  }
+  std::string ReadAll(InodeNumber ino) {
+    auto attr = fs_->GetAttr(ino);
+    EXPECT_TRUE(attr.ok());
+    if (!attr.ok()) return "";
+    auto data = ReadAt(ino, 0, static_cast<size_t>(attr->attr.st_size) + 10);
+    EXPECT_TRUE(data.ok()) << data.status().ToString();
+    return data.ok() ? *data : "";
+  }
+  uint64_t Size(InodeNumber ino) {
+    auto attr = fs_->GetAttr(ino);
+    return attr.ok() ? static_cast<uint64_t>(attr->attr.st_size) : UINT64_MAX;
+  }
+  Status Truncate(InodeNumber ino, uint64_t size) {
+    SetAttrRequest request;
+    request.size = size;
+    return fs_->SetAttr(ino, request).status();
+  }
+
+  // The extent map of `ino` as stored in the index.
+  std::vector<std::pair<uint64_t, ExtentRecord>> Extents(InodeNumber ino) {
+    std::vector<std::pair<uint64_t, ExtentRecord>> out;
+    auto cursor = index().NewCursor(Family::kExtent, keys::Ino(ino));
+    for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
+      auto record = ExtentRecord::Decode(cursor->value());
+      EXPECT_TRUE(record.ok());
+      if (record.ok()) out.emplace_back(keys::ExtentOffset(cursor->key()), *record);
+    }
+    return out;
+  }
+  size_t CountKeys(Family family, const std::string& prefix = "") {
+    size_t n = 0;
+    auto cursor = index().NewCursor(family, prefix);
+    for (cursor->Seek(""); cursor->Valid(); cursor->Next()) ++n;
+    return n;
+  }
+  bool HasKey(Family family, const std::string& key) {
+    std::string value;
+    return index().Get(family, key, &value).ok();
+  }
+
+  // Structural invariants of one file's extent map: block aligned, sorted,
+  // non-overlapping, written data only below the rounded-up size, and
+  // st_blocks accounting for exactly the mapped bytes.
+  void ExpectExtentMapSane(InodeNumber ino) {
+    auto attr = fs_->GetAttr(ino);
+    ASSERT_TRUE(attr.ok());
+    uint64_t size = static_cast<uint64_t>(attr->attr.st_size);
+    uint64_t mapped = 0, prev_end = 0;
+    for (const auto& [offset, record] : Extents(ino)) {
+      EXPECT_EQ(offset % kBlock, 0u);
+      EXPECT_EQ(record.length % kBlock, 0u);
+      EXPECT_GT(record.length, 0u);
+      EXPECT_GE(offset, prev_end) << "extents overlap at file offset " << offset;
+      if (!record.unwritten()) {
+        EXPECT_LT(offset, RoundUp(size, kBlock))
+            << "written extent at file offset " << offset << " lies past the end of a " << size
+            << "-byte file";
+        EXPECT_EQ(record.block_checksums.size(), record.length / kBlock);
+      }
+      EXPECT_GE(record.physical, Volume::kDataOffset);
+      EXPECT_LE(record.physical + record.length, kVolumeSize);
+      prev_end = offset + record.length;
+      mapped += record.length;
+    }
+    EXPECT_EQ(static_cast<uint64_t>(attr->attr.st_blocks) * 512, mapped)
+        << "st_blocks disagrees with the extent map";
+  }
+
+  // No physical block is mapped twice, over all files, and mapped + free
+  // covers the data area exactly once.
+  void ExpectSpaceAccountedFor() {
+    std::map<uint64_t, uint64_t> used;  // physical -> length
+    auto cursor = index().NewCursor(Family::kExtent, "");
+    for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
+      auto record = ExtentRecord::Decode(cursor->value());
+      ASSERT_TRUE(record.ok());
+      EXPECT_EQ(used.count(record->physical), 0u)
+          << "physical " << record->physical << " mapped twice";
+      used[record->physical] = record->length;
+    }
+    auto free_cursor = index().NewCursor(Family::kFree, "");
+    for (free_cursor->Seek(""); free_cursor->Valid(); free_cursor->Next()) {
+      coding::Reader reader(free_cursor->value());
+      uint64_t length = 0;
+      ASSERT_TRUE(reader.GetVarint64(&length));
+      uint64_t offset = keys::DecodeIno(free_cursor->key());
+      EXPECT_EQ(used.count(offset), 0u) << "block " << offset << " both free and mapped";
+      used[offset] = length;
+    }
+    uint64_t at = Volume::kDataOffset;
+    for (auto [offset, length] : used) {
+      EXPECT_EQ(offset, at) << "gap or overlap between mapped and free space at " << at;
+      at = std::max(at, offset + length);
+    }
+    EXPECT_EQ(at, kVolumeSize);
+  }
+
+  TempDir dir_;
+  std::string vol_;
+  std::unique_ptr<Filesystem> fs_;
+  uint64_t initial_free_ = 0;
+  Caller caller_{};
+};
+
+// ---- namespace ----
+
+TEST_F(FilesystemTest, CreateLookupAndReadDir) {
+  auto root = fs_->GetAttr(kRootInode);
+  ASSERT_TRUE(root.ok());
+  EXPECT_TRUE(S_ISDIR(root->attr.st_mode));
+  EXPECT_EQ(root->attr.st_nlink, 2u);
+
+  auto a = fs_->MakeNode(kRootInode, "a", S_IFREG | 0640, 0, Caller{1000, 100});
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->attr.st_mode, static_cast<mode_t>(S_IFREG | 0640));
+  EXPECT_EQ(a->attr.st_nlink, 1u);
+  EXPECT_EQ(a->attr.st_uid, 1000u);
+  EXPECT_EQ(a->attr.st_gid, 100u);
+  EXPECT_EQ(a->attr.st_size, 0);
+  InodeNumber d = MakeDir(kRootInode, "d");
+  ASSERT_NE(d, 0u);
+  auto b = fs_->MakeNode(d, "b", 0600, 0, caller_);  // no type bits: a regular file
+  ASSERT_TRUE(b.ok());
+  EXPECT_TRUE(S_ISREG(b->attr.st_mode));
+  std::string long_name(Filesystem::kNameMax, 'n');
+  InodeNumber longest = MakeFile(kRootInode, long_name);
+  auto link = fs_->Symlink(kRootInode, "s", "d/b", caller_);
+  ASSERT_TRUE(link.ok());
+
+  EXPECT_NE(a->ino, d);
+  EXPECT_NE(b->ino, a->ino);
+  EXPECT_EQ(LookupIno(kRootInode, "a"), a->ino);
+  EXPECT_EQ(LookupIno(kRootInode, "d"), d);
+  EXPECT_EQ(LookupIno(d, "b"), b->ino);
+  EXPECT_EQ(LookupIno(kRootInode, long_name), longest);
+  EXPECT_EQ(LookupIno(d, ".."), kRootInode);
+  EXPECT_EQ(LookupIno(d, "."), d);
+  EXPECT_EQ(LookupIno(kRootInode, ".."), kRootInode);
+  EXPECT_EQ(LookupErr(kRootInode, "b"), ENOENT);
+  EXPECT_EQ(LookupErr(a->ino, "x"), ENOTDIR);
+  EXPECT_EQ(LookupErr(kRootInode, long_name + "n"), ENAMETOOLONG);
+
+  EXPECT_EQ(fs_->MakeNode(kRootInode, "a", S_IFREG | 0644, 0, caller_).status().code(), EEXIST);
+  EXPECT_EQ(fs_->MakeDir(kRootInode, "d", 0755, caller_).status().code(), EEXIST);
+  EXPECT_EQ(fs_->MakeNode(kRootInode, long_name + "n", S_IFREG | 0644, 0, caller_).status().code(),
+            ENAMETOOLONG);
+  EXPECT_EQ(fs_->MakeNode(a->ino, "x", S_IFREG | 0644, 0, caller_).status().code(), ENOTDIR);
+  EXPECT_EQ(fs_->MakeNode(kRootInode, "", S_IFREG | 0644, 0, caller_).status().code(), ENOENT);
+
+  auto target = fs_->ReadLink(link->ino);
+  ASSERT_TRUE(target.ok());
+  EXPECT_EQ(*target, "d/b");
+  EXPECT_EQ(fs_->ReadLink(a->ino).status().code(), EINVAL);
+
+  auto hard = fs_->Link(a->ino, d, "a2");
+  ASSERT_TRUE(hard.ok());
+  EXPECT_EQ(hard->ino, a->ino);
+  EXPECT_EQ(hard->attr.st_nlink, 2u);
+  EXPECT_EQ(fs_->Link(d, kRootInode, "dirlink").status().code(), EPERM);
+  EXPECT_EQ(fs_->Link(a->ino, d, "b").status().code(), EEXIST);
+
+  root = fs_->GetAttr(kRootInode);
+  ASSERT_TRUE(root.ok());
+  EXPECT_EQ(root->attr.st_nlink, 3u);  // ".", "..", and d's ".."
+
+  auto check_listing = [&]() {
+    auto entries = fs_->ReadDir(kRootInode);
+    ASSERT_TRUE(entries.ok());
+    ASSERT_EQ(entries->size(), 6u);
+    EXPECT_EQ((*entries)[0].name, ".");
+    EXPECT_EQ((*entries)[0].ino, kRootInode);
+    EXPECT_EQ((*entries)[1].name, "..");
+    std::map<std::string, std::pair<InodeNumber, uint32_t>> got;
+    for (size_t i = 2; i < entries->size(); ++i)
+      got[(*entries)[i].name] = {(*entries)[i].ino, (*entries)[i].type};
+    std::map<std::string, std::pair<InodeNumber, uint32_t>> want = {{"a", {a->ino, S_IFREG}},
+                                                                    {"d", {d, S_IFDIR}},
+                                                                    {long_name, {longest, S_IFREG}},
+                                                                    {"s", {link->ino, S_IFLNK}}};
+    EXPECT_EQ(got, want);
+    auto sub = fs_->ReadDir(d);
+    ASSERT_TRUE(sub.ok());
+    ASSERT_EQ(sub->size(), 4u);
+    EXPECT_EQ((*sub)[1].ino, kRootInode);
+    EXPECT_EQ((*sub)[2].name, "a2");
+    EXPECT_EQ((*sub)[3].name, "b");
+  };
+  check_listing();
+  EXPECT_EQ(fs_->ReadDir(a->ino).status().code(), ENOTDIR);
+
+  EXPECT_EQ(fs_->Rmdir(kRootInode, "d").code(), ENOTEMPTY);
+  EXPECT_EQ(fs_->Unlink(kRootInode, "d").code(), EISDIR);
+  EXPECT_EQ(fs_->Rmdir(kRootInode, "a").code(), ENOTDIR);
+  EXPECT_EQ(fs_->Unlink(kRootInode, "missing").code(), ENOENT);
+
+  // Everything is still there after the volume is closed and opened again.
+  Reopen();
+  check_listing();
+  EXPECT_EQ(LookupIno(d, "b"), b->ino);
+  EXPECT_EQ(*fs_->ReadLink(link->ino), "d/b");
+  EXPECT_EQ(fs_->GetAttr(a->ino)->attr.st_nlink, 2u);
+  EXPECT_EQ(fs_->GetAttr(a->ino)->attr.st_uid, 1000u);
+
+  // Remove it all again.
+  ASSERT_TRUE(fs_->Unlink(d, "b").ok());
+  ASSERT_TRUE(fs_->Unlink(d, "a2").ok());
+  ASSERT_TRUE(fs_->Rmdir(kRootInode, "d").ok());
+  EXPECT_EQ(fs_->GetAttr(d).status().code(), ENOENT);
+  EXPECT_EQ(fs_->GetAttr(kRootInode)->attr.st_nlink, 2u);
+  EXPECT_EQ(fs_->GetAttr(a->ino)->attr.st_nlink, 1u);
+}
+
+// ---- data ----
+
+TEST_F(FilesystemTest, UnalignedWritesAcrossBlockBoundaries) {
+  std::mt19937_64 rng(11);
+  InodeNumber ino = MakeFile(kRootInode, "f");
+  std::string model;
+  const std::pair<uint64_t, size_t> writes[] = {
+      {0, 1},           {4095, 2},      {4096, 4096}, {8191, 4098},     {12289, 1},
+      {1, 4094},        {20000, 12288}, {4000, 200},  {100000, 1},      {65535, 65538},
+      {3 * 4096, 4096}, {50000, 100},   {99999, 3},   {0, 4096 * 5 + 7}};
+  for (auto [offset, length] : writes) {
+    std::string data = RandomBytes(length, &rng);
+    WriteAt(ino, offset, data);
+    if (model.size() < offset + length) model.resize(offset + length, '\0');
+    model.replace(offset, length, data);
+    ASSERT_EQ(Size(ino), model.size());
+    ASSERT_TRUE(SameBytes(ReadAll(ino), model)) << "after writing " << offset << "+" << length;
+  }
+  // Reads at awkward places return exactly the model's bytes, and stop at EOF.
+  for (auto [offset, length] : std::vector<std::pair<uint64_t, size_t>>{{0, 1},
+                                                                        {4095, 2},
+                                                                        {4095, 4098},
+                                                                        {12287, 3},
+                                                                        {99990, 100},
+                                                                        {model.size() - 1, 10},
+                                                                        {model.size(), 10},
+                                                                        {model.size() + 5000, 10},
+                                                                        {7, 0}}) {
+    auto got = ReadAt(ino, offset, length);
+    ASSERT_TRUE(got.ok());
+    std::string want = offset < model.size() ? model.substr(offset, length) : "";
+    EXPECT_TRUE(SameBytes(*got, want)) << offset << "+" << length;
+  }
+  ExpectExtentMapSane(ino);
+}
+
+TEST_F(FilesystemTest, RandomWritesTruncatesAndReadsMatchAModel) {
+  std::mt19937_64 rng(20240607);
+  InodeNumber ino = MakeFile(kRootInode, "model");
+  std::string model;
+  for (int step = 0; step < 400; ++step) {
+    int op = static_cast<int>(rng() % 10);
+    if (op < 6) {
+      uint64_t offset = rng() % 300000;
+      size_t length = 1 + rng() % (rng() % 4 == 0 ? 70000 : 5000);
+      std::string data = RandomBytes(length, &rng);
+      WriteAt(ino, offset, data);
+      if (model.size() < offset + length) model.resize(offset + length, '\0');
+      model.replace(offset, length, data);
+    } else if (op < 7) {
+      uint64_t size = rng() % 300000;
+      ASSERT_TRUE(Truncate(ino, size).ok());
+      model.resize(size, '\0');
+    } else {
+      uint64_t offset = rng() % (model.size() + 1000);
+      size_t length = rng() % 20000;
+      auto got = ReadAt(ino, offset, length);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      std::string want = offset < model.size() ? model.substr(offset, length) : "";
+      ASSERT_TRUE(SameBytes(*got, want)) << "step " << step << ": read " << offset << "+" << length;
+    }
+    ASSERT_EQ(Size(ino), model.size()) << "step " << step;
+    if (step % 50 == 49) {
+      ASSERT_TRUE(SameBytes(ReadAll(ino), model)) << "step " << step;
+      ExpectExtentMapSane(ino);
+      ExpectSpaceAccountedFor();
+      if (HasFailure()) return;
+    }
+  }
+  Reopen();
+  EXPECT_TRUE(SameBytes(ReadAll(ino), model));
+}
+
+TEST_F(FilesystemTest, TruncateDownMidBlockThenUpReadsZeros) {
+  std::mt19937_64 rng(3);
+  InodeNumber ino = MakeFile(kRootInode, "t");
+  std::string data = RandomBytes(16384, &rng);
+  WriteAt(ino, 0, data);  // one write: one 4-block extent
+  ASSERT_EQ(Extents(ino).size(), 1u);
+
+  ASSERT_TRUE(Truncate(ino, 5000).ok());
+  EXPECT_EQ(Size(ino), 5000u);
+  EXPECT_TRUE(SameBytes(ReadAll(ino), data.substr(0, 5000)));
+  // Nothing of the old data may stay mapped past the new end.
+  for (const auto& [offset, record] : Extents(ino)) {
+    EXPECT_LT(offset, 8192u) << "extent at file offset " << offset
+                             << " still mapped after truncate to 5000";
+  }
+  ExpectExtentMapSane(ino);
+  ExpectSpaceAccountedFor();
+
+  ASSERT_TRUE(Truncate(ino, 16384).ok());
+  EXPECT_EQ(Size(ino), 16384u);
+  std::string expected = data.substr(0, 5000) + std::string(16384 - 5000, '\0');
+  EXPECT_TRUE(SameBytes(ReadAll(ino), expected))
+      << "bytes past the truncation point did not read as zeros";
+  ExpectExtentMapSane(ino);
+
+  // Truncating to a block boundary and to zero, then growing, also reads zeros.
+  WriteAt(ino, 0, data);
+  ASSERT_TRUE(Truncate(ino, 8192).ok());
+  ASSERT_TRUE(Truncate(ino, 20000).ok());
+  EXPECT_TRUE(SameBytes(ReadAll(ino), data.substr(0, 8192) + std::string(20000 - 8192, '\0')));
+  ASSERT_TRUE(Truncate(ino, 0).ok());
+  EXPECT_EQ(fs_->GetAttr(ino)->attr.st_blocks, 0);
+  ASSERT_TRUE(Truncate(ino, 10000).ok());
+  EXPECT_TRUE(SameBytes(ReadAll(ino), std::string(10000, '\0')));
+
+  // Deleting the file gives every block back.
+  ASSERT_TRUE(fs_->Unlink(kRootInode, "t").ok());
+  EXPECT_EQ(FreeBlocks(), initial_free_);
+  ExpectSpaceAccountedFor();
+}
+
+TEST_F(FilesystemTest, TruncateDownMidBlockOfASmallWriteReadsZerosAfterGrowing) {
+  // The same, with the tail block mapped by an extent of its own.
+  std::mt19937_64 rng(4);
+  InodeNumber ino = MakeFile(kRootInode, "t");
+  std::string data = RandomBytes(4096, &rng);
+  WriteAt(ino, 0, data);
+  ASSERT_TRUE(Truncate(ino, 100).ok());
+  ASSERT_TRUE(Truncate(ino, 4096).ok());
+  EXPECT_TRUE(SameBytes(ReadAll(ino), data.substr(0, 100) + std::string(4096 - 100, '\0')));
+  // Writing past the end after a shrink leaves zeros in between.
+  ASSERT_TRUE(Truncate(ino, 50).ok());
+  WriteAt(ino, 3000, "xyz");
+  EXPECT_TRUE(SameBytes(ReadAll(ino), data.substr(0, 50) + std::string(3000 - 50, '\0') + "xyz"));
+  ExpectExtentMapSane(ino);
+}
+
+TEST_F(FilesystemTest, PunchHoleReadsZerosAndFreesWholeBlocks) {
+  std::mt19937_64 rng(5);
+  InodeNumber ino = MakeFile(kRootInode, "p");
+  std::string model = RandomBytes(65536, &rng);
+  WriteAt(ino, 0, model);
+  EXPECT_EQ(FreeBlocks(), initial_free_ - 16);
+
+  ASSERT_TRUE(fs_->Fallocate(ino, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 5000, 25000).ok());
+  std::fill(model.begin() + 5000, model.begin() + 30000, '\0');
+  EXPECT_EQ(Size(ino), 65536u);
+  EXPECT_TRUE(SameBytes(ReadAll(ino), model));
+  // Blocks 2..6 ([8192, 28672)) lie wholly inside the hole and are unmapped.
+  EXPECT_EQ(fs_->GetAttr(ino)->attr.st_blocks * 512, 65536 - 5 * 4096);
+  EXPECT_EQ(FreeBlocks(), initial_free_ - 11);
+  for (const auto& [offset, record] : Extents(ino)) {
+    EXPECT_FALSE(offset >= 8192 && offset < 28672) << "block at " << offset << " still mapped";
+  }
+
+  // A hole inside one block, and one running past the end of the file.
+  ASSERT_TRUE(fs_->Fallocate(ino, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 40000, 10).ok());
+  std::fill(model.begin() + 40000, model.begin() + 40010, '\0');
+  ASSERT_TRUE(fs_->Fallocate(ino, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 60000, 100000).ok());
+  std::fill(model.begin() + 60000, model.end(), '\0');
+  EXPECT_EQ(Size(ino), 65536u);
+  EXPECT_TRUE(SameBytes(ReadAll(ino), model));
+  ExpectExtentMapSane(ino);
+
+  EXPECT_EQ(fs_->Fallocate(ino, FALLOC_FL_PUNCH_HOLE, 0, 4096).code(), EOPNOTSUPP);
+  EXPECT_EQ(fs_->Fallocate(ino, FALLOC_FL_KEEP_SIZE, 0, 0).code(), EINVAL);
+  EXPECT_EQ(fs_->Fallocate(kRootInode, 0, 0, 4096).code(), EISDIR);
+  EXPECT_TRUE(SameBytes(ReadAll(ino), model));
+
+  Reopen();
+  EXPECT_TRUE(SameBytes(ReadAll(ino), model));
+}
+
+TEST_F(FilesystemTest, FallocateAndZeroRange) {
+  std::mt19937_64 rng(6);
+  InodeNumber ino = MakeFile(kRootInode, "fa");
+  std::string model = RandomBytes(10000, &rng);
+  WriteAt(ino, 0, model);
+
+  // Mode 0 past the end grows the file; the new range reads as zeros.
+  ASSERT_TRUE(fs_->Fallocate(ino, 0, 8000, 30000).ok());
+  model.resize(38000, '\0');
+  EXPECT_EQ(Size(ino), 38000u);
+  EXPECT_TRUE(SameBytes(ReadAll(ino), model));
+  EXPECT_EQ(fs_->GetAttr(ino)->attr.st_blocks * 512, RoundUp(38000, kBlock));
+  EXPECT_EQ(FreeBlocks(), initial_free_ - RoundUp(38000, kBlock) / kBlock);
+
+  // KEEP_SIZE allocates without changing the size.
+  ASSERT_TRUE(fs_->Fallocate(ino, FALLOC_FL_KEEP_SIZE, 40960, 8192).ok());
+  EXPECT_EQ(Size(ino), 38000u);
+  EXPECT_TRUE(SameBytes(ReadAll(ino), model));
+
+  // Writes into preallocated space read back; ZERO_RANGE zeroes.
+  std::string data = RandomBytes(5000, &rng);
+  WriteAt(ino, 20000, data);
+  model.replace(20000, 5000, data);
+  ASSERT_TRUE(fs_->Fallocate(ino, FALLOC_FL_ZERO_RANGE, 3000, 19000).ok());
+  std::fill(model.begin() + 3000, model.begin() + 22000, '\0');
+  EXPECT_TRUE(SameBytes(ReadAll(ino), model));
+  ExpectExtentMapSane(ino);
+
+  ASSERT_TRUE(fs_->Unlink(kRootInode, "fa").ok());
+  EXPECT_EQ(FreeBlocks(), initial_free_);
+}
+
+TEST_F(FilesystemTest, SeekDataAndSeekHole) {
+  InodeNumber ino = MakeFile(kRootInode, "sparse");
+  WriteAt(ino, 0, std::string(8192, 'a'));
+  WriteAt(ino, 65536, std::string(100, 'b'));
+  const uint64_t size = 65636;
+  ASSERT_EQ(Size(ino), size);
+  auto seek = [&](uint64_t offset, int whence) -> int64_t {
+    auto r = fs_->Lseek(ino, offset, whence);
+    return r.ok() ? static_cast<int64_t>(*r) : -r.status().code();
+  };
+  EXPECT_EQ(seek(0, SEEK_DATA), 0);
+  EXPECT_EQ(seek(5000, SEEK_DATA), 5000);
+  EXPECT_EQ(seek(0, SEEK_HOLE), 8192);
+  EXPECT_EQ(seek(5000, SEEK_HOLE), 8192);
+  EXPECT_EQ(seek(8192, SEEK_DATA), 65536);
+  EXPECT_EQ(seek(30000, SEEK_DATA), 65536);
+  EXPECT_EQ(seek(8192, SEEK_HOLE), 8192);
+  EXPECT_EQ(seek(30000, SEEK_HOLE), 30000);
+  EXPECT_EQ(seek(65536, SEEK_DATA), 65536);
+  EXPECT_EQ(seek(65536, SEEK_HOLE), static_cast<int64_t>(size));  // the implicit hole at EOF
+  EXPECT_EQ(seek(65600, SEEK_HOLE), static_cast<int64_t>(size));
+  EXPECT_EQ(seek(size, SEEK_DATA), -ENXIO);
+  EXPECT_EQ(seek(size, SEEK_HOLE), -ENXIO);
+  EXPECT_EQ(seek(1ull << 40, SEEK_DATA), -ENXIO);
+  EXPECT_EQ(seek(0, 12345), -EINVAL);
+
+  // Two adjacent extents are one run of data.
+  WriteAt(ino, 8192, std::string(4096, 'c'));
+  EXPECT_EQ(seek(0, SEEK_HOLE), 12288);
+
+  // Punching the start moves the first data.
+  ASSERT_TRUE(fs_->Fallocate(ino, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 12288).ok());
+  EXPECT_EQ(seek(0, SEEK_DATA), 65536);
+  EXPECT_EQ(seek(0, SEEK_HOLE), 0);
+
+  // A file that is all hole.
+  InodeNumber empty = MakeFile(kRootInode, "hole");
+  ASSERT_TRUE(Truncate(empty, 1 << 20).ok());
+  auto data = fs_->Lseek(empty, 0, SEEK_DATA);
+  EXPECT_EQ(data.status().code(), ENXIO);
+  auto hole = fs_->Lseek(empty, 0, SEEK_HOLE);
+  ASSERT_TRUE(hole.ok());
+  EXPECT_EQ(*hole, 0u);
+  hole = fs_->Lseek(empty, 12345, SEEK_HOLE);
+  ASSERT_TRUE(hole.ok());
+  EXPECT_EQ(*hole, 12345u);
+  EXPECT_TRUE(SameBytes(ReadAll(empty), std::string(1 << 20, '\0')));
+}
+
+// ---- rename ----
+
+TEST_F(FilesystemTest, RenameWithinAndAcrossDirectories) {
+  InodeNumber d1 = MakeDir(kRootInode, "d1");
+  InodeNumber f = MakeFile(kRootInode, "f");
+  WriteAt(f, 0, "contents of f");
+  ASSERT_TRUE(fs_->Rename(kRootInode, "f", kRootInode, "g", 0).ok());
+  EXPECT_EQ(LookupErr(kRootInode, "f"), ENOENT);
+  EXPECT_EQ(LookupIno(kRootInode, "g"), f);
+  ASSERT_TRUE(fs_->Rename(kRootInode, "g", d1, "h", 0).ok());
+  EXPECT_EQ(LookupErr(kRootInode, "g"), ENOENT);
+  EXPECT_EQ(LookupIno(d1, "h"), f);
+  EXPECT_TRUE(SameBytes(ReadAll(f), "contents of f"));
+  EXPECT_EQ(fs_->GetAttr(d1)->attr.st_nlink, 2u);
+
+  // A directory moves with its ".." and its parents' link counts.
+  InodeNumber sub = MakeDir(d1, "sub");
+  InodeNumber inner = MakeFile(sub, "inner");
+  EXPECT_EQ(fs_->GetAttr(d1)->attr.st_nlink, 3u);
+  ASSERT_TRUE(fs_->Rename(d1, "sub", kRootInode, "moved", 0).ok());
+  EXPECT_EQ(fs_->GetAttr(d1)->attr.st_nlink, 2u);
+  EXPECT_EQ(fs_->GetAttr(kRootInode)->attr.st_nlink, 4u);  // d1 and moved
+  EXPECT_EQ(LookupIno(sub, ".."), kRootInode);
+  EXPECT_EQ(LookupIno(sub, "inner"), inner);
+  EXPECT_EQ((*fs_->ReadDir(sub))[1].ino, kRootInode);
+
+  // Errors change nothing.
+  EXPECT_EQ(fs_->Rename(kRootInode, "nope", kRootInode, "x", 0).code(), ENOENT);
+  EXPECT_EQ(fs_->Rename(kRootInode, "moved", f, "x", 0).code(), ENOTDIR);
+  EXPECT_EQ(
+      fs_->Rename(kRootInode, "moved", kRootInode, "x", RENAME_NOREPLACE | RENAME_EXCHANGE).code(),
+      EINVAL);
+  EXPECT_EQ(fs_->Rename(kRootInode, "moved", kRootInode, std::string(256, 'x'), 0).code(),
+            ENAMETOOLONG);
+  EXPECT_EQ(LookupIno(kRootInode, "moved"), sub);
+
+  // Renaming onto itself, or onto another link of the same inode, does nothing.
+  ASSERT_TRUE(fs_->Rename(d1, "h", d1, "h", 0).ok());
+  EXPECT_EQ(LookupIno(d1, "h"), f);
+  ASSERT_TRUE(fs_->Link(f, kRootInode, "h-link").ok());
+  ASSERT_TRUE(fs_->Rename(d1, "h", kRootInode, "h-link", 0).ok());
+  EXPECT_EQ(LookupIno(d1, "h"), f);
+  EXPECT_EQ(LookupIno(kRootInode, "h-link"), f);
+  EXPECT_EQ(fs_->GetAttr(f)->attr.st_nlink, 2u);
+}
+
+TEST_F(FilesystemTest, RenameOverAnExistingFileReplacesIt) {
+  std::mt19937_64 rng(8);
+  InodeNumber x = MakeFile(kRootInode, "x");
+  InodeNumber y = MakeFile(kRootInode, "y");
+  WriteAt(x, 0, "xxxx");
+  WriteAt(y, 0, RandomBytes(1 << 20, &rng));
+  EXPECT_EQ(FreeBlocks(), initial_free_ - 1 - 256);
+
+  EXPECT_EQ(fs_->Rename(kRootInode, "x", kRootInode, "y", RENAME_NOREPLACE).code(), EEXIST);
+  EXPECT_EQ(LookupIno(kRootInode, "x"), x);
+  EXPECT_EQ(LookupIno(kRootInode, "y"), y);
+
+  ASSERT_TRUE(fs_->Rename(kRootInode, "x", kRootInode, "y", 0).ok());
+  EXPECT_EQ(LookupErr(kRootInode, "x"), ENOENT);
+  EXPECT_EQ(LookupIno(kRootInode, "y"), x);
+  EXPECT_TRUE(SameBytes(ReadAll(x), "xxxx"));
+  EXPECT_EQ(fs_->GetAttr(y).status().code(), ENOENT);
+  EXPECT_EQ(FreeBlocks(), initial_free_ - 1) << "the replaced file's blocks were not freed";
+  EXPECT_EQ(CountKeys(Family::kExtent, keys::Ino(y)), 0u);
+
+  ASSERT_TRUE(fs_->Rename(kRootInode, "y", kRootInode, "z", RENAME_NOREPLACE).ok());
+  EXPECT_EQ(LookupIno(kRootInode, "z"), x);
+  auto entries = fs_->ReadDir(kRootInode);
+  ASSERT_TRUE(entries.ok());
+  EXPECT_EQ(entries->size(), 3u);
+}
+
+TEST_F(FilesystemTest, RenameExchange) {
+  InodeNumber d1 = MakeDir(kRootInode, "d1");
+  InodeNumber d2 = MakeDir(kRootInode, "d2");
+  InodeNumber f = MakeFile(d1, "f");
+  WriteAt(f, 0, "file f");
+  InodeNumber g = MakeDir(d2, "g");
+  InodeNumber child = MakeFile(g, "child");
+  ASSERT_EQ(fs_->GetAttr(d1)->attr.st_nlink, 2u);
+  ASSERT_EQ(fs_->GetAttr(d2)->attr.st_nlink, 3u);
+
+  ASSERT_TRUE(fs_->Rename(d1, "f", d2, "g", RENAME_EXCHANGE).ok());
+  EXPECT_EQ(LookupIno(d1, "f"), g);
+  EXPECT_EQ(LookupIno(d2, "g"), f);
+  EXPECT_EQ(fs_->GetAttr(d1)->attr.st_nlink, 3u) << "d1 gained a subdirectory";
+  EXPECT_EQ(fs_->GetAttr(d2)->attr.st_nlink, 2u) << "d2 lost a subdirectory";
+  EXPECT_EQ(LookupIno(g, ".."), d1);
+  EXPECT_EQ(LookupIno(g, "child"), child);
+  EXPECT_TRUE(SameBytes(ReadAll(f), "file f"));
+  auto listing = fs_->ReadDir(d1);
+  ASSERT_TRUE(listing.ok());
+  ASSERT_EQ(listing->size(), 3u);
+  EXPECT_EQ((*listing)[2].name, "f");
+  EXPECT_EQ((*listing)[2].type, static_cast<uint32_t>(S_IFDIR));
+  listing = fs_->ReadDir(d2);
+  ASSERT_TRUE(listing.ok());
+  ASSERT_EQ(listing->size(), 3u);
+  EXPECT_EQ((*listing)[2].type, static_cast<uint32_t>(S_IFREG));
+
+  // Two files in one directory swap names.
+  InodeNumber a = MakeFile(kRootInode, "a");
+  InodeNumber b = MakeFile(kRootInode, "b");
+  WriteAt(a, 0, "AAAA");
+  WriteAt(b, 0, "BB");
+  ASSERT_TRUE(fs_->Rename(kRootInode, "a", kRootInode, "b", RENAME_EXCHANGE).ok());
+  EXPECT_EQ(LookupIno(kRootInode, "a"), b);
+  EXPECT_EQ(LookupIno(kRootInode, "b"), a);
+  EXPECT_TRUE(SameBytes(ReadAll(LookupIno(kRootInode, "a")), "BB"));
+  EXPECT_EQ(fs_->GetAttr(kRootInode)->attr.st_nlink, 4u);
+
+  // Exchange needs both names.
+  EXPECT_EQ(fs_->Rename(kRootInode, "a", kRootInode, "missing", RENAME_EXCHANGE).code(), ENOENT);
+  EXPECT_EQ(LookupIno(kRootInode, "a"), b);
+
+  // Two directories in different parents swap, with their "..".
+  InodeNumber e1 = MakeDir(d1, "e1");
+  InodeNumber e2 = MakeDir(d2, "e2");
+  ASSERT_TRUE(fs_->Rename(d1, "e1", d2, "e2", RENAME_EXCHANGE).ok());
+  EXPECT_EQ(LookupIno(d1, "e1"), e2);
+  EXPECT_EQ(LookupIno(d2, "e2"), e1);
+  EXPECT_EQ(LookupIno(e1, ".."), d2);
+  EXPECT_EQ(LookupIno(e2, ".."), d1);
+  EXPECT_EQ(fs_->GetAttr(d1)->attr.st_nlink, 4u);
+  EXPECT_EQ(fs_->GetAttr(d2)->attr.st_nlink, 3u);
+
+  Reopen();
+  EXPECT_EQ(LookupIno(d1, "f"), g);
+  EXPECT_EQ(LookupIno(g, ".."), d1);
+  EXPECT_EQ(LookupIno(e1, ".."), d2);
+  EXPECT_EQ(fs_->GetAttr(d1)->attr.st_nlink, 4u);
+}
+
+TEST_F(FilesystemTest, RenameReplacesAnEmptyDirectory) {
+  InodeNumber p1 = MakeDir(kRootInode, "p1");
+  InodeNumber p2 = MakeDir(kRootInode, "p2");
+  InodeNumber src = MakeDir(p1, "src");
+  InodeNumber inside = MakeFile(src, "inside");
+  InodeNumber dst = MakeDir(p2, "dst");
+  InodeNumber full = MakeDir(p2, "full");
+  MakeFile(full, "keep");
+  InodeNumber file = MakeFile(p2, "file");
+  ASSERT_EQ(fs_->GetAttr(p1)->attr.st_nlink, 3u);
+  ASSERT_EQ(fs_->GetAttr(p2)->attr.st_nlink, 4u);
+
+  EXPECT_EQ(fs_->Rename(p1, "src", p2, "full", 0).code(), ENOTEMPTY);
+  EXPECT_EQ(fs_->Rename(p1, "src", p2, "file", 0).code(), ENOTDIR);
+  EXPECT_EQ(fs_->Rename(p2, "file", p2, "dst", 0).code(), EISDIR);
+  EXPECT_EQ(LookupIno(p2, "full"), full);
+  EXPECT_EQ(LookupIno(p2, "file"), file);
+
+  ASSERT_TRUE(fs_->Rename(p1, "src", p2, "dst", 0).ok());
+  EXPECT_EQ(LookupErr(p1, "src"), ENOENT);
+  EXPECT_EQ(LookupIno(p2, "dst"), src);
+  EXPECT_EQ(LookupIno(src, ".."), p2);
+  EXPECT_EQ(LookupIno(src, "inside"), inside);
+  EXPECT_EQ(fs_->GetAttr(dst).status().code(), ENOENT) << "the replaced directory still exists";
+  EXPECT_EQ(fs_->GetAttr(p1)->attr.st_nlink, 2u);
+  EXPECT_EQ(fs_->GetAttr(p2)->attr.st_nlink, 4u);  // lost dst, gained src
+
+  // Within one directory.
+  InodeNumber e = MakeDir(p2, "empty");
+  ASSERT_EQ(fs_->GetAttr(p2)->attr.st_nlink, 5u);
+  ASSERT_TRUE(fs_->Rename(p2, "dst", p2, "empty", 0).ok());
+  EXPECT_EQ(LookupIno(p2, "empty"), src);
+  EXPECT_EQ(fs_->GetAttr(e).status().code(), ENOENT);
+  EXPECT_EQ(fs_->GetAttr(p2)->attr.st_nlink, 4u);
+
+  Reopen();
+  EXPECT_EQ(LookupIno(p2, "empty"), src);
+  EXPECT_EQ(fs_->GetAttr(p2)->attr.st_nlink, 4u);
+  EXPECT_EQ(CountKeys(Family::kInode, keys::Ino(dst)), 0u);
+  EXPECT_EQ(CountKeys(Family::kDirent, keys::Ino(dst)), 0u);
+}
+
+// ---- open-unlinked files and orphans ----
+
+TEST_F(FilesystemTest, UnlinkedOpenFileKeepsItsDataUntilRelease) {
+  std::mt19937_64 rng(10);
+  InodeNumber ino = MakeFile(kRootInode, "open");
+  std::string data = RandomBytes(1 << 20, &rng);
+  WriteAt(ino, 0, data);
+  const uint64_t with_file = FreeBlocks();
+  EXPECT_EQ(with_file, initial_free_ - 256);
+
+  ASSERT_TRUE(fs_->Open(ino).ok());
+  ASSERT_TRUE(fs_->Open(ino).ok());  // two handles
+  ASSERT_TRUE(fs_->Unlink(kRootInode, "open").ok());
+  EXPECT_EQ(LookupErr(kRootInode, "open"), ENOENT);
+  EXPECT_EQ(fs_->ReadDir(kRootInode)->size(), 2u);
+  auto attr = fs_->GetAttr(ino);
+  ASSERT_TRUE(attr.ok());
+  EXPECT_EQ(attr->attr.st_nlink, 0u);
+  EXPECT_TRUE(HasKey(Family::kOrphan, keys::Ino(ino)));
+  EXPECT_TRUE(SameBytes(ReadAll(ino), data));
+  EXPECT_EQ(FreeBlocks(), with_file) << "space of an open unlinked file was freed early";
+
+  // It stays writable.
+  WriteAt(ino, 1 << 20, "tail");
+  EXPECT_TRUE(SameBytes(ReadAll(ino), data + "tail"));
+
+  ASSERT_TRUE(fs_->Release(ino).ok());
+  EXPECT_TRUE(fs_->GetAttr(ino).ok()) << "freed while a handle is still open";
+  EXPECT_EQ(ReadAll(ino).size(), data.size() + 4);
+  ASSERT_TRUE(fs_->Release(ino).ok());
+  EXPECT_EQ(fs_->GetAttr(ino).status().code(), ENOENT);
+  EXPECT_EQ(FreeBlocks(), initial_free_);
+  EXPECT_FALSE(HasKey(Family::kOrphan, keys::Ino(ino)));
+  EXPECT_EQ(CountKeys(Family::kExtent, keys::Ino(ino)), 0u);
+  ExpectSpaceAccountedFor();
+}
+
+TEST_F(FilesystemTest, UnlinkOfOneOfTwoLinksKeepsTheData) {
+  InodeNumber ino = MakeFile(kRootInode, "one");
+  WriteAt(ino, 0, "shared");
+  ASSERT_TRUE(fs_->Link(ino, kRootInode, "two").ok());
+  ASSERT_TRUE(fs_->Unlink(kRootInode, "one").ok());
+  EXPECT_EQ(fs_->GetAttr(ino)->attr.st_nlink, 1u);
+  EXPECT_FALSE(HasKey(Family::kOrphan, keys::Ino(ino)));
+  EXPECT_TRUE(SameBytes(ReadAll(ino), "shared"));
+  ASSERT_TRUE(fs_->Unlink(kRootInode, "two").ok());
+  EXPECT_EQ(fs_->GetAttr(ino).status().code(), ENOENT);
+  EXPECT_EQ(FreeBlocks(), initial_free_);
+}
+
+TEST_F(FilesystemTest, OrphanIsReclaimedWhenTheVolumeIsOpenedAgain) {
+  std::mt19937_64 rng(12);
+  InodeNumber ino = MakeFile(kRootInode, "orphan");
+  WriteAt(ino, 0, RandomBytes(512 << 10, &rng));
+  InodeNumber keep = MakeFile(kRootInode, "keep");
+  std::string kept = RandomBytes(10000, &rng);
+  WriteAt(keep, 0, kept);
+  ASSERT_TRUE(fs_->Open(ino).ok());
+  ASSERT_TRUE(fs_->Unlink(kRootInode, "orphan").ok());
+  EXPECT_TRUE(HasKey(Family::kOrphan, keys::Ino(ino)));
+  EXPECT_EQ(FreeBlocks(), initial_free_ - 128 - 3);
+
+  // The daemon goes away without releasing the handle.
+  Reopen();
+  EXPECT_FALSE(HasKey(Family::kOrphan, keys::Ino(ino)));
+  EXPECT_FALSE(HasKey(Family::kInode, keys::Ino(ino)));
+  EXPECT_EQ(CountKeys(Family::kExtent, keys::Ino(ino)), 0u);
+  EXPECT_EQ(fs_->GetAttr(ino).status().code(), ENOENT);
+  EXPECT_EQ(FreeBlocks(), initial_free_ - 3);
+  EXPECT_TRUE(SameBytes(ReadAll(keep), kept));
+  ExpectSpaceAccountedFor();
+
+  // And the reclaimed space stays free across another open.
+  Reopen();
+  EXPECT_EQ(FreeBlocks(), initial_free_ - 3);
+  EXPECT_EQ(CountKeys(Family::kOrphan), 0u);
+}
+
+// ---- space accounting ----
+
+TEST_F(FilesystemTest, DeletingEverythingReturnsAllSpace) {
+  std::mt19937_64 rng(13);
+  InodeNumber dir = MakeDir(kRootInode, "dir");
+  std::vector<std::pair<InodeNumber, std::string>> names;  // parent, name
+  std::vector<InodeNumber> files;
+  for (int i = 0; i < 12; ++i) {
+    InodeNumber parent = i % 2 ? dir : kRootInode;
+    std::string name = "file" + std::to_string(i);
+    InodeNumber ino = MakeFile(parent, name);
+    names.emplace_back(parent, name);
+    files.push_back(ino);
+  }
+  // A mix of every operation that maps or unmaps space.
+  for (int step = 0; step < 300; ++step) {
+    InodeNumber ino = files[rng() % files.size()];
+    switch (rng() % 8) {
+      case 0:
+      case 1:
+      case 2: {
+        std::string data = RandomBytes(1 + rng() % 40000, &rng);
+        WriteAt(ino, rng() % 200000, data);
+        break;
+      }
+      case 3:
+        ASSERT_TRUE(Truncate(ino, rng() % 150000).ok());
+        break;
+      case 4:
+        ASSERT_TRUE(fs_->Fallocate(ino, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, rng() % 150000,
+                                   1 + rng() % 50000)
+                        .ok());
+        break;
+      case 5:
+        ASSERT_TRUE(fs_->Fallocate(ino, rng() % 2 ? 0 : FALLOC_FL_KEEP_SIZE, rng() % 150000,
+                                   1 + rng() % 30000)
+                        .ok());
+        break;
+      case 6:
+        ASSERT_TRUE(
+            fs_->Fallocate(ino, FALLOC_FL_ZERO_RANGE, rng() % 150000, 1 + rng() % 30000).ok());
+        break;
+      default: {
+        // Replace one file by another through rename.
+        size_t from = rng() % names.size(), to = rng() % names.size();
+        if (from == to) break;
+        ASSERT_TRUE(
+            fs_->Rename(names[from].first, names[from].second, names[to].first, names[to].second, 0)
+                .ok());
+        InodeNumber moved = files[from];
+        names.erase(names.begin() + static_cast<long>(from));
+        files.erase(files.begin() + static_cast<long>(from));
+        if (to > from) --to;
+        files[to] = moved;
+        InodeNumber fresh = MakeFile(kRootInode, "again" + std::to_string(step));
+        names.emplace_back(kRootInode, "again" + std::to_string(step));
+        files.push_back(fresh);
+        break;
+      }
+    }
+    if (step % 60 == 59) {
+      for (InodeNumber f : files) ExpectExtentMapSane(f);
+      ExpectSpaceAccountedFor();
+      if (HasFailure()) return;
+    }
+  }
+  ASSERT_TRUE(fs_->Link(files[0], dir, "extra-link").ok());
+  ASSERT_TRUE(fs_->Symlink(dir, "sym", "file0", caller_).ok());
+  EXPECT_LT(FreeBlocks(), initial_free_);
+
+  Reopen();  // the persisted free list must agree too
+  for (const auto& [parent, name] : names) ASSERT_TRUE(fs_->Unlink(parent, name).ok()) << name;
+  ASSERT_TRUE(fs_->Unlink(dir, "extra-link").ok());
+  ASSERT_TRUE(fs_->Unlink(dir, "sym").ok());
+  ASSERT_TRUE(fs_->Rmdir(kRootInode, "dir").ok());
+
+  EXPECT_EQ(FreeBlocks(), initial_free_);
+  EXPECT_EQ(fs_->StatFs().f_blocks, initial_free_);
+  EXPECT_EQ(CountKeys(Family::kExtent), 0u);
+  EXPECT_EQ(CountKeys(Family::kInode), 1u);  // the root
+  EXPECT_EQ(CountKeys(Family::kDirent), 0u);
+  EXPECT_EQ(CountKeys(Family::kFree), 1u);
+  std::string value;
+  ASSERT_TRUE(index().Get(Family::kFree, keys::Free(Volume::kDataOffset), &value).ok());
+  coding::Reader reader(value);
+  uint64_t length = 0;
+  ASSERT_TRUE(reader.GetVarint64(&length));
+  EXPECT_EQ(length, kVolumeSize - Volume::kDataOffset);
+  Reopen();
+  EXPECT_EQ(FreeBlocks(), initial_free_);
+}
+
+TEST_F(FilesystemTest, ErrorsOfTheDataPath) {
+  InodeNumber ino = MakeFile(kRootInode, "e");
+  WriteAt(ino, 0, "abc");
+  EXPECT_EQ(fs_->Write(ino, 1ull << 62, "x", 1).status().code(), EFBIG);
+  EXPECT_EQ(fs_->Write(ino, UINT64_MAX - 1, "xyz", 3).status().code(), EFBIG);
+  EXPECT_EQ(Truncate(ino, (1ull << 62) + 1).code(), EFBIG);
+  EXPECT_EQ(Truncate(kRootInode, 0).code(), EISDIR);
+  EXPECT_EQ(ReadAt(kRootInode, 0, 10).status().code(), EISDIR);
+  EXPECT_EQ(fs_->Write(ino, 10, "", 0).status().code(), 0);
+  EXPECT_EQ(fs_->GetAttr(999999).status().code(), ENOENT);
+  EXPECT_EQ(fs_->Open(999999).code(), ENOENT);
+  EXPECT_EQ(fs_->Symlink(kRootInode, "long", std::string(Filesystem::kSymlinkMax + 1, 's'), caller_)
+                .status()
+                .code(),
+            ENAMETOOLONG);
+  EXPECT_EQ(Size(ino), 3u);
+  EXPECT_TRUE(SameBytes(ReadAll(ino), "abc"));
+}
+
+// Writers keep overwriting two files with whole blocks of one byte value
+// each ("A" bytes 0x01..0x7f, "B" bytes 0x81..0xff) while readers read them,
+// on a volume filled up but for a few blocks, so that freed blocks are reused
+// almost at once. Redirect-on-write frees the old blocks of every overwrite;
+// the reclaim gate must keep them from being reused under a reader, so a
+// reader only ever sees uniform blocks of its own file and no checksum error.
+TEST_F(FilesystemTest, ConcurrentOverwritesNeverLeakIntoReaders) {
+  constexpr size_t kFileBlocks = 16;
+  constexpr size_t kFileBytes = kFileBlocks * kBlock;
+  constexpr uint64_t kSpareBlocks = 64;
+  constexpr int kWrites = 1000;  // per writer
+  InodeNumber files[2] = {MakeFile(kRootInode, "A"), MakeFile(kRootInode, "B")};
+  for (int f = 0; f < 2; ++f) {
+    WriteAt(files[f], 0, std::string(kFileBytes, static_cast<char>(f ? 0x81 : 0x01)));
+  }
+  InodeNumber filler = MakeFile(kRootInode, "filler");
+  std::string chunk(4 << 20, '\x7f');
+  uint64_t filled = 0;
+  while (FreeBlocks() > kSpareBlocks) {
+    uint64_t bytes = std::min<uint64_t>(chunk.size(), (FreeBlocks() - kSpareBlocks) * kBlock);
+    ASSERT_TRUE(fs_->Write(filler, filled, chunk.data(), bytes).ok());
+    filled += bytes;
+  }
+  ASSERT_EQ(FreeBlocks(), kSpareBlocks);
+
+  std::atomic<bool> done{false};
+  std::atomic<int> bad{0}, reads{0}, errors{0};
+  std::mutex error_mu;
+  std::string first_error;
+  auto note_error = [&](const Status& s) {
+    std::lock_guard lock(error_mu);
+    if (errors++ == 0) first_error = s.ToString();
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::vector<std::thread> threads;
+  for (int f = 0; f < 2; ++f) {
+    threads.emplace_back([&, f] {  // writer
+      std::mt19937 rng(f + 1);
+      for (int i = 0; i < kWrites; ++i) {
+        char value = static_cast<char>((f ? 0x81 : 0x01) + i % 0x7f);
+        size_t first = rng() % kFileBlocks;
+        size_t count = 1 + rng() % std::min<size_t>(4, kFileBlocks - first);
+        std::string data(count * kBlock, value);
+        for (;;) {
+          auto n = fs_->Write(files[f], first * kBlock, data.data(), data.size());
+          if (n.ok()) break;
+          // Space held back for a reader comes back once it leaves: ENOSPC
+          // may happen for a moment on a nearly full volume, but not for long.
+          if (n.status().code() != ENOSPC || std::chrono::steady_clock::now() > deadline) {
+            note_error(n.status());
+            return;
+          }
+          std::this_thread::yield();
+        }
+      }
+    });
+    threads.emplace_back([&, f] {  // reader
+      AlignedBuffer scratch;
+      while (!done.load()) {
+        const char* data = nullptr;
+        auto n = fs_->Read(files[f], 0, kFileBytes, &scratch, &data);
+        ++reads;
+        if (!n.ok() || *n != kFileBytes) {
+          note_error(n.ok() ? Status::IOError("short read") : n.status());
+          continue;
+        }
+        for (size_t b = 0; b < kFileBytes; b += kBlock) {
+          unsigned char v = static_cast<unsigned char>(data[b]);
+          bool mine = f ? v >= 0x81 : (v >= 0x01 && v <= 0x7f);
+          if (!mine || std::string_view(data + b, kBlock) != std::string(kBlock, data[b])) ++bad;
+        }
+      }
+    });
+  }
+  threads[0].join();
+  threads[2].join();
+  while (reads.load() < 20) std::this_thread::yield();
+  done = true;
+  threads[1].join();
+  threads[3].join();
+  EXPECT_EQ(errors.load(), 0) << "first: " << first_error;
+  EXPECT_EQ(bad.load(), 0) << "a reader saw a block that was reused or torn";
+  EXPECT_EQ(fs_->counters().checksum_errors.load(), 0u);
+  EXPECT_EQ(FreeBlocks(), kSpareBlocks);
+  ExpectSpaceAccountedFor();
+}
+
+TEST_F(FilesystemTest, FullVolumeGivesENOSPCAndRecovers) {
+  std::mt19937_64 rng(14);
+  InodeNumber big = MakeFile(kRootInode, "big");
+  std::string chunk = RandomBytes(4 << 20, &rng);
+  uint64_t offset = 0;
+  Status last;
+  for (int i = 0; i < 64; ++i) {
+    auto n = fs_->Write(big, offset, chunk.data(), chunk.size());
+    if (!n.ok()) {
+      last = n.status();
+      break;
+    }
+    offset += *n;
+  }
+  ASSERT_FALSE(last.ok()) << "a 63 MiB volume took 256 MiB";
+  EXPECT_EQ(last.code(), ENOSPC);
+  EXPECT_EQ(Size(big), offset) << "a failed write changed the size";
+  EXPECT_LT(FreeBlocks(), chunk.size() / kBlock);
+  // What was written is intact, and deleting frees it all.
+  auto head = ReadAt(big, 0, chunk.size());
+  ASSERT_TRUE(head.ok());
+  EXPECT_TRUE(SameBytes(*head, chunk));
+  ASSERT_TRUE(fs_->Unlink(kRootInode, "big").ok());
+  EXPECT_EQ(FreeBlocks(), initial_free_);
+  InodeNumber again = MakeFile(kRootInode, "again");
+  WriteAt(again, 0, chunk);
+  EXPECT_TRUE(SameBytes(ReadAll(again), chunk));
+}
+
+// ---- corruption ----
+
+TEST_F(FilesystemTest, FlippedByteUnderAnExtentReadsAsEIO) {
+  std::mt19937_64 rng(15);
+  InodeNumber ino = MakeFile(kRootInode, "c");
+  std::string data = RandomBytes(3 * kBlock, &rng);
+  WriteAt(ino, 0, data);
+  ASSERT_TRUE(fs_->SyncAll().ok());
+  auto extents = Extents(ino);
+  ASSERT_EQ(extents.size(), 1u);
+  ASSERT_EQ(extents[0].first, 0u);
+  const uint64_t physical = extents[0].second.physical;
+  ASSERT_EQ(extents[0].second.block_checksums.size(), 3u);
+
+  // Damage one byte of the second block in the image itself.
+  const uint64_t where = physical + kBlock + 123;
+  int fd = open(Volume::ImagePath(vol_).c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  char byte = 0;
+  ASSERT_EQ(pread(fd, &byte, 1, static_cast<off_t>(where)), 1);
+  ASSERT_EQ(byte, data[kBlock + 123]) << "the extent map does not point at the file's bytes";
+  byte = static_cast<char>(byte ^ 0x40);
+  ASSERT_EQ(pwrite(fd, &byte, 1, static_cast<off_t>(where)), 1);
+  ASSERT_EQ(fsync(fd), 0);
+  close(fd);
+
+  const uint64_t before = fs_->counters().checksum_errors.load();
+  auto whole = ReadAt(ino, 0, data.size());
+  ASSERT_FALSE(whole.ok()) << "damaged data was returned";
+  EXPECT_EQ(whole.status().code(), EIO);
+  EXPECT_EQ(fs_->counters().checksum_errors.load(), before + 1);
+  auto inside = ReadAt(ino, kBlock + 100, 10);
+  ASSERT_FALSE(inside.ok());
+  EXPECT_EQ(inside.status().code(), EIO);
+  EXPECT_EQ(fs_->counters().checksum_errors.load(), before + 2);
+
+  // The undamaged blocks still read.
+  auto first = ReadAt(ino, 0, kBlock);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_TRUE(SameBytes(*first, data.substr(0, kBlock)));
+  auto third = ReadAt(ino, 2 * kBlock, kBlock);
+  ASSERT_TRUE(third.ok());
+  EXPECT_TRUE(SameBytes(*third, data.substr(2 * kBlock)));
+  EXPECT_EQ(fs_->counters().checksum_errors.load(), before + 2);
+
+  // Overwriting the whole damaged block repairs the file.
+  std::string fresh = RandomBytes(kBlock, &rng);
+  WriteAt(ino, kBlock, fresh);
+  data.replace(kBlock, kBlock, fresh);
+  EXPECT_TRUE(SameBytes(ReadAll(ino), data));
+}
+
+// ---- volumes ----
+
+TEST_F(FilesystemTest, DataSurvivesReopen) {
+  std::mt19937_64 rng(16);
+  std::map<std::string, std::string> contents;
+  for (int i = 0; i < 5; ++i) {
+    std::string name = "p" + std::to_string(i);
+    contents[name] = RandomBytes(rng() % 300000, &rng);
+    WriteAt(MakeFile(kRootInode, name), 0, contents[name]);
+  }
+  SetAttrRequest chmod;
+  chmod.mode = 0600;
+  chmod.mtime_ns = 1234567890123456789;
+  ASSERT_TRUE(fs_->SetAttr(LookupIno(kRootInode, "p0"), chmod).ok());
+  Reopen();
+  for (const auto& [name, data] : contents) {
+    InodeNumber ino = LookupIno(kRootInode, name);
+    ASSERT_NE(ino, 0u) << name;
+    EXPECT_TRUE(SameBytes(ReadAll(ino), data)) << name;
+  }
+  auto attr = fs_->GetAttr(LookupIno(kRootInode, "p0"));
+  ASSERT_TRUE(attr.ok());
+  EXPECT_EQ(attr->attr.st_mode, static_cast<mode_t>(S_IFREG | 0600));
+  EXPECT_EQ(attr->attr.st_mtim.tv_sec, 1234567890);
+  EXPECT_EQ(attr->attr.st_mtim.tv_nsec, 123456789);
+}
+
+TEST_F(FilesystemTest, SecondOpenOfAVolumeIsRefusedWhileItIsOpen) {
+  auto second = Volume::Open(vol_, Volume::OpenOptions{});
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), EBUSY) << second.status().ToString();
+  auto read_only = Volume::Open(vol_, Volume::OpenOptions{.read_only = true});
+  ASSERT_FALSE(read_only.ok());
+  EXPECT_EQ(read_only.status().code(), EBUSY);
+  // The first holder is unaffected.
+  InodeNumber ino = MakeFile(kRootInode, "still-works");
+  WriteAt(ino, 0, "yes");
+  EXPECT_TRUE(SameBytes(ReadAll(ino), "yes"));
+
+  fs_.reset();
+  auto now = Volume::Open(vol_, Volume::OpenOptions{});
+  ASSERT_TRUE(now.ok()) << now.status().ToString();
+  EXPECT_EQ(now->get()->superblock().data_size, kVolumeSize);
+}
+
+TEST_F(FilesystemTest, VolumeOpenRefusesIndexAndDataOfDifferentVolumes) {
+  std::string a = dir_.path() + "/a", b = dir_.path() + "/b";
+  auto sa = Volume::Create(a, SizedOptions(Volume::kMinimumSize));
+  auto sb = Volume::Create(b, SizedOptions(Volume::kMinimumSize));
+  ASSERT_TRUE(sa.ok());
+  ASSERT_TRUE(sb.ok());
+  ASSERT_NE(sa->uuid, sb->uuid);
+  ASSERT_TRUE(Volume::Open(a, {}).ok());  // (closed again at once)
+
+  const auto copy = std::filesystem::copy_options::overwrite_existing;
+  std::filesystem::copy_file(Volume::ImagePath(a), dir_.path() + "/a-data.img");
+  std::filesystem::copy_file(Volume::ImagePath(b), Volume::ImagePath(a), copy);
+  {
+    auto mixed = Volume::Open(a, {});
+    ASSERT_FALSE(mixed.ok()) << "a volume opened with another volume's data area";
+    EXPECT_EQ(mixed.status().code(), EUCLEAN) << mixed.status().ToString();
+    EXPECT_NE(mixed.status().message().find("different volumes"), std::string::npos)
+        << mixed.status().ToString();
+  }
+  // With its own data area back, a opens again: the refusal left no lock behind.
+  std::filesystem::copy_file(dir_.path() + "/a-data.img", Volume::ImagePath(a), copy);
+  EXPECT_TRUE(Volume::Open(a, {}).ok());
+  EXPECT_TRUE(Volume::Open(b, {}).ok());
+
+  // A data area with no superblock at all.
+  int fd = open(Volume::ImagePath(a).c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  std::string zeros(kBlock, '\0');
+  ASSERT_EQ(pwrite(fd, zeros.data(), zeros.size(), 0), static_cast<ssize_t>(zeros.size()));
+  close(fd);
+  EXPECT_FALSE(Volume::Open(a, {}).ok());
+
+  // Not a volume at all.
+  EXPECT_EQ(Volume::Open(dir_.path() + "/nothing", {}).status().code(), ENOENT);
+  std::filesystem::create_directory(dir_.path() + "/empty");
+  EXPECT_EQ(Volume::Open(dir_.path() + "/empty", {}).status().code(), EINVAL);
+}
+
+TEST_F(FilesystemTest, VolumeCreateRefusals) {
+  EXPECT_TRUE(Volume::Exists(vol_));
+  fs_.reset();
+  auto again = Volume::Create(vol_, SizedOptions(kVolumeSize));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), EEXIST);
+  auto small = Volume::Create(dir_.path() + "/small", SizedOptions(Volume::kMinimumSize - kBlock));
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.status().code(), EINVAL);
+
+  // --force replaces the volume with an empty one.
+  OpenFs();
+  MakeFile(kRootInode, "old");
+  auto uuid = fs_->volume().superblock().uuid;
+  EXPECT_EQ(Volume::Create(vol_, SizedOptions(kVolumeSize, /*force=*/true)).status().code(), EBUSY)
+      << "a volume in use was replaced";
+  fs_.reset();
+  auto forced = Volume::Create(vol_, SizedOptions(kVolumeSize, /*force=*/true));
+  ASSERT_TRUE(forced.ok()) << forced.status().ToString();
+  EXPECT_NE(forced->uuid, uuid);
+  OpenFs();
+  EXPECT_EQ(LookupErr(kRootInode, "old"), ENOENT);
+  EXPECT_EQ(FreeBlocks(), initial_free_);
+}
+
+}  // namespace
+}  // namespace spillfs
