@@ -47,7 +47,7 @@ Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uin
   if (ino == kDirIno) return Status::Error(EISDIR, "is a directory");
   if (ino == kStatsIno && (flags & O_ACCMODE) != O_RDONLY) return Status::Error(EACCES, "stats is read-only");
   if (ino == kControlIno && uid != 0) return Status::Error(EACCES, "the control file is for root");
-  return new Handle{ino, {}, std::nullopt};
+  return new Handle{ino, {}, std::nullopt, nullptr, {}};
 }
 
 Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_view data) {
@@ -60,7 +60,64 @@ Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_
   return data.size();
 }
 
-std::string ControlPlane::Answer(const Handle& handle) {
+std::optional<std::string> ControlPlane::AnswerDirect(Handle& handle, const nlohmann::json& request,
+                                                      const Inspector& inspector) {
+  using nlohmann::json;
+  std::string op = request.value("op", "");
+  if (op != "layout" && op != "reserve" && op != "commit") return std::nullopt;
+  auto fail = [](const Status& s) { return Inspector::ErrorReply(s).dump(); };
+  const Superblock& sb = fs_->volume().superblock();
+  std::string data_path = fs_->volume().store().path();
+  try {
+    if (op == "reserve") {
+      auto space = fs_->DirectReserve(request.at("length").get<uint64_t>());
+      if (!space.ok()) return fail(space.status());
+      json extents = json::array();
+      for (const PhysicalExtent& e : *space) extents.push_back({{"physical_offset", e.offset}, {"length", e.length}});
+      handle.reserved.insert(handle.reserved.end(), space->begin(), space->end());
+      return Inspector::OkReply({{"extents", extents}, {"data_path", data_path}, {"block_size", sb.block_size}}).dump();
+    }
+    auto ino = inspector.ResolvePath(request.at("path").get<std::string>());
+    if (!ino.ok()) return fail(ino.status());
+    if (op == "layout") {
+      if (!handle.pin) handle.pin = fs_->PinBlocks();  // before the lookup: no block of it can be reused
+      auto layout = fs_->GetDirectLayout(*ino);
+      if (!layout.ok()) return fail(layout.status());
+      json extents = json::array();
+      for (const auto& [offset, e] : layout->extents) {
+        extents.push_back({{"file_offset", offset},
+                           {"physical_offset", e.physical},
+                           {"length", e.length},
+                           {"unwritten", e.unwritten()},
+                           {"block_checksums", e.block_checksums}});
+      }
+      return Inspector::OkReply({{"ino", *ino},
+                                 {"size", layout->size},
+                                 {"block_size", sb.block_size},
+                                 {"data_path", data_path},
+                                 {"checksums", sb.checksums},
+                                 {"extents", extents}})
+          .dump();
+    }
+    uint64_t length = request.at("length").get<uint64_t>();
+    uint64_t reserved = 0;
+    for (const PhysicalExtent& e : handle.reserved) reserved += e.length;
+    if (length != reserved) {
+      return fail(Status::Error(EINVAL, fmt::format("commit length {} != reserved {}", length, reserved)));
+    }
+    Status committed = fs_->DirectCommit(*ino, request.at("file_offset").get<uint64_t>(), handle.reserved,
+                                         request.value("block_checksums", std::vector<uint32_t>{}),
+                                         request.value("size", uint64_t{0}));
+    if (!committed.ok()) return fail(committed);
+    handle.reserved.clear();
+    if (invalidate_) invalidate_(*ino);
+    return Inspector::OkReply({{"ino", *ino}}).dump();
+  } catch (const json::exception& e) {
+    return fail(Status::Error(EINVAL, std::string("malformed request: ") + e.what()));
+  }
+}
+
+std::string ControlPlane::Answer(Handle& handle) {
   std::lock_guard lock(mu_);
   Volume& volume = fs_->volume();
   Inspector inspector(volume.index(), volume.superblock());
@@ -69,8 +126,11 @@ std::string ControlPlane::Answer(const Handle& handle) {
     auto stat = inspector.Stat(runtime);
     return stat.ok() ? PrometheusText(*stat) : fmt::format("# error: {}\n", stat.status().ToString());
   }
-  // Listings show extents, which exist only once cached data is flushed.
   auto request = nlohmann::json::parse(handle.request, nullptr, /*allow_exceptions=*/false);
+  if (request.is_object()) {
+    if (auto direct = AnswerDirect(handle, request, inspector)) return *direct;
+  }
+  // Listings show extents, which exist only once cached data is flushed.
   if (request.is_object() && request.value("op", "") != "stat") {
     Status flushed = fs_->FlushAll();
     if (!flushed.ok()) return Inspector::ErrorReply(flushed).dump();
@@ -85,7 +145,10 @@ std::string_view ControlPlane::Read(Handle* handle, uint64_t offset, size_t size
   return std::string_view(reply).substr(offset, size);
 }
 
-void ControlPlane::Release(Handle* handle) { delete handle; }
+void ControlPlane::Release(Handle* handle) {
+  if (!handle->reserved.empty()) fs_->DirectUnreserve(handle->reserved);
+  delete handle;
+}
 
 RuntimeStats ControlPlane::Runtime() const {
   RuntimeStats r;

@@ -467,6 +467,9 @@ Status FuseDaemon::Mount() {
   fuse_opt_free_args(&args);
   if (session_ == nullptr) return Status::Invalid(fmt::format("FUSE rejected the mount options '{}'", opts));
   if (fuse_set_signal_handlers(session_) != 0) return Status::IOError("cannot install signal handlers");
+  control_->SetInvalidator([session = session_](InodeNumber ino) {
+    fuse_lowlevel_notify_inval_inode(session, ino, 0, 0);  // drop stale pages and attributes
+  });
   if (fuse_session_mount(session_, options_.mountpoint.c_str()) != 0) {
     return Status::IOError(fmt::format("cannot mount on {} (is /dev/fuse available?)", options_.mountpoint));
   }

@@ -11,6 +11,8 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -20,6 +22,7 @@
 
 #include "spillfs/fs/filesystem.h"
 #include "spillfs/fs/inspector.h"
+#include "spillfs/fs/reclaim_gate.h"
 
 namespace spillfs {
 
@@ -39,12 +42,18 @@ class ControlPlane {
   Result<Entry> GetAttr(InodeNumber ino) const;
   Result<std::vector<DirEntry>> ReadDir(InodeNumber ino) const;
 
-  // One open handle of a virtual file.
+  // One open handle of a virtual file. For the direct path it is also the
+  // lease: blocks of layouts given through it stay unreused (pin), and space
+  // reserved through it is returned at close unless committed.
   struct Handle {
     InodeNumber ino;
     std::string request;
     std::optional<std::string> reply;
+    std::unique_ptr<ReclaimGate::Reader> pin;
+    std::vector<PhysicalExtent> reserved;
   };
+  // Called after a direct commit changed a file behind the kernel's back.
+  void SetInvalidator(std::function<void(InodeNumber)> invalidate) { invalidate_ = std::move(invalidate); }
   Result<Handle*> Open(InodeNumber ino, int flags, uint32_t uid);
   Result<size_t> Write(Handle* handle, uint64_t offset, std::string_view data);
   // Bytes of the reply at [offset, offset + size).
@@ -55,7 +64,11 @@ class ControlPlane {
 
  private:
   Entry MakeEntry(InodeNumber ino) const;
-  std::string Answer(const Handle& handle);
+  std::string Answer(Handle& handle);
+  // Direct-path requests; nullopt when `op` is not one of them.
+  std::optional<std::string> AnswerDirect(Handle& handle, const nlohmann::json& request, const Inspector& inspector);
+
+  std::function<void(InodeNumber)> invalidate_;
 
   Filesystem* fs_;
   std::chrono::steady_clock::time_point started_;

@@ -74,6 +74,13 @@ struct FilesystemOptions {
   static uint64_t DefaultRamTierBytes();
 };
 
+// A file's committed mapping, handed to direct-path clients.
+struct DirectLayout {
+  InodeNumber ino = 0;
+  uint64_t size = 0;
+  std::vector<std::pair<uint64_t, ExtentRecord>> extents;  // file offset -> extent
+};
+
 // The xattr that marks a directory (and what is created under it) ephemeral.
 inline constexpr const char* kEphemeralXattr = "user.spillfs.ephemeral";
 
@@ -150,6 +157,18 @@ class Filesystem {
 
   // Makes every committed change durable (data flush, then index sync).
   Status SyncAll();
+
+  // --- direct data path (direct_path.cc) ---
+  // The committed layout after flushing the file's RAM-tier data. Hold a
+  // pin (PinBlocks) for as long as the client reads those blocks.
+  Result<DirectLayout> GetDirectLayout(InodeNumber ino);
+  std::unique_ptr<ReclaimGate::Reader> PinBlocks() { return std::make_unique<ReclaimGate::Reader>(&gate_); }
+  // Space for a client to write; unmapped until DirectCommit.
+  Result<std::vector<PhysicalExtent>> DirectReserve(uint64_t length);
+  void DirectUnreserve(const std::vector<PhysicalExtent>& space);
+  // Maps reserved `space` (in order) at `file_offset`; size = max(size, `size`).
+  Status DirectCommit(InodeNumber ino, uint64_t file_offset, const std::vector<PhysicalExtent>& space,
+                      const std::vector<uint32_t>& checksums, uint64_t size);
 
   Volume& volume() { return *volume_; }
   const FsCounters& counters() const { return counters_; }
