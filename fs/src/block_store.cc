@@ -7,8 +7,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 
+#include "spillfs/fs/aligned_buffer.h"
 #include "spillfs/fs/uring_engine.h"
 
 namespace spillfs {
@@ -18,7 +22,10 @@ Status Errno(const std::string& what) { return Status::Error(errno, fmt::format(
 
 }  // namespace
 
-BlockStore::~BlockStore() { close(fd_); }
+BlockStore::~BlockStore() {
+  if (journal_ != nullptr) fclose(journal_);
+  close(fd_);
+}
 
 Status BlockStore::CreateImage(const std::string& path, uint64_t size) {
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -62,7 +69,44 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Open(const std::string& path, bo
     fd = open(path.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
   }
   if (fd < 0) return Errno("cannot open " + path);
-  return std::unique_ptr<BlockStore>(new BlockStore(fd, path, size));
+  std::unique_ptr<BlockStore> store(new BlockStore(fd, path, size));
+  const char* journal = getenv(kPowercutJournalEnv);
+  if (!read_only && journal != nullptr && *journal != '\0') {
+    // Power-cut simulation: nothing written before this open is in doubt.
+    store->journal_ = fopen(journal, "we");
+    if (store->journal_ == nullptr) return Errno(fmt::format("cannot create the power-cut journal {}", journal));
+  }
+  return store;
+}
+
+Status BlockStore::JournalPreImages(const std::vector<IoSlice>& slices) {
+  AlignedBuffer old;
+  for (const IoSlice& slice : slices) {
+    for (uint64_t done = 0; done < slice.length; done += kChunkBytes) {
+      uint64_t length = std::min<uint64_t>(kChunkBytes, slice.length - done);
+      uint64_t offset = slice.offset + done;
+      old.Resize(length);
+      for (uint64_t got = 0; got < length;) {
+        ssize_t n = pread(fd_, old.data() + got, length - got, static_cast<off_t>(offset + got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return Errno(fmt::format("power-cut journal: pre-image read at {}", offset + got));
+        if (n == 0) {  // past the end of the file: reads as zeros
+          std::memset(old.data() + got, 0, length - got);
+          break;
+        }
+        got += static_cast<uint64_t>(n);
+      }
+      PowercutRecordHeader header;
+      header.offset = offset;
+      header.length = length;
+      std::lock_guard lock(journal_mu_);
+      if (fwrite(&header, sizeof(header), 1, journal_) != 1 || fwrite(old.data(), 1, length, journal_) != length ||
+          fflush(journal_) != 0) {
+        return Errno("power-cut journal: append");
+      }
+    }
+  }
+  return Status::OK();
 }
 
 Status BlockStore::Transfer(const std::vector<IoSlice>& slices, bool write) {
@@ -78,6 +122,11 @@ Status BlockStore::Transfer(const std::vector<IoSlice>& slices, bool write) {
       requests.push_back(IoRequest{fd_, write, slice.offset + done, slice.buffer + done, length});
     }
     total += slice.length;
+  }
+  std::optional<std::shared_lock<std::shared_mutex>> not_flushing;
+  if (write && journal_ != nullptr) {
+    not_flushing.emplace(durability_mu_);
+    SPILLFS_RETURN_IF_ERROR(JournalPreImages(slices));
   }
   SPILLFS_RETURN_IF_ERROR(UringEngine::Submit(requests));
   (write ? bytes_written_ : bytes_read_).fetch_add(total, std::memory_order_relaxed);
@@ -115,7 +164,17 @@ Status BlockStore::ReadAt(uint64_t offset, char* buffer, uint64_t length) {
 }
 
 Status BlockStore::Flush() {
+  if (journal_ == nullptr) {
+    if (fdatasync(fd_) != 0) return Errno("fdatasync of " + path_);
+    return Status::OK();
+  }
+  // No write runs between the fdatasync and the truncation of the journal.
+  std::unique_lock durable(durability_mu_);
   if (fdatasync(fd_) != 0) return Errno("fdatasync of " + path_);
+  std::lock_guard lock(journal_mu_);
+  if (fflush(journal_) != 0 || ftruncate(fileno(journal_), 0) != 0 || fseek(journal_, 0, SEEK_SET) != 0) {
+    return Errno("power-cut journal: truncate");
+  }
   return Status::OK();
 }
 

@@ -145,8 +145,9 @@ Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteSegments
       uint64_t file_offset = segment.file_offset + done;
       slices.push_back(IoSlice{physical, const_cast<char*>(segment.data + done), n});
       std::vector<uint32_t> sums = Checksums(segment.data + done, n);
+      bool blob = !segment.blob_hash.empty() && n == segment.length;  // only unsplit units become blobs
       auto* last = extents.empty() ? nullptr : &extents.back();
-      if (last && last->first + last->second.length == file_offset &&
+      if (!blob && last && last->second.blob_id == 0 && last->first + last->second.length == file_offset &&
           last->second.physical + last->second.length == physical) {
         last->second.length += n;
         last->second.block_checksums.insert(last->second.block_checksums.end(), sums.begin(), sums.end());
@@ -155,6 +156,7 @@ Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteSegments
         record.physical = physical;
         record.length = n;
         record.block_checksums = std::move(sums);
+        if (blob) record.blob_id = physical;
         extents.emplace_back(file_offset, std::move(record));
       }
       done += n;
@@ -186,24 +188,27 @@ Status Filesystem::UnmapRanges(Txn* txn, InodeNumber ino, const std::vector<std:
                                         [&](const MappedExtent& e) {
     uint64_t keep_from = e.file_offset;  // start of the next surviving piece
     bool touched = false;
+    const uint64_t blob = e.record.blob_id;  // shared space is freed by its blob's last reference
+    auto keep = [&](uint64_t from, uint64_t to) {
+      txn->batch.Put(Family::kExtent, keys::Extent(ino, from),
+                     Slice(e.record, from - e.file_offset, to - from, block_size_).Encode());
+      if (blob != 0) ++txn->blob_refs[blob];
+    };
     for (auto [start, end] : ranges) {
       if (end <= e.file_offset || start >= e.end()) continue;
-      if (!touched) txn->batch.Delete(Family::kExtent, keys::Extent(ino, e.file_offset));
+      if (!touched) {
+        txn->batch.Delete(Family::kExtent, keys::Extent(ino, e.file_offset));
+        if (blob != 0) --txn->blob_refs[blob];
+      }
       touched = true;
       uint64_t from = std::max(start, e.file_offset);
       uint64_t to = std::min(end, e.end());
-      if (keep_from < from) {
-        txn->batch.Put(Family::kExtent, keys::Extent(ino, keep_from),
-                       Slice(e.record, keep_from - e.file_offset, from - keep_from, block_size_).Encode());
-      }
-      txn->freed.push_back(PhysicalExtent{e.record.physical + (from - e.file_offset), to - from});
+      if (keep_from < from) keep(keep_from, from);
+      if (blob == 0) txn->freed.push_back(PhysicalExtent{e.record.physical + (from - e.file_offset), to - from});
       total += to - from;
       keep_from = to;
     }
-    if (touched && keep_from < e.end()) {
-      txn->batch.Put(Family::kExtent, keys::Extent(ino, keep_from),
-                     Slice(e.record, keep_from - e.file_offset, e.end() - keep_from, block_size_).Encode());
-    }
+    if (touched && keep_from < e.end()) keep(keep_from, e.end());
     return Status::OK();
   }));
   if (unmapped) *unmapped = total;
@@ -214,12 +219,15 @@ Status Filesystem::UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_
   return UnmapRanges(txn, ino, {{start, end}}, unmapped);
 }
 
+// Maps freshly written extents; one that is a new dedup blob (blob_id set)
+// is registered by the caller in txn->new_blobs and gets its first reference.
 void Filesystem::MapExtents(Txn* txn, InodeNumber ino,
                             const std::vector<std::pair<uint64_t, ExtentRecord>>& extents) {
   std::vector<PhysicalExtent> space;
   for (const auto& [offset, record] : extents) {
     txn->batch.Put(Family::kExtent, keys::Extent(ino, offset), record.Encode());
     space.push_back(PhysicalExtent{record.physical, record.length});
+    if (record.blob_id != 0) ++txn->blob_refs[record.blob_id];
   }
   allocator_.CommitAllocated(space, &txn->batch);
 }

@@ -168,6 +168,7 @@ class Pass {
   std::vector<DirentInfo> dirents_;
   std::vector<ExtentInfo> extents_;  // key order: by inode, then file offset
   std::vector<FreeInfo> free_;
+  std::map<uint64_t, BlobRecord> blobs_;  // physical -> record (dedup blobs own their whole range)
   std::vector<std::string> bad_free_keys_;  // undecodable free records (rebuilt by repair)
   std::set<InodeNumber> orphan_keys_;
   std::map<InodeNumber, std::vector<std::string>> stray_xattrs_;  // missing owner -> keys
@@ -193,6 +194,7 @@ class Pass {
   Status ScanXattrs();
   Status ScanExtents();
   Status ScanFree();
+  Status ScanBlobs();
   void CheckSpace();
   void CheckNamespace();
   Status Scrub();
@@ -597,6 +599,57 @@ Status Pass::ScanFree() {
   return cursor->status();
 }
 
+// Dedup blobs: each 'p' record is referenced by exactly `refs` extents that
+// lie inside it, and its 'h' record points back to it.
+Status Pass::ScanBlobs() {
+  auto cursor = index_.NewCursor(Family::kBlob, "");
+  std::map<uint64_t, std::string> by_hash;  // physical -> hash named by an 'h' record
+  for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
+    std::string_view key = cursor->key();
+    if (key.size() == 9 && key[0] == 'p') {
+      auto blob = BlobRecord::Decode(cursor->value());
+      if (!blob.ok()) {
+        Add(ProblemKind::kBadRecord, 0, "malformed blob record: " + blob.status().message());
+        continue;
+      }
+      blobs_.emplace(coding::DecodeFixed64BE(key.data() + 1), *blob);
+    } else if (key.size() == 17 && key[0] == 'h' && cursor->value().size() == 8) {
+      by_hash[coding::DecodeFixed64BE(cursor->value().data())] = std::string(key.substr(1));
+    } else {
+      Add(ProblemKind::kBadRecord, 0, "malformed blob key");
+    }
+  }
+  SPILLFS_RETURN_IF_ERROR(cursor->status());
+  for (const auto& [physical, hash] : by_hash) {
+    auto it = blobs_.find(physical);
+    if (it == blobs_.end() || it->second.hash != hash) {
+      Add(ProblemKind::kBlob, 0, fmt::format("hash record points to blob {} that does not match", physical), {},
+          physical);
+    }
+  }
+  std::map<uint64_t, uint64_t> refs;
+  for (const ExtentInfo& e : extents_) {
+    if (e.blob_id == 0) continue;
+    ++refs[e.blob_id];
+    auto it = blobs_.find(e.blob_id);
+    if (it == blobs_.end()) {
+      Add(ProblemKind::kBlob, e.ino, fmt::format("extent names blob {} that does not exist", e.blob_id),
+          e.file_offset, e.physical, e.length);
+    } else if (e.physical < e.blob_id || e.physical + e.length > e.blob_id + it->second.length) {
+      Add(ProblemKind::kBlob, e.ino, fmt::format("extent lies outside its blob {}", e.blob_id), e.file_offset,
+          e.physical, e.length);
+    }
+  }
+  for (const auto& [physical, blob] : blobs_) {
+    if (refs[physical] != blob.refs) {
+      Add(ProblemKind::kBlob, 0,
+          fmt::format("blob {} counts {} references, {} extents name it", physical, blob.refs, refs[physical]), {},
+          physical, blob.length);
+    }
+  }
+  return Status::OK();
+}
+
 // The free list and the mapped extents must partition the data area.
 void Pass::CheckSpace() {
   struct Interval {
@@ -611,7 +664,22 @@ void Pass::CheckSpace() {
     end = std::min(RoundUp(end, bs_), sb_.data_size);
     if (start < end) intervals.push_back(Interval{start, end, source});
   };
-  for (size_t i = 0; i < extents_.size(); ++i)
+  // A dedup blob owns its whole range, however much of it extents still name.
+  std::vector<ExtentInfo> blob_ranges;
+  for (const auto& [physical, blob] : blobs_) {
+    ExtentInfo range;
+    range.physical = physical;
+    range.length = blob.length;
+    range.blob_id = physical;
+    blob_ranges.push_back(range);
+  }
+  for (size_t i = 0; i < extents_.size(); ++i) {
+    if (extents_[i].blob_id != 0 && blobs_.count(extents_[i].blob_id)) continue;
+    clip(extents_[i].physical, extents_[i].length, static_cast<int64_t>(i));
+  }
+  const size_t blob_base = extents_.size();
+  extents_.insert(extents_.end(), blob_ranges.begin(), blob_ranges.end());
+  for (size_t i = blob_base; i < extents_.size(); ++i)
     clip(extents_[i].physical, extents_[i].length, static_cast<int64_t>(i));
   for (size_t i = 0; i < free_.size(); ++i)
     clip(free_[i].offset, free_[i].length, -1 - static_cast<int64_t>(i));
@@ -666,6 +734,7 @@ void Pass::CheckSpace() {
                     sb_.data_size - covered, covered, sb_.data_size),
         {}, covered, sb_.data_size - covered);
   }
+  extents_.resize(blob_base);  // the blob ranges were only for this check
 }
 
 void Pass::CheckNamespace() {
@@ -901,6 +970,7 @@ Status Pass::Run() {
   SPILLFS_RETURN_IF_ERROR(ScanXattrs());
   SPILLFS_RETURN_IF_ERROR(ScanExtents());
   SPILLFS_RETURN_IF_ERROR(ScanFree());
+  SPILLFS_RETURN_IF_ERROR(ScanBlobs());
   CheckSpace();
   CheckNamespace();
   if (scrub_) SPILLFS_RETURN_IF_ERROR(Scrub());
@@ -1074,6 +1144,7 @@ void Repairer::RebuildFreeList() {
     end = std::min(RoundUp(end, p_.bs_), p_.sb_.data_size);
     if (start < end) used.emplace_back(start, end);
   }
+  for (const auto& [physical, blob] : p_.blobs_) used.emplace_back(physical, physical + blob.length);
   std::sort(used.begin(), used.end());
   std::map<uint64_t, uint64_t> wanted;
   uint64_t at = p_.sb_.data_offset;
@@ -1224,6 +1295,8 @@ const char* ProblemKindName(ProblemKind kind) {
       return "stale-orphan";
     case ProblemKind::kStrayXattr:
       return "stray-xattr";
+    case ProblemKind::kBlob:
+      return "blob";
     case ProblemKind::kChecksumMismatch:
       return "checksum-mismatch";
     case ProblemKind::kReadError:

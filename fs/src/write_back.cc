@@ -2,10 +2,15 @@
 // and the background flusher.
 #include <fmt/format.h>
 
+#include <xxhash.h>
+
 #include <cstring>
+#include <set>
 
 #include "spillfs/fs/clock.h"
 #include "spillfs/fs/filesystem.h"
+#include "spillfs/kvindex/coding.h"
+#include "spillfs/kvindex/keys.h"
 
 namespace spillfs {
 
@@ -85,12 +90,41 @@ Status Filesystem::FlushFile(InodeNumber ino) {
 }
 
 Status Filesystem::FlushLocked(InodeNumber ino) {
+  // A dedup hit can vanish between lookup and commit; then flush again, and
+  // the last time without dedup.
+  for (int attempt = 0;; ++attempt) {
+    Status s = FlushOnce(ino, dedup_ && attempt < 2);
+    if (s.code() != EAGAIN) return s;
+  }
+}
+
+void Filesystem::Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* shared) {
+  std::vector<Segment> to_write;
+  std::set<std::string> new_hashes;  // within one flush, only the first copy becomes a blob
+  for (Segment& segment : *segments) {
+    if (segment.length == kDedupUnit && segment.file_offset % kDedupUnit == 0) {
+      XXH128_hash_t h = XXH3_128bits(segment.data, segment.length);
+      std::string hash(reinterpret_cast<const char*>(&h), sizeof(h));
+      std::string value;
+      if (index_.Get(Family::kBlob, keys::BlobByHash(hash), &value).ok() && value.size() == 8) {
+        shared->push_back(SharedRef{segment.file_offset, coding::DecodeFixed64BE(value.data()), hash, segment.data});
+        continue;
+      }
+      if (new_hashes.insert(hash).second) segment.blob_hash = hash;
+    }
+    to_write.push_back(segment);
+  }
+  *segments = std::move(to_write);
+}
+
+Status Filesystem::FlushOnce(InodeNumber ino, bool dedup) {
   auto file = cache_.Find(ino);
   if (!file) return Status::OK();
   const uint64_t per_chunk = cache_.blocks_per_chunk();
   std::vector<Segment> segments;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   std::vector<uint64_t> flushed_chunks;
+  uint64_t total = 0;
   for (auto& [index, chunk] : file->chunks) {
     flushed_chunks.push_back(index);
     for (uint64_t i = 0; i < per_chunk;) {
@@ -102,7 +136,8 @@ Status Filesystem::FlushLocked(InodeNumber ino) {
       while (j < per_chunk && chunk.valid[j]) ++j;
       uint64_t file_offset = (index * per_chunk + i) * block_size_;
       uint64_t length = (j - i) * block_size_;
-      segments.push_back(Segment{file_offset, chunk.data.data() + i * block_size_, length});
+      segments.push_back(Segment{file_offset, chunk.data.data() + i * block_size_, length, {}});
+      total += length;
       if (!ranges.empty() && ranges.back().second == file_offset) {
         ranges.back().second += length;
       } else {
@@ -111,32 +146,63 @@ Status Filesystem::FlushLocked(InodeNumber ino) {
       i = j;
     }
   }
+  std::vector<SharedRef> shared;
+  if (dedup) Deduplicate(&segments, &shared);
+  uint64_t fresh_bytes = total - shared.size() * kDedupUnit;
   uint64_t hold = cache_.TakeHold(*file);
-  auto written_extents = WriteSegments(segments, hold);
+  auto written_extents = WriteSegments(segments, std::min(hold, fresh_bytes));
   if (!written_extents.ok()) {
     if (allocator_.Hold(hold).ok()) cache_.AddHold(*file, hold);  // keep the promise for a retry
     return written_extents.status();
   }
   auto extents = std::move(written_extents).value();
+  allocator_.ReleaseHold(hold - std::min(hold, fresh_bytes));  // dedup hits need no space
+  auto give_back = [&]() {
+    std::vector<PhysicalExtent> space;
+    for (auto& [offset, extent] : extents) space.push_back(PhysicalExtent{extent.physical, extent.length});
+    allocator_.Unreserve(space);
+  };
   auto overlay = cache_.GetOverlay(ino);
 
   std::lock_guard lock(mu_);
   auto record = LoadInode(ino);
   if (!record.ok()) {
-    // Reclaimed while we wrote: the new blocks were never mapped.
-    std::vector<PhysicalExtent> space;
-    for (auto& [offset, extent] : extents) space.push_back(PhysicalExtent{extent.physical, extent.length});
-    allocator_.Unreserve(space);
+    give_back();  // reclaimed while we wrote: the new blocks were never mapped
     cache_.FinishFlush(ino, *file, flushed_chunks);
     return record.status().code() == ENOENT ? Status::OK() : record.status();
   }
   Txn txn(index_);
+  for (const SharedRef& ref : shared) {
+    std::string value;
+    auto blob = index_.Get(Family::kBlob, keys::BlobByPhysical(ref.blob), &value).ok() ? BlobRecord::Decode(value)
+                                                                                      : Result<BlobRecord>(Status::NotFound());
+    if (!blob.ok() || blob->hash != ref.hash || blob->length != kDedupUnit) {
+      give_back();
+      if (allocator_.Hold(hold).ok()) cache_.AddHold(*file, hold);  // the retry needs the whole promise again
+      return Status::Error(EAGAIN, "dedup target vanished");
+    }
+  }
+  for (auto& [offset, extent] : extents) {
+    if (extent.blob_id == 0) continue;
+    for (const Segment& segment : segments) {
+      if (segment.file_offset == offset && !segment.blob_hash.empty()) {
+        txn.new_blobs[extent.blob_id] = BlobRecord{segment.blob_hash, extent.length, 0};
+      }
+    }
+  }
   uint64_t unmapped = 0;
   SPILLFS_RETURN_IF_ERROR(UnmapRanges(&txn, ino, ranges, &unmapped));
   MapExtents(&txn, ino, extents);
-  uint64_t written = 0;
-  for (const Segment& s : segments) written += s.length;
-  record->allocated_bytes += written - unmapped;
+  for (const SharedRef& ref : shared) {
+    ExtentRecord extent;
+    extent.physical = ref.blob;
+    extent.length = kDedupUnit;
+    extent.blob_id = ref.blob;
+    extent.block_checksums = Checksums(ref.data, kDedupUnit);
+    txn.batch.Put(Family::kExtent, keys::Extent(ino, ref.file_offset), extent.Encode());
+    ++txn.blob_refs[ref.blob];
+  }
+  record->allocated_bytes += total - unmapped;
   if (overlay) {
     record->size = overlay->size;
     record->mtime_ns = overlay->mtime_ns;
@@ -144,6 +210,7 @@ Status Filesystem::FlushLocked(InodeNumber ino) {
   }
   PutInode(&txn, ino, *record);
   SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
+  counters_.bytes_deduplicated.fetch_add(shared.size() * kDedupUnit, std::memory_order_relaxed);
   cache_.FinishFlush(ino, *file, flushed_chunks);
   return Status::OK();
 }

@@ -26,6 +26,18 @@ std::string Free(uint64_t physical) { return Ino(physical); }
 
 std::string Xattr(uint64_t ino, std::string_view name) { return Dirent(ino, name); }
 
+std::string BlobByHash(std::string_view hash) {
+  std::string key = "h";
+  key.append(hash);
+  return key;
+}
+
+std::string BlobByPhysical(uint64_t physical) {
+  std::string key = "p";
+  coding::PutFixed64BE(&key, physical);
+  return key;
+}
+
 uint64_t DecodeIno(std::string_view key) { return coding::DecodeFixed64BE(key.data()); }
 
 std::string_view DirentName(std::string_view key) { return key.substr(8); }

@@ -11,6 +11,7 @@ constexpr uint8_t kInodeVersion = 1;
 constexpr uint8_t kDirentVersion = 1;
 constexpr uint8_t kExtentVersion = 1;
 constexpr uint8_t kSuperblockVersion = 1;
+constexpr uint8_t kBlobVersion = 1;
 
 Status Truncated(const char* what) { return Status::Corruption(fmt::format("{} record truncated", what)); }
 
@@ -105,6 +106,28 @@ Result<ExtentRecord> ExtentRecord::Decode(std::string_view bytes) {
   }
   r.block_checksums.reserve(count);
   for (uint64_t i = 0; i < count; ++i) r.block_checksums.push_back(coding::DecodeFixed32BE(sums.data() + 4 * i));
+  return r;
+}
+
+std::string BlobRecord::Encode() const {
+  std::string out;
+  out.push_back(static_cast<char>(kBlobVersion));
+  coding::PutLengthPrefixed(&out, hash);
+  coding::PutVarint64(&out, length);
+  coding::PutVarint64(&out, refs);
+  return out;
+}
+
+Result<BlobRecord> BlobRecord::Decode(std::string_view bytes) {
+  coding::Reader reader(bytes);
+  SPILLFS_RETURN_IF_ERROR(CheckVersion(&reader, kBlobVersion, "blob"));
+  BlobRecord r;
+  std::string_view hash;
+  if (!reader.GetLengthPrefixed(&hash) || !reader.GetVarint64(&r.length) || !reader.GetVarint64(&r.refs)) {
+    return Truncated("blob");
+  }
+  if (hash.size() != 16) return Status::Corruption("blob hash is not 16 bytes");
+  r.hash.assign(hash);
   return r;
 }
 

@@ -196,6 +196,8 @@ void RegisterMount(CLI::App& app, int* exit_code) {
   cmd->add_option("--threads", args->threads, "Maximum FUSE worker threads")->check(CLI::Range(1, 256));
   cmd->add_option("--ram-tier", args->ram_tier,
                   "Write-back RAM tier size, e.g. 4G; 0 writes through (default: 1/4 of RAM, at most 8G)");
+  cmd->add_flag("--no-dedup", [args](int64_t) { args->fs_options.dedup = false; },
+                "Do not deduplicate data flushed during this mount");
   cmd->add_option("--flush-age", args->flush_age_ms, "Flush non-ephemeral dirty data older than this many ms")
       ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
   cmd->callback([args, exit_code] { *exit_code = RunMount(*args); });

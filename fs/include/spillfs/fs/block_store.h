@@ -4,11 +4,25 @@
 // All offsets, lengths and buffers must be multiples of / aligned to
 // kDirectAlignment. Large transfers are split into chunks that run in
 // parallel at the engine's queue depth.
+//
+// Power-cut simulation (tests only): when the environment variable
+// SPILLFS_POWERCUT_JOURNAL names a file at Open (read-write opens only), every
+// write first appends the pre-image of the bytes it replaces to that file
+// (records of kPowercutRecordMagic, offset, length, then the old bytes; native
+// byte order; fflush'd before the write is issued), and Flush() empties it
+// once fdatasync has returned. The journal therefore holds, in write order,
+// the pre-images of exactly the writes that are not yet durable: applying them
+// in reverse order to the data area gives the bytes a power cut at that moment
+// could leave. Flush excludes writes while it runs, so a write in flight
+// during the fdatasync is never taken for durable.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -34,6 +48,15 @@ class BlockStore {
  public:
   static constexpr uint64_t kDirectAlignment = 4096;
   static constexpr uint32_t kChunkBytes = 1u << 20;  // split size for parallel I/O
+  static constexpr const char* kPowercutJournalEnv = "SPILLFS_POWERCUT_JOURNAL";
+  // One journal record: this header, then `length` bytes of pre-image.
+  static constexpr uint32_t kPowercutRecordMagic = 0x50434a31;  // "PCJ1"
+  struct PowercutRecordHeader {
+    uint32_t magic = kPowercutRecordMagic;
+    uint32_t reserved = 0;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
 
   ~BlockStore();
   BlockStore(const BlockStore&) = delete;
@@ -55,7 +78,7 @@ class BlockStore {
   Status ReadSlices(const std::vector<IoSlice>& slices) { return Transfer(slices, false); }
   Status WriteAt(uint64_t offset, const char* buffer, uint64_t length);
   Status ReadAt(uint64_t offset, char* buffer, uint64_t length);
-  // Makes completed writes durable (fdatasync).
+  // Makes completed writes durable (fdatasync); empties the power-cut journal.
   Status Flush();
 
   uint64_t size() const { return size_; }
@@ -66,10 +89,16 @@ class BlockStore {
  private:
   BlockStore(int fd, std::string path, uint64_t size) : fd_(fd), path_(std::move(path)), size_(size) {}
   Status Transfer(const std::vector<IoSlice>& slices, bool write);
+  // Appends the current bytes under `slices` to the power-cut journal.
+  Status JournalPreImages(const std::vector<IoSlice>& slices);
 
   int fd_;
   std::string path_;
   uint64_t size_;
+  // Power-cut simulation (null unless SPILLFS_POWERCUT_JOURNAL was set at Open).
+  FILE* journal_ = nullptr;
+  std::mutex journal_mu_;             // appends and truncation of journal_
+  std::shared_mutex durability_mu_;   // shared: a journaled write; exclusive: Flush
   std::atomic<uint64_t> bytes_written_{0};
   std::atomic<uint64_t> bytes_read_{0};
 };

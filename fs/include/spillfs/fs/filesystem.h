@@ -12,6 +12,7 @@
 #include <sys/statvfs.h>
 
 #include <array>
+#include <map>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -70,6 +71,8 @@ struct FilesystemOptions {
   uint64_t ram_tier_bytes = DefaultRamTierBytes();
   // Non-ephemeral dirty data older than this is flushed by the background flusher.
   int64_t flush_age_ms = 2000;
+  // Deduplicate flushed data (only where the volume was made with dedup on).
+  bool dedup = true;
   // A quarter of physical memory, at most 8 GiB.
   static uint64_t DefaultRamTierBytes();
 };
@@ -93,6 +96,7 @@ struct FsCounters {
   std::atomic<uint64_t> reads{0};             // read() calls
   std::atomic<uint64_t> ram_tier_hits{0};     // blocks read from the RAM tier
   std::atomic<uint64_t> ram_tier_misses{0};   // blocks read from the SSD
+  std::atomic<uint64_t> bytes_deduplicated{0};  // flushed bytes stored as references
 };
 
 class Filesystem {
@@ -188,13 +192,25 @@ class Filesystem {
     uint64_t file_offset;
     const char* data;
     uint64_t length;
+    std::string blob_hash;  // non-empty: write as one dedup blob with this hash
+  };
+  // A dedup hit: this file range will reference an existing blob.
+  struct SharedRef {
+    uint64_t file_offset;
+    uint64_t blob;  // physical offset
+    std::string hash;
+    const char* data;
   };
   static constexpr size_t kIoLockStripes = 256;
+  // Dedup works on whole, aligned units of this size (one RAM-tier chunk).
+  static constexpr uint64_t kDedupUnit = WriteBackCache::kChunkBytes;
   // A commit in progress: one index batch and the space it frees.
   struct Txn {
     explicit Txn(const Index& index) : batch(index) {}
     Index::Batch batch;
     std::vector<PhysicalExtent> freed;
+    std::map<uint64_t, int64_t> blob_refs;     // blob physical offset -> reference delta
+    std::map<uint64_t, BlobRecord> new_blobs;  // blobs first written by this txn
   };
 
   Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& options);
@@ -235,6 +251,12 @@ class Filesystem {
   // Flushes the file's cached data; FlushLocked needs the I/O lock exclusive.
   Status FlushFile(InodeNumber ino);
   Status FlushLocked(InodeNumber ino);
+  // One flush attempt; EAGAIN when a dedup hit vanished before the commit.
+  Status FlushOnce(InodeNumber ino, bool dedup);
+  // Splits whole dedup units whose content is already stored out of
+  // `segments` into `shared`, and tags the other whole units as new blobs.
+  void Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* shared);
+  Status ApplyBlobRefs(Txn* txn);
   void FlusherLoop();
   void ApplyOverlay(InodeNumber ino, Entry* entry) const;
   // Unmaps [start, end) (block aligned; end may be UINT64_MAX) into txn.
@@ -251,6 +273,7 @@ class Filesystem {
   BlockStore& store_;
   const uint64_t block_size_;
   const bool checksums_;
+  bool dedup_ = false;
   const FilesystemOptions options_;
   Allocator allocator_;
   ReclaimGate gate_;

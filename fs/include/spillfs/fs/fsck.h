@@ -66,6 +66,7 @@ enum class ProblemKind {
   kUnlinkedInode,     // nlink 0 and no orphan record
   kStaleOrphan,       // orphan record of a missing or still linked inode
   kStrayXattr,        // xattr of a missing inode
+  kBlob,              // dedup blob: refcount wrong, record missing or inconsistent, extent outside it
   kChecksumMismatch,  // scrub: block content differs from its checksum
   kReadError,         // scrub: the data area could not be read
 };

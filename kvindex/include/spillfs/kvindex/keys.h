@@ -6,7 +6,8 @@
 //   free    physical offset          -> varint length (free-space extents)
 //   orphan  ino                      -> "" (unlinked while open)
 //   xattr   ino + name               -> raw value
-//   blob    content hash             -> blob record (dedup; reserved)
+//   blob    'h' + XXH3-128 hash      -> physical offset of the blob (8 bytes BE)
+//           'p' + physical offset    -> BlobRecord (hash, length, refcount)
 //   meta    name                     -> volume-wide values (superblock, next_ino, ...)
 //
 // Integers are 8-byte big-endian so bytewise order is numeric order.
@@ -23,6 +24,8 @@ std::string Dirent(uint64_t parent, std::string_view name);  // parent + name
 std::string Extent(uint64_t ino, uint64_t file_offset);
 std::string Free(uint64_t physical);
 std::string Xattr(uint64_t ino, std::string_view name);
+std::string BlobByHash(std::string_view hash);
+std::string BlobByPhysical(uint64_t physical);
 
 // Splits keys back; the caller has checked the key length (>= 8 or == 16).
 uint64_t DecodeIno(std::string_view key);

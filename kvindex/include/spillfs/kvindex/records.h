@@ -71,6 +71,18 @@ struct ExtentRecord {
   bool operator==(const ExtentRecord&) const = default;
 };
 
+// A deduplicated run of blocks, shared by every extent whose blob_id is its
+// physical offset. Freed when the last such extent goes.
+struct BlobRecord {
+  std::string hash;  // 16 bytes, XXH3-128 of the contents
+  uint64_t length = 0;
+  uint64_t refs = 0;  // extent records that name this blob
+
+  std::string Encode() const;
+  static Result<BlobRecord> Decode(std::string_view bytes);
+  bool operator==(const BlobRecord&) const = default;
+};
+
 // What kind of backing store holds the data area.
 enum class BackingKind : uint8_t { kImageFile = 1, kBlockDevice = 2 };
 
