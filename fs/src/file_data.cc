@@ -328,7 +328,7 @@ struct BlockRewrite {
 Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request) {
   std::unique_lock io_lock(IoLock(ino), std::defer_lock);
   std::optional<BlockRewrite> tail;
-  if (request.size || request.mtime_ns) io_lock.lock();
+  io_lock.lock();
   if (request.size) {
     SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
     if (auto overlay = cache_.GetOverlay(ino)) record.size = overlay->size;
@@ -398,7 +398,15 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
   auto resolve = [now](int64_t t) { return t == SetAttrRequest::kTimeNow ? now : t; };
   if (request.atime_ns) record.atime_ns = resolve(*request.atime_ns);
   if (request.mtime_ns) record.mtime_ns = resolve(*request.mtime_ns);
-  if (auto file = cache_.Find(ino)) cache_.SetAttrs(*file, record.size, record.mtime_ns);
+  if (auto file = cache_.Find(ino)) {
+    // Only what the request changed moves the overlay: a chmod must not pull
+    // a cached file back to its committed size.
+    std::optional<uint64_t> size;
+    std::optional<int64_t> mtime;
+    if (request.size) size = record.size;
+    if (request.size || request.mtime_ns) mtime = record.mtime_ns;
+    cache_.SetAttrs(*file, size, mtime);
+  }
   record.ctime_ns = request.ctime_ns ? resolve(*request.ctime_ns) : now;
   PutInode(&txn, ino, record);
   SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));

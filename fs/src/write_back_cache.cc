@@ -69,10 +69,10 @@ void WriteBackCache::NoteWrite(File& file, uint64_t end_offset, int64_t mtime_ns
   if (file.first_dirty_ns == 0) file.first_dirty_ns = mtime_ns;
 }
 
-void WriteBackCache::SetAttrs(File& file, uint64_t size, int64_t mtime_ns) {
+void WriteBackCache::SetAttrs(File& file, std::optional<uint64_t> size, std::optional<int64_t> mtime_ns) {
   std::lock_guard lock(mu_);
-  file.size = size;
-  file.mtime_ns = mtime_ns;
+  if (size) file.size = *size;
+  if (mtime_ns) file.mtime_ns = *mtime_ns;
 }
 
 void WriteBackCache::AddHold(File& file, uint64_t bytes) {

@@ -333,6 +333,47 @@ TEST_F(AllocatorTest, UnreserveMakesSpaceAvailableAgain) {
   EXPECT_EQ(Sum(*again), kTotal);
 }
 
+// Delayed allocation: space promised by Hold() cannot be reserved by anyone
+// else, a Reserve() can draw on its own hold, and ReleaseHold() gives it back.
+TEST_F(AllocatorTest, HoldsPromiseSpace) {
+  ASSERT_TRUE(alloc_.Hold(10 * kUnit).ok());
+  EXPECT_EQ(alloc_.available_bytes(), kTotal - 10 * kUnit);
+  EXPECT_EQ(alloc_.persisted_free_bytes(), kTotal);
+  EXPECT_EQ(alloc_.Hold(kTotal).code(), ENOSPC);
+  EXPECT_EQ(alloc_.available_bytes(), kTotal - 10 * kUnit) << "a refused hold changed the books";
+
+  // Other reservations may not eat into the held space.
+  EXPECT_EQ(alloc_.Reserve(kTotal - 9 * kUnit).status().code(), ENOSPC);
+  auto others = alloc_.Reserve(kTotal - 10 * kUnit);
+  ASSERT_TRUE(others.ok());
+  EXPECT_EQ(alloc_.available_bytes(), 0u);
+  EXPECT_EQ(alloc_.Reserve(kUnit).status().code(), ENOSPC);
+  EXPECT_EQ(alloc_.Hold(kUnit).code(), ENOSPC);
+
+  // The holder converts part of its hold into a reservation.
+  auto mine = alloc_.Reserve(4 * kUnit, /*from_hold=*/4 * kUnit);
+  ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+  EXPECT_EQ(Sum(*mine), 4 * kUnit);
+  for (const auto& x : *mine) {
+    for (const auto& y : *others) EXPECT_FALSE(Overlap(x, y));
+  }
+  EXPECT_EQ(alloc_.available_bytes(), 0u);  // 6 units left, all still held
+  alloc_.ReleaseHold(6 * kUnit);
+  EXPECT_EQ(alloc_.available_bytes(), 6 * kUnit);
+  alloc_.ReleaseHold(kUnit);  // more than is held: nothing changes
+  EXPECT_EQ(alloc_.available_bytes(), 6 * kUnit);
+
+  // Holds live in memory only: the index knows nothing of them.
+  std::vector<PhysicalExtent> all = *others;
+  all.insert(all.end(), mine->begin(), mine->end());
+  Commit(all, {});
+  EXPECT_EQ(alloc_.persisted_free_bytes(), 6 * kUnit);
+  ASSERT_TRUE(alloc_.Hold(6 * kUnit).ok());
+  Allocator fresh(kUnit);
+  ASSERT_TRUE(fresh.Load(*index_).ok());
+  EXPECT_EQ(fresh.available_bytes(), 6 * kUnit);
+}
+
 TEST_F(AllocatorTest, LoadRefusesAMalformedFreeList) {
   SetFree({{kBase, 4 * kUnit}, {kBase + 2 * kUnit, 4 * kUnit}});  // overlapping
   Allocator a(kUnit);

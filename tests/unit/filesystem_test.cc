@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -51,8 +52,22 @@ class TempDir {
 
 std::string RandomBytes(size_t n, std::mt19937_64* rng) {
   std::string out(n, '\0');
-  for (auto& c : out) c = static_cast<char>((*rng)());
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v = (*rng)();
+    std::memcpy(out.data() + i, &v, 8);
+  }
+  for (; i < n; ++i) out[i] = static_cast<char>((*rng)());
   return out;
+}
+
+// Writes `tag` into the first 8 bytes of every block of `data`, so that no
+// two blocks written with different tags are equal (dedup cannot share them).
+void StampBlocks(std::string* data, uint64_t tag) {
+  for (uint64_t at = 0; at + 8 <= data->size(); at += 4096) {
+    uint64_t stamp = tag * 1000003 + at;
+    std::memcpy(data->data() + at, &stamp, 8);
+  }
 }
 
 uint64_t RoundUp(uint64_t v, uint64_t unit) { return (v + unit - 1) / unit * unit; }
@@ -80,12 +95,57 @@ Volume::CreateOptions SizedOptions(uint64_t size, bool force = false) {
   return ::testing::AssertionFailure() << message.str();
 }
 
-class FilesystemTest : public ::testing::Test {
+// Making a RocksDB index from scratch costs a few hundred milliseconds of
+// fsyncs, so Volume::Create runs once per process and every test starts from
+// a copy of that volume: the index files, and a sparse image with the
+// superblock block copied over.
+class TemplateVolume : public ::testing::Environment {
+ public:
+  static std::string Path() { return dir_->path() + "/template"; }
+  void SetUp() override {
+    dir_ = std::make_unique<TempDir>();
+    Volume::CreateOptions options;
+    options.size = kVolumeSize;
+    auto sb = Volume::Create(Path(), options);
+    ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  }
+  void TearDown() override { dir_.reset(); }
+
+  static void CloneTo(const std::string& dst) {
+    namespace stdfs = std::filesystem;
+    stdfs::create_directories(Volume::IndexPath(dst));
+    for (const auto& entry : stdfs::directory_iterator(Volume::IndexPath(Path()))) {
+      if (entry.path().filename() == "LOCK") continue;
+      stdfs::copy_file(entry.path(), stdfs::path(Volume::IndexPath(dst)) / entry.path().filename());
+    }
+    ASSERT_TRUE(BlockStore::CreateImage(Volume::ImagePath(dst), kVolumeSize).ok());
+    std::string block(kBlock, '\0');
+    int in = open(Volume::ImagePath(Path()).c_str(), O_RDONLY | O_CLOEXEC);
+    int out = open(Volume::ImagePath(dst).c_str(), O_WRONLY | O_CLOEXEC);
+    ASSERT_GE(in, 0);
+    ASSERT_GE(out, 0);
+    EXPECT_EQ(pread(in, block.data(), block.size(), 0), static_cast<ssize_t>(block.size()));
+    EXPECT_EQ(pwrite(out, block.data(), block.size(), 0), static_cast<ssize_t>(block.size()));
+    close(in);
+    close(out);
+  }
+
+ private:
+  static inline std::unique_ptr<TempDir> dir_;
+};
+::testing::Environment* const kTemplateVolume =
+    ::testing::AddGlobalTestEnvironment(new TemplateVolume);
+
+// A fresh 64 MiB volume in a temporary directory, opened as a Filesystem.
+// RamTier() sizes the write-back RAM tier (0: every write goes straight to
+// new blocks). Helpers that look at the index flush the RAM tier first.
+class FilesystemTestBase : public ::testing::Test {
  protected:
+  virtual uint64_t RamTier() const { return 0; }
+
   void SetUp() override {
     vol_ = dir_.path() + "/vol";
-    auto sb = Volume::Create(vol_, SizedOptions(kVolumeSize));
-    ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+    ASSERT_NO_FATAL_FAILURE(TemplateVolume::CloneTo(vol_));
     OpenFs();
     ASSERT_NE(fs_, nullptr);
     initial_free_ = fs_->StatFs().f_bfree;
@@ -95,7 +155,9 @@ class FilesystemTest : public ::testing::Test {
   void OpenFs() {
     auto volume = Volume::Open(vol_, Volume::OpenOptions{});
     ASSERT_TRUE(volume.ok()) << volume.status().ToString();
-    auto fs = Filesystem::Open(std::move(volume).value());
+    FilesystemOptions options;
+    options.ram_tier_bytes = RamTier();
+    auto fs = Filesystem::Open(std::move(volume).value(), options);
     ASSERT_TRUE(fs.ok()) << fs.status().ToString();
     fs_ = std::move(fs).value();
   }
@@ -104,7 +166,13 @@ class FilesystemTest : public ::testing::Test {
     OpenFs();
   }
   Index& index() { return fs_->volume().index(); }
-  uint64_t FreeBlocks() { return fs_->StatFs().f_bfree; }
+  // Writes out the RAM tier, so the index holds every file's data.
+  void FlushAll() { ASSERT_TRUE(fs_->FlushAll().ok()); }
+  // Free blocks once the RAM tier is written out.
+  uint64_t FreeBlocks() {
+    FlushAll();
+    return fs_->StatFs().f_bfree;
+  }
 
   InodeNumber MakeFile(InodeNumber parent, std::string_view name, uint32_t mode = S_IFREG | 0644) {
     auto e = fs_->MakeNode(parent, name, mode, 0, caller_);
@@ -157,6 +225,7 @@ class FilesystemTest : public ::testing::Test {
 
   // The extent map of `ino` as stored in the index.
   std::vector<std::pair<uint64_t, ExtentRecord>> Extents(InodeNumber ino) {
+    FlushAll();
     std::vector<std::pair<uint64_t, ExtentRecord>> out;
     auto cursor = index().NewCursor(Family::kExtent, keys::Ino(ino));
     for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
@@ -167,6 +236,7 @@ class FilesystemTest : public ::testing::Test {
     return out;
   }
   size_t CountKeys(Family family, const std::string& prefix = "") {
+    FlushAll();
     size_t n = 0;
     auto cursor = index().NewCursor(family, prefix);
     for (cursor->Seek(""); cursor->Valid(); cursor->Next()) ++n;
@@ -181,6 +251,7 @@ class FilesystemTest : public ::testing::Test {
   // non-overlapping, written data only below the rounded-up size, and
   // st_blocks accounting for exactly the mapped bytes.
   void ExpectExtentMapSane(InodeNumber ino) {
+    FlushAll();
     auto attr = fs_->GetAttr(ino);
     ASSERT_TRUE(attr.ok());
     uint64_t size = static_cast<uint64_t>(attr->attr.st_size);
@@ -207,15 +278,25 @@ class FilesystemTest : public ::testing::Test {
 
   // No physical block is mapped twice, over all files, and mapped + free
   // covers the data area exactly once.
+  //
+  // Every block of the data area is either free (exactly once) or mapped; a
+  // block mapped by several extents must belong to a shared dedup blob.
   void ExpectSpaceAccountedFor() {
-    std::map<uint64_t, uint64_t> used;  // physical -> length
+    FlushAll();
+    const uint64_t blocks = (kVolumeSize - Volume::kDataOffset) / kBlock;
+    std::vector<int> mapped(blocks, 0), unshared(blocks, 0), free(blocks, 0);
+    auto block_of = [&](uint64_t physical) { return (physical - Volume::kDataOffset) / kBlock; };
     auto cursor = index().NewCursor(Family::kExtent, "");
     for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
       auto record = ExtentRecord::Decode(cursor->value());
       ASSERT_TRUE(record.ok());
-      EXPECT_EQ(used.count(record->physical), 0u)
-          << "physical " << record->physical << " mapped twice";
-      used[record->physical] = record->length;
+      ASSERT_GE(record->physical, Volume::kDataOffset);
+      ASSERT_LE(record->physical + record->length, kVolumeSize);
+      for (uint64_t b = block_of(record->physical); b < block_of(record->physical + record->length);
+           ++b) {
+        ++mapped[b];
+        if (record->blob_id == 0) ++unshared[b];
+      }
     }
     auto free_cursor = index().NewCursor(Family::kFree, "");
     for (free_cursor->Seek(""); free_cursor->Valid(); free_cursor->Next()) {
@@ -223,15 +304,20 @@ class FilesystemTest : public ::testing::Test {
       uint64_t length = 0;
       ASSERT_TRUE(reader.GetVarint64(&length));
       uint64_t offset = keys::DecodeIno(free_cursor->key());
-      EXPECT_EQ(used.count(offset), 0u) << "block " << offset << " both free and mapped";
-      used[offset] = length;
+      ASSERT_GE(offset, Volume::kDataOffset);
+      ASSERT_LE(offset + length, kVolumeSize);
+      for (uint64_t b = block_of(offset); b < block_of(offset + length); ++b) ++free[b];
     }
-    uint64_t at = Volume::kDataOffset;
-    for (auto [offset, length] : used) {
-      EXPECT_EQ(offset, at) << "gap or overlap between mapped and free space at " << at;
-      at = std::max(at, offset + length);
+    int reported = 0;
+    for (uint64_t b = 0; b < blocks && reported < 5; ++b) {
+      uint64_t physical = Volume::kDataOffset + b * kBlock;
+      bool ok = free[b] + (mapped[b] > 0 ? 1 : 0) == 1 && (mapped[b] <= 1 || unshared[b] == 0);
+      if (!ok) {
+        ADD_FAILURE() << "block at " << physical << ": free " << free[b] << " times, mapped "
+                      << mapped[b] << " times (" << unshared[b] << " not by a dedup blob)";
+        ++reported;
+      }
     }
-    EXPECT_EQ(at, kVolumeSize);
   }
 
   TempDir dir_;
@@ -240,6 +326,24 @@ class FilesystemTest : public ::testing::Test {
   uint64_t initial_free_ = 0;
   Caller caller_{};
 };
+
+// Namespace and volume tests: the RAM tier plays no part.
+class FilesystemTest : public FilesystemTestBase {};
+
+// Data tests run twice: writing straight through, and through a 32 MiB RAM
+// tier (smaller than the volume, so memory pressure forces flushes too).
+class FilesystemDataTest : public FilesystemTestBase,
+                           public ::testing::WithParamInterface<uint64_t> {
+ protected:
+  uint64_t RamTier() const override { return GetParam(); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Tiers, FilesystemDataTest,
+                         ::testing::Values(uint64_t{0}, uint64_t{32} << 20),
+                         [](const ::testing::TestParamInfo<uint64_t>& info) {
+                           return info.param == 0 ? std::string("WriteThrough")
+                                                  : std::string("RamTier");
+                         });
 
 // ---- namespace ----
 
@@ -351,7 +455,7 @@ TEST_F(FilesystemTest, CreateLookupAndReadDir) {
 
 // ---- data ----
 
-TEST_F(FilesystemTest, UnalignedWritesAcrossBlockBoundaries) {
+TEST_P(FilesystemDataTest, UnalignedWritesAcrossBlockBoundaries) {
   std::mt19937_64 rng(11);
   InodeNumber ino = MakeFile(kRootInode, "f");
   std::string model;
@@ -385,7 +489,7 @@ TEST_F(FilesystemTest, UnalignedWritesAcrossBlockBoundaries) {
   ExpectExtentMapSane(ino);
 }
 
-TEST_F(FilesystemTest, RandomWritesTruncatesAndReadsMatchAModel) {
+TEST_P(FilesystemDataTest, RandomWritesTruncatesAndReadsMatchAModel) {
   std::mt19937_64 rng(20240607);
   InodeNumber ino = MakeFile(kRootInode, "model");
   std::string model;
@@ -422,7 +526,7 @@ TEST_F(FilesystemTest, RandomWritesTruncatesAndReadsMatchAModel) {
   EXPECT_TRUE(SameBytes(ReadAll(ino), model));
 }
 
-TEST_F(FilesystemTest, TruncateDownMidBlockThenUpReadsZeros) {
+TEST_P(FilesystemDataTest, TruncateDownMidBlockThenUpReadsZeros) {
   std::mt19937_64 rng(3);
   InodeNumber ino = MakeFile(kRootInode, "t");
   std::string data = RandomBytes(16384, &rng);
@@ -463,7 +567,7 @@ TEST_F(FilesystemTest, TruncateDownMidBlockThenUpReadsZeros) {
   ExpectSpaceAccountedFor();
 }
 
-TEST_F(FilesystemTest, TruncateDownMidBlockOfASmallWriteReadsZerosAfterGrowing) {
+TEST_P(FilesystemDataTest, TruncateDownMidBlockOfASmallWriteReadsZerosAfterGrowing) {
   // The same, with the tail block mapped by an extent of its own.
   std::mt19937_64 rng(4);
   InodeNumber ino = MakeFile(kRootInode, "t");
@@ -479,7 +583,7 @@ TEST_F(FilesystemTest, TruncateDownMidBlockOfASmallWriteReadsZerosAfterGrowing) 
   ExpectExtentMapSane(ino);
 }
 
-TEST_F(FilesystemTest, PunchHoleReadsZerosAndFreesWholeBlocks) {
+TEST_P(FilesystemDataTest, PunchHoleReadsZerosAndFreesWholeBlocks) {
   std::mt19937_64 rng(5);
   InodeNumber ino = MakeFile(kRootInode, "p");
   std::string model = RandomBytes(65536, &rng);
@@ -515,7 +619,7 @@ TEST_F(FilesystemTest, PunchHoleReadsZerosAndFreesWholeBlocks) {
   EXPECT_TRUE(SameBytes(ReadAll(ino), model));
 }
 
-TEST_F(FilesystemTest, FallocateAndZeroRange) {
+TEST_P(FilesystemDataTest, FallocateAndZeroRange) {
   std::mt19937_64 rng(6);
   InodeNumber ino = MakeFile(kRootInode, "fa");
   std::string model = RandomBytes(10000, &rng);
@@ -547,9 +651,10 @@ TEST_F(FilesystemTest, FallocateAndZeroRange) {
   EXPECT_EQ(FreeBlocks(), initial_free_);
 }
 
-TEST_F(FilesystemTest, SeekDataAndSeekHole) {
+TEST_P(FilesystemDataTest, SeekDataAndSeekHole) {
   InodeNumber ino = MakeFile(kRootInode, "sparse");
-  WriteAt(ino, 0, std::string(8192, 'a'));
+  std::mt19937_64 rng(7);
+  WriteAt(ino, 0, RandomBytes(8192, &rng));
   WriteAt(ino, 65536, std::string(100, 'b'));
   const uint64_t size = 65636;
   ASSERT_EQ(Size(ino), size);
@@ -642,7 +747,7 @@ TEST_F(FilesystemTest, RenameWithinAndAcrossDirectories) {
   EXPECT_EQ(fs_->GetAttr(f)->attr.st_nlink, 2u);
 }
 
-TEST_F(FilesystemTest, RenameOverAnExistingFileReplacesIt) {
+TEST_P(FilesystemDataTest, RenameOverAnExistingFileReplacesIt) {
   std::mt19937_64 rng(8);
   InodeNumber x = MakeFile(kRootInode, "x");
   InodeNumber y = MakeFile(kRootInode, "y");
@@ -774,7 +879,7 @@ TEST_F(FilesystemTest, RenameReplacesAnEmptyDirectory) {
 
 // ---- open-unlinked files and orphans ----
 
-TEST_F(FilesystemTest, UnlinkedOpenFileKeepsItsDataUntilRelease) {
+TEST_P(FilesystemDataTest, UnlinkedOpenFileKeepsItsDataUntilRelease) {
   std::mt19937_64 rng(10);
   InodeNumber ino = MakeFile(kRootInode, "open");
   std::string data = RandomBytes(1 << 20, &rng);
@@ -809,7 +914,7 @@ TEST_F(FilesystemTest, UnlinkedOpenFileKeepsItsDataUntilRelease) {
   ExpectSpaceAccountedFor();
 }
 
-TEST_F(FilesystemTest, UnlinkOfOneOfTwoLinksKeepsTheData) {
+TEST_P(FilesystemDataTest, UnlinkOfOneOfTwoLinksKeepsTheData) {
   InodeNumber ino = MakeFile(kRootInode, "one");
   WriteAt(ino, 0, "shared");
   ASSERT_TRUE(fs_->Link(ino, kRootInode, "two").ok());
@@ -822,7 +927,7 @@ TEST_F(FilesystemTest, UnlinkOfOneOfTwoLinksKeepsTheData) {
   EXPECT_EQ(FreeBlocks(), initial_free_);
 }
 
-TEST_F(FilesystemTest, OrphanIsReclaimedWhenTheVolumeIsOpenedAgain) {
+TEST_P(FilesystemDataTest, OrphanIsReclaimedWhenTheVolumeIsOpenedAgain) {
   std::mt19937_64 rng(12);
   InodeNumber ino = MakeFile(kRootInode, "orphan");
   WriteAt(ino, 0, RandomBytes(512 << 10, &rng));
@@ -852,7 +957,7 @@ TEST_F(FilesystemTest, OrphanIsReclaimedWhenTheVolumeIsOpenedAgain) {
 
 // ---- space accounting ----
 
-TEST_F(FilesystemTest, DeletingEverythingReturnsAllSpace) {
+TEST_P(FilesystemDataTest, DeletingEverythingReturnsAllSpace) {
   std::mt19937_64 rng(13);
   InodeNumber dir = MakeDir(kRootInode, "dir");
   std::vector<std::pair<InodeNumber, std::string>> names;  // parent, name
@@ -916,6 +1021,26 @@ TEST_F(FilesystemTest, DeletingEverythingReturnsAllSpace) {
       if (HasFailure()) return;
     }
   }
+  // Files with equal contents (whole aligned 256 KiB units: what a
+  // deduplicating volume may share), one of them partly overwritten later.
+  const std::string same = RandomBytes(1 << 20, &rng);
+  std::vector<InodeNumber> copies;
+  for (int i = 0; i < 3; ++i) {
+    std::string name = "copy" + std::to_string(i);
+    copies.push_back(MakeFile(dir, name));
+    names.emplace_back(dir, name);
+    WriteAt(copies.back(), i == 2 ? 256 << 10 : 0, same);
+    FlushAll();
+  }
+  std::string changed = RandomBytes(5000, &rng);
+  WriteAt(copies[1], 300000, changed);
+  std::string expected = same;
+  expected.replace(300000, changed.size(), changed);
+  EXPECT_TRUE(SameBytes(ReadAll(copies[0]), same));
+  EXPECT_TRUE(SameBytes(ReadAll(copies[1]), expected));
+  EXPECT_TRUE(SameBytes(ReadAll(copies[2]), std::string(256 << 10, '\0') + same));
+  ExpectSpaceAccountedFor();
+
   ASSERT_TRUE(fs_->Link(files[0], dir, "extra-link").ok());
   ASSERT_TRUE(fs_->Symlink(dir, "sym", "file0", caller_).ok());
   EXPECT_LT(FreeBlocks(), initial_free_);
@@ -932,6 +1057,7 @@ TEST_F(FilesystemTest, DeletingEverythingReturnsAllSpace) {
   EXPECT_EQ(CountKeys(Family::kInode), 1u);  // the root
   EXPECT_EQ(CountKeys(Family::kDirent), 0u);
   EXPECT_EQ(CountKeys(Family::kFree), 1u);
+  EXPECT_EQ(CountKeys(Family::kBlob), 0u);
   std::string value;
   ASSERT_TRUE(index().Get(Family::kFree, keys::Free(Volume::kDataOffset), &value).ok());
   coding::Reader reader(value);
@@ -942,7 +1068,7 @@ TEST_F(FilesystemTest, DeletingEverythingReturnsAllSpace) {
   EXPECT_EQ(FreeBlocks(), initial_free_);
 }
 
-TEST_F(FilesystemTest, ErrorsOfTheDataPath) {
+TEST_P(FilesystemDataTest, ErrorsOfTheDataPath) {
   InodeNumber ino = MakeFile(kRootInode, "e");
   WriteAt(ino, 0, "abc");
   EXPECT_EQ(fs_->Write(ino, 1ull << 62, "x", 1).status().code(), EFBIG);
@@ -965,9 +1091,10 @@ TEST_F(FilesystemTest, ErrorsOfTheDataPath) {
 // each ("A" bytes 0x01..0x7f, "B" bytes 0x81..0xff) while readers read them,
 // on a volume filled up but for a few blocks, so that freed blocks are reused
 // almost at once. Redirect-on-write frees the old blocks of every overwrite;
-// the reclaim gate must keep them from being reused under a reader, so a
-// reader only ever sees uniform blocks of its own file and no checksum error.
-TEST_F(FilesystemTest, ConcurrentOverwritesNeverLeakIntoReaders) {
+// none may be reused under a reader (the inode's I/O lock and the reclaim
+// gate see to it), so a reader only ever sees uniform blocks of its own file
+// and no checksum error.
+TEST_P(FilesystemDataTest, ConcurrentOverwritesNeverLeakIntoReaders) {
   constexpr size_t kFileBlocks = 16;
   constexpr size_t kFileBytes = kFileBlocks * kBlock;
   constexpr uint64_t kSpareBlocks = 64;
@@ -981,6 +1108,7 @@ TEST_F(FilesystemTest, ConcurrentOverwritesNeverLeakIntoReaders) {
   uint64_t filled = 0;
   while (FreeBlocks() > kSpareBlocks) {
     uint64_t bytes = std::min<uint64_t>(chunk.size(), (FreeBlocks() - kSpareBlocks) * kBlock);
+    StampBlocks(&chunk, filled);
     ASSERT_TRUE(fs_->Write(filler, filled, chunk.data(), bytes).ok());
     filled += bytes;
   }
@@ -1048,13 +1176,16 @@ TEST_F(FilesystemTest, ConcurrentOverwritesNeverLeakIntoReaders) {
   ExpectSpaceAccountedFor();
 }
 
-TEST_F(FilesystemTest, FullVolumeGivesENOSPCAndRecovers) {
+TEST_P(FilesystemDataTest, FullVolumeGivesENOSPCAndRecovers) {
   std::mt19937_64 rng(14);
   InodeNumber big = MakeFile(kRootInode, "big");
   std::string chunk = RandomBytes(4 << 20, &rng);
   uint64_t offset = 0;
   Status last;
+  std::string first_chunk;
   for (int i = 0; i < 64; ++i) {
+    StampBlocks(&chunk, i);  // every chunk distinct: dedup must not absorb them
+    if (i == 0) first_chunk = chunk;
     auto n = fs_->Write(big, offset, chunk.data(), chunk.size());
     if (!n.ok()) {
       last = n.status();
@@ -1069,7 +1200,7 @@ TEST_F(FilesystemTest, FullVolumeGivesENOSPCAndRecovers) {
   // What was written is intact, and deleting frees it all.
   auto head = ReadAt(big, 0, chunk.size());
   ASSERT_TRUE(head.ok());
-  EXPECT_TRUE(SameBytes(*head, chunk));
+  EXPECT_TRUE(SameBytes(*head, first_chunk));
   ASSERT_TRUE(fs_->Unlink(kRootInode, "big").ok());
   EXPECT_EQ(FreeBlocks(), initial_free_);
   InodeNumber again = MakeFile(kRootInode, "again");
@@ -1079,7 +1210,7 @@ TEST_F(FilesystemTest, FullVolumeGivesENOSPCAndRecovers) {
 
 // ---- corruption ----
 
-TEST_F(FilesystemTest, FlippedByteUnderAnExtentReadsAsEIO) {
+TEST_P(FilesystemDataTest, FlippedByteUnderAnExtentReadsAsEIO) {
   std::mt19937_64 rng(15);
   InodeNumber ino = MakeFile(kRootInode, "c");
   std::string data = RandomBytes(3 * kBlock, &rng);
@@ -1131,7 +1262,7 @@ TEST_F(FilesystemTest, FlippedByteUnderAnExtentReadsAsEIO) {
 
 // ---- volumes ----
 
-TEST_F(FilesystemTest, DataSurvivesReopen) {
+TEST_P(FilesystemDataTest, DataSurvivesReopen) {
   std::mt19937_64 rng(16);
   std::map<std::string, std::string> contents;
   for (int i = 0; i < 5; ++i) {
@@ -1154,6 +1285,48 @@ TEST_F(FilesystemTest, DataSurvivesReopen) {
   EXPECT_EQ(attr->attr.st_mode, static_cast<mode_t>(S_IFREG | 0600));
   EXPECT_EQ(attr->attr.st_mtim.tv_sec, 1234567890);
   EXPECT_EQ(attr->attr.st_mtim.tv_nsec, 123456789);
+}
+
+// chmod, chown and utimens change attributes only: data not yet flushed
+// from the RAM tier keeps its size and bytes.
+TEST_P(FilesystemDataTest, AttributeChangesKeepUnflushedData) {
+  std::mt19937_64 rng(17);
+  InodeNumber ino = MakeFile(kRootInode, "attrs");
+  std::string data = RandomBytes(100000, &rng);
+  WriteAt(ino, 0, data);
+  SetAttrRequest chmod;
+  chmod.mode = 0600;
+  auto after_chmod = fs_->SetAttr(ino, chmod);
+  ASSERT_TRUE(after_chmod.ok());
+  EXPECT_EQ(after_chmod->attr.st_size, 100000);
+  EXPECT_EQ(Size(ino), 100000u);
+  EXPECT_TRUE(SameBytes(ReadAll(ino), data));
+
+  WriteAt(ino, 100000, "more");
+  data += "more";
+  SetAttrRequest times;
+  times.atime_ns = 1000000000;
+  times.mtime_ns = 2000000000;
+  auto after_utimens = fs_->SetAttr(ino, times);
+  ASSERT_TRUE(after_utimens.ok());
+  EXPECT_EQ(after_utimens->attr.st_size, 100004);
+  EXPECT_EQ(after_utimens->attr.st_mtim.tv_sec, 2);
+  EXPECT_TRUE(SameBytes(ReadAll(ino), data));
+
+  WriteAt(ino, 5, "x");
+  data[5] = 'x';
+  SetAttrRequest chown;
+  chown.uid = 123;
+  ASSERT_TRUE(fs_->SetAttr(ino, chown).ok());
+  EXPECT_EQ(Size(ino), data.size());
+
+  Reopen();
+  auto attr = fs_->GetAttr(ino);
+  ASSERT_TRUE(attr.ok());
+  EXPECT_EQ(attr->attr.st_mode, static_cast<mode_t>(S_IFREG | 0600));
+  EXPECT_EQ(attr->attr.st_uid, 123u);
+  EXPECT_EQ(static_cast<uint64_t>(attr->attr.st_size), data.size());
+  EXPECT_TRUE(SameBytes(ReadAll(ino), data));
 }
 
 TEST_F(FilesystemTest, SecondOpenOfAVolumeIsRefusedWhileItIsOpen) {

@@ -83,7 +83,7 @@ class WriteBackCache {
   // Updates the overlay after a write.
   void NoteWrite(File& file, uint64_t end_offset, int64_t mtime_ns);
   // Sets the overlay after setattr (truncate, utimens).
-  void SetAttrs(File& file, uint64_t size, int64_t mtime_ns);
+  void SetAttrs(File& file, std::optional<uint64_t> size, std::optional<int64_t> mtime_ns);
 
   // Space holds: added after Allocator::Hold succeeds; taken by a flush that
   // converts them into a reservation; returned if the flush fails.
