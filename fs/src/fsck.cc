@@ -91,6 +91,7 @@ bool Repairable(ProblemKind kind) {
     case ProblemKind::kUnlinkedInode:
     case ProblemKind::kStaleOrphan:
     case ProblemKind::kStrayXattr:
+    case ProblemKind::kBlob:
       return true;
     default:
       return false;
@@ -640,6 +641,11 @@ Status Pass::ScanBlobs() {
           e.physical, e.length);
     }
   }
+  // Physical space: a blob's extents count once, as the blob's whole range.
+  for (const ExtentInfo& e : extents_) {
+    if (e.blob_id != 0 && blobs_.count(e.blob_id)) report_.bytes_mapped -= e.length;
+  }
+  for (const auto& [physical, blob] : blobs_) report_.bytes_mapped += blob.length;
   for (const auto& [physical, blob] : blobs_) {
     if (refs[physical] != blob.refs) {
       Add(ProblemKind::kBlob, 0,
@@ -994,6 +1000,7 @@ class Repairer {
   Result<InodeNumber> LostAndFound();
   void FixExtents();
   void FixInodes();
+  void FixBlobs();
   void RebuildFreeList();
 
   Pass& p_;
@@ -1134,6 +1141,29 @@ void Repairer::FixInodes() {
   }
 }
 
+// Blob refcounts follow the extents left after repair; a blob nothing names
+// any more is dropped and its range becomes free.
+void Repairer::FixBlobs() {
+  std::map<uint64_t, uint64_t> refs;
+  for (const ExtentInfo& e : p_.extents_) {
+    if (!e.removed && e.blob_id != 0) ++refs[e.blob_id];
+  }
+  for (auto it = p_.blobs_.begin(); it != p_.blobs_.end();) {
+    auto& [physical, blob] = *it;
+    if (refs[physical] == 0) {
+      batch_.Delete(Family::kBlob, keys::BlobByPhysical(physical));
+      batch_.Delete(Family::kBlob, keys::BlobByHash(blob.hash));
+      it = p_.blobs_.erase(it);
+      continue;
+    }
+    if (refs[physical] != blob.refs) {
+      blob.refs = refs[physical];
+      batch_.Put(Family::kBlob, keys::BlobByPhysical(physical), blob.Encode());
+    }
+    ++it;
+  }
+}
+
 void Repairer::RebuildFreeList() {
   // Wanted: the complement of every mapped extent in the data area.
   std::vector<std::pair<uint64_t, uint64_t>> used;  // [start, end)
@@ -1236,6 +1266,7 @@ Status Repairer::Run() {
   // inode fields that count links and bytes; then the free list.
   FixExtents();
   FixInodes();
+  FixBlobs();
   RebuildFreeList();
   if (!p_.next_ino_ || *p_.next_ino_ < next_ino_) {
     batch_.Put(Family::kMeta, keys::kNextIno, EncodeMetaU64(next_ino_));

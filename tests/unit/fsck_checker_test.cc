@@ -463,8 +463,12 @@ TEST_F(FsckTest, DedupSharingOneBlobIsNotADoubleUse) {
   Populate();
   auto [offset, extent] = FirstExtent(a_);
   Damage([&](Index& index, Index::Batch& batch) {
+    // Make the extent a dedup blob named by a and b (what a dedup hit writes).
     ExtentRecord shared = extent;
-    shared.blob_id = 42;
+    shared.blob_id = extent.physical;
+    BlobRecord blob{std::string(16, 'x'), extent.length, 2};
+    batch.Put(Family::kBlob, keys::BlobByPhysical(extent.physical), blob.Encode());
+    batch.Put(Family::kBlob, keys::BlobByHash(blob.hash), EncodeMetaU64(extent.physical));
     batch.Put(Family::kExtent, keys::Extent(a_, offset), shared.Encode());
     InodeRecord b = *index.GetInode(b_);
     batch.Put(Family::kExtent, keys::Extent(b_, 1 << 20), shared.Encode());
@@ -482,9 +486,24 @@ TEST_F(FsckTest, ScrubNamesTheFileAndOffsetOfACorruptBlock) {
   // the bad block lies in the second piece the scrub reads.
   std::string data = Bytes(20 << 20, 6);
   InodeNumber victim = MakeFile(d_, "victim", data);
-  auto [offset, extent] = FirstExtent(victim);
-  ASSERT_EQ(extent.length, data.size()) << "the test wants a single extent";
-  const uint64_t bad_block = (17 << 20) / kBlock + 5;
+  // Dedup stores the file as 256 KiB blob extents: take the one holding the
+  // bad block (file offsets and blocks below are relative to it).
+  const uint64_t bad_file_offset = (17 << 20) + 5 * kBlock;
+  std::pair<uint64_t, ExtentRecord> found;
+  {
+    CloseFs();
+    auto volume = Volume::Open(dir_, Volume::OpenOptions{.read_only = true});
+    ASSERT_TRUE(volume.ok());
+    auto cursor = (*volume)->index().NewCursor(Family::kExtent, keys::Ino(victim));
+    for (cursor->Seek(keys::Ino(victim)); cursor->Valid(); cursor->Next()) {
+      auto record = *ExtentRecord::Decode(cursor->value());
+      uint64_t at = keys::ExtentOffset(cursor->key());
+      if (at <= bad_file_offset && bad_file_offset < at + record.length) found = {at, record};
+    }
+  }
+  auto [offset, extent] = found;
+  ASSERT_GT(extent.length, 0u) << "no extent holds the bad block";
+  const uint64_t bad_block = (bad_file_offset - offset) / kBlock;
   CloseFs();
   {
     // Flip a byte of that block, through the data area itself.
@@ -511,10 +530,10 @@ TEST_F(FsckTest, ScrubNamesTheFileAndOffsetOfACorruptBlock) {
   // The filesystem refuses the block too, and serves the others.
   AlignedBuffer scratch;
   const char* out = nullptr;
-  EXPECT_EQ(Fs().Read(victim, bad_block * kBlock, 10, &scratch, &out).status().code(), EIO);
-  auto good = Fs().Read(victim, (bad_block + 1) * kBlock, kBlock, &scratch, &out);
+  EXPECT_EQ(Fs().Read(victim, bad_file_offset, 10, &scratch, &out).status().code(), EIO);
+  auto good = Fs().Read(victim, bad_file_offset + kBlock, kBlock, &scratch, &out);
   ASSERT_TRUE(good.ok());
-  EXPECT_EQ(std::string(out, kBlock), data.substr((bad_block + 1) * kBlock, kBlock));
+  EXPECT_EQ(std::string(out, kBlock), data.substr(bad_file_offset + kBlock, kBlock));
   // Repair cannot make the bytes right: it stays reported.
   report = Check(true, true);
   EXPECT_FALSE(report.clean());
