@@ -63,7 +63,8 @@ Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_
 std::optional<std::string> ControlPlane::AnswerDirect(Handle& handle, const nlohmann::json& request,
                                                       const Inspector& inspector) {
   using nlohmann::json;
-  std::string op = request.value("op", "");
+  // value() throws on a non-string "op": a bad request must never stop the daemon.
+  std::string op = request.contains("op") && request["op"].is_string() ? request["op"].get<std::string>() : "";
   if (op != "layout" && op != "reserve" && op != "commit") return std::nullopt;
   auto fail = [](const Status& s) { return Inspector::ErrorReply(s).dump(); };
   const Superblock& sb = fs_->volume().superblock();
@@ -131,7 +132,8 @@ std::string ControlPlane::Answer(Handle& handle) {
     if (auto direct = AnswerDirect(handle, request, inspector)) return *direct;
   }
   // Listings show extents, which exist only once cached data is flushed.
-  if (request.is_object() && request.value("op", "") != "stat") {
+  bool is_stat = request.is_object() && request.contains("op") && request["op"] == "stat";
+  if (request.is_object() && !is_stat) {
     Status flushed = fs_->FlushAll();
     if (!flushed.ok()) return Inspector::ErrorReply(flushed).dump();
   }

@@ -44,6 +44,9 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
     return Status::Error(EINVAL, fmt::format("expected {} block checksums, got {}", length / block_size_,
                                              checksums.size()));
   }
+  if (file_offset + length < file_offset || file_offset + length > (1ull << 62)) {
+    return Status::Error(EFBIG, "commit range is past the largest file offset");
+  }
   if (size > file_offset + length) return Status::Error(EINVAL, "size lies past the committed data");
   std::unique_lock io_lock(IoLock(ino));
   SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));  // older cached data must not land on top later
@@ -68,6 +71,10 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
   SPILLFS_RETURN_IF_ERROR(UnmapRange(&txn, ino, file_offset, file_offset + length, &unmapped));
   MapExtents(&txn, ino, extents);
   record.allocated_bytes += length - unmapped;
+  // Written blocks past EOF would show through a later truncate up.
+  if (file_offset + length > (std::max(record.size, size) + block_size_ - 1) / block_size_ * block_size_) {
+    return Status::Error(EINVAL, "commit maps blocks past the end of the file: give size");
+  }
   record.size = std::max(record.size, size);
   record.mtime_ns = record.ctime_ns = NowNs();
   PutInode(&txn, ino, record);
