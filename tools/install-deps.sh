@@ -8,6 +8,7 @@ packages=(
   libcli11-dev libfmt-dev nlohmann-json3-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   attr xfsprogs
+  python3-pytest python3-numpy python3-torch
   clang-14 libclang-rt-14-dev  # the fuzz smoke run (tools/run-fuzz.sh, ctest label fuzz)
 )
 missing=()

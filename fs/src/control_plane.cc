@@ -15,7 +15,9 @@ Entry ControlPlane::MakeEntry(InodeNumber ino) const {
   entry.generation = 1;
   struct stat& st = entry.attr;
   st.st_ino = ino;
-  st.st_mode = ino == kDirIno ? (S_IFDIR | 0755) : ino == kControlIno ? (S_IFREG | 0600) : (S_IFREG | 0444);
+  st.st_mode = ino == kDirIno       ? (S_IFDIR | 0755)
+               : ino == kControlIno ? (S_IFREG | 0600)
+                                    : (S_IFREG | 0444);
   st.st_nlink = ino == kDirIno ? 2 : 1;
   st.st_blksize = 4096;
   return entry;
@@ -45,7 +47,8 @@ Result<std::vector<DirEntry>> ControlPlane::ReadDir(InodeNumber ino) const {
 
 Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uint32_t uid) {
   if (ino == kDirIno) return Status::Error(EISDIR, "is a directory");
-  if (ino == kStatsIno && (flags & O_ACCMODE) != O_RDONLY) return Status::Error(EACCES, "stats is read-only");
+  if (ino == kStatsIno && (flags & O_ACCMODE) != O_RDONLY)
+    return Status::Error(EACCES, "stats is read-only");
   if (ino == kControlIno && uid != 0) return Status::Error(EACCES, "the control file is for root");
   return new Handle{ino, {}, std::nullopt, nullptr, {}};
 }
@@ -60,28 +63,70 @@ Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_
   return data.size();
 }
 
+namespace {
+
+// JSON numbers arrive as any type; converting a float or a negative number
+// to an unsigned integer is undefined, so every field is checked first.
+Result<uint64_t> UnsignedField(const nlohmann::json& request, const char* key,
+                               std::optional<uint64_t> fallback) {
+  if (!request.contains(key)) {
+    if (fallback) return *fallback;
+    return Status::Error(EINVAL, fmt::format("request lacks \"{}\"", key));
+  }
+  const nlohmann::json& value = request[key];
+  if (!value.is_number_unsigned()) {
+    return Status::Error(EINVAL, fmt::format("\"{}\" must be a non-negative integer", key));
+  }
+  return value.get<uint64_t>();
+}
+
+Result<std::vector<uint32_t>> ChecksumsField(const nlohmann::json& request) {
+  std::vector<uint32_t> out;
+  if (!request.contains("block_checksums")) return out;
+  const nlohmann::json& value = request["block_checksums"];
+  if (!value.is_array()) return Status::Error(EINVAL, "\"block_checksums\" must be an array");
+  out.reserve(value.size());
+  for (const nlohmann::json& sum : value) {
+    if (!sum.is_number_unsigned() || sum.get<uint64_t>() > UINT32_MAX) {
+      return Status::Error(EINVAL,
+                           "\"block_checksums\" holds a value that is not a 32-bit checksum");
+    }
+    out.push_back(static_cast<uint32_t>(sum.get<uint64_t>()));
+  }
+  return out;
+}
+
+}  // namespace
+
 std::optional<std::string> ControlPlane::AnswerDirect(Handle& handle, const nlohmann::json& request,
                                                       const Inspector& inspector) {
   using nlohmann::json;
   // value() throws on a non-string "op": a bad request must never stop the daemon.
-  std::string op = request.contains("op") && request["op"].is_string() ? request["op"].get<std::string>() : "";
+  std::string op =
+      request.contains("op") && request["op"].is_string() ? request["op"].get<std::string>() : "";
   if (op != "layout" && op != "reserve" && op != "commit") return std::nullopt;
   auto fail = [](const Status& s) { return Inspector::ErrorReply(s).dump(); };
   const Superblock& sb = fs_->volume().superblock();
   std::string data_path = fs_->volume().store().path();
   try {
     if (op == "reserve") {
-      auto space = fs_->DirectReserve(request.at("length").get<uint64_t>());
+      auto length = UnsignedField(request, "length", std::nullopt);
+      if (!length.ok()) return fail(length.status());
+      auto space = fs_->DirectReserve(*length);
       if (!space.ok()) return fail(space.status());
       json extents = json::array();
-      for (const PhysicalExtent& e : *space) extents.push_back({{"physical_offset", e.offset}, {"length", e.length}});
+      for (const PhysicalExtent& e : *space)
+        extents.push_back({{"physical_offset", e.offset}, {"length", e.length}});
       handle.reserved.insert(handle.reserved.end(), space->begin(), space->end());
-      return Inspector::OkReply({{"extents", extents}, {"data_path", data_path}, {"block_size", sb.block_size}}).dump();
+      return Inspector::OkReply(
+                 {{"extents", extents}, {"data_path", data_path}, {"block_size", sb.block_size}})
+          .dump();
     }
     auto ino = inspector.ResolvePath(request.at("path").get<std::string>());
     if (!ino.ok()) return fail(ino.status());
     if (op == "layout") {
-      if (!handle.pin) handle.pin = fs_->PinBlocks();  // before the lookup: no block of it can be reused
+      if (!handle.pin)
+        handle.pin = fs_->PinBlocks();  // before the lookup: no block of it can be reused
       auto layout = fs_->GetDirectLayout(*ino);
       if (!layout.ok()) return fail(layout.status());
       json extents = json::array();
@@ -100,15 +145,22 @@ std::optional<std::string> ControlPlane::AnswerDirect(Handle& handle, const nloh
                                  {"extents", extents}})
           .dump();
     }
-    uint64_t length = request.at("length").get<uint64_t>();
+    auto length_field = UnsignedField(request, "length", std::nullopt);
+    auto file_offset = UnsignedField(request, "file_offset", std::nullopt);
+    auto size = UnsignedField(request, "size", uint64_t{0});
+    auto checksums = ChecksumsField(request);
+    for (const Status& s :
+         {length_field.status(), file_offset.status(), size.status(), checksums.status()}) {
+      if (!s.ok()) return fail(s);
+    }
+    uint64_t length = *length_field;
     uint64_t reserved = 0;
     for (const PhysicalExtent& e : handle.reserved) reserved += e.length;
     if (length != reserved) {
-      return fail(Status::Error(EINVAL, fmt::format("commit length {} != reserved {}", length, reserved)));
+      return fail(
+          Status::Error(EINVAL, fmt::format("commit length {} != reserved {}", length, reserved)));
     }
-    Status committed = fs_->DirectCommit(*ino, request.at("file_offset").get<uint64_t>(), handle.reserved,
-                                         request.value("block_checksums", std::vector<uint32_t>{}),
-                                         request.value("size", uint64_t{0}));
+    Status committed = fs_->DirectCommit(*ino, *file_offset, handle.reserved, *checksums, *size);
     if (!committed.ok()) return fail(committed);
     handle.reserved.clear();
     if (invalidate_) invalidate_(*ino);
@@ -125,7 +177,8 @@ std::string ControlPlane::Answer(Handle& handle) {
   RuntimeStats runtime = Runtime();
   if (handle.ino == kStatsIno) {
     auto stat = inspector.Stat(runtime);
-    return stat.ok() ? PrometheusText(*stat) : fmt::format("# error: {}\n", stat.status().ToString());
+    return stat.ok() ? PrometheusText(*stat)
+                     : fmt::format("# error: {}\n", stat.status().ToString());
   }
   auto request = nlohmann::json::parse(handle.request, nullptr, /*allow_exceptions=*/false);
   if (request.is_object()) {
@@ -171,7 +224,8 @@ RuntimeStats ControlPlane::Runtime() const {
   r.bytes_read = c.bytes_read.load();
   r.writes = c.writes.load();
   r.reads = c.reads.load();
-  r.uptime_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  r.uptime_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   return r;
 }
 

@@ -66,15 +66,17 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
   std::lock_guard lock(mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "commit target is not a regular file");
+  // Written blocks past EOF would show through a later truncate up. Checked
+  // before MapExtents: that changes the allocator's persisted map, so no
+  // return may come between it and the commit.
+  if (file_offset + length > (std::max(record.size, size) + block_size_ - 1) / block_size_ * block_size_) {
+    return Status::Error(EINVAL, "commit maps blocks past the end of the file: give size");
+  }
   Txn txn(index_);
   uint64_t unmapped = 0;
   SPILLFS_RETURN_IF_ERROR(UnmapRange(&txn, ino, file_offset, file_offset + length, &unmapped));
   MapExtents(&txn, ino, extents);
   record.allocated_bytes += length - unmapped;
-  // Written blocks past EOF would show through a later truncate up.
-  if (file_offset + length > (std::max(record.size, size) + block_size_ - 1) / block_size_ * block_size_) {
-    return Status::Error(EINVAL, "commit maps blocks past the end of the file: give size");
-  }
   record.size = std::max(record.size, size);
   record.mtime_ns = record.ctime_ns = NowNs();
   PutInode(&txn, ino, record);

@@ -97,8 +97,8 @@ class BlockStore {
   uint64_t size_;
   // Power-cut simulation (null unless SPILLFS_POWERCUT_JOURNAL was set at Open).
   FILE* journal_ = nullptr;
-  std::mutex journal_mu_;             // appends and truncation of journal_
-  std::shared_mutex durability_mu_;   // shared: a journaled write; exclusive: Flush
+  std::mutex journal_mu_;            // appends and truncation of journal_
+  std::shared_mutex durability_mu_;  // shared: a journaled write; exclusive: Flush
   std::atomic<uint64_t> bytes_written_{0};
   std::atomic<uint64_t> bytes_read_{0};
 };

@@ -1,0 +1,345 @@
+"""spillfs: the direct data path from Python (ctypes over libspillfs_client.so).
+
+    import spillfs
+    with spillfs.Client("/mnt/spill") as c:
+        c.write("acts/x.bin", b"...")
+        data = c.read("acts/x.bin", 3)
+        c.save_tensor(t, "acts/t0")            # numpy arrays or torch tensors
+        t2 = c.load_tensor("acts/t0", like=t)
+        rows = c.read_rows("feat.bin", 4096, [7, 3, 7])
+
+The library is found through $SPILLFS_CLIENT_LIB (a path to the .so), else
+build/lib/libspillfs_client.so of the source tree this package sits in, else
+the dynamic loader's search path. It needs the rights to open the volume's
+backing store (normally root).
+"""
+
+import ctypes
+import errno as _errno
+import json
+import os
+
+__all__ = ["Client", "SpillError", "load_library"]
+
+_lib = None
+
+
+class SpillError(OSError):
+    """An error of the client library: errno and the library's message."""
+
+
+def _candidates():
+    env = os.environ.get("SPILLFS_CLIENT_LIB")
+    if env:
+        yield env
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    # clients/python/spillfs -> repository root -> build/lib
+    yield os.path.normpath(os.path.join(here, "..", "..", "..", "build", "lib", "libspillfs_client.so"))
+    # the brief's layout: ../../build/lib relative to the package directory
+    yield os.path.normpath(os.path.join(here, "..", "..", "build", "lib", "libspillfs_client.so"))
+    yield "libspillfs_client.so"
+
+
+def load_library():
+    """Loads (once) and returns the ctypes handle of libspillfs_client.so."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    errors = []
+    for path in _candidates():
+        if os.path.sep in path and not os.path.exists(path):
+            errors.append(f"{path}: no such file")
+            continue
+        try:
+            lib = ctypes.CDLL(path, use_errno=True)
+            break
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+    else:
+        raise OSError(_errno.ENOENT, "cannot load libspillfs_client.so (set SPILLFS_CLIENT_LIB): "
+                      + "; ".join(errors))
+    vp, cp, sz, u64 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint64
+    lib.spill_client_open.argtypes = [cp]
+    lib.spill_client_open.restype = vp
+    lib.spill_client_close.argtypes = [vp]
+    lib.spill_client_close.restype = ctypes.c_int
+    lib.spill_client_set.argtypes = [vp, cp, u64]
+    lib.spill_client_set.restype = ctypes.c_int
+    lib.spill_write.argtypes = [vp, cp, vp, sz]
+    lib.spill_write.restype = ctypes.c_int
+    lib.spill_read.argtypes = [vp, cp, vp, sz, u64]
+    lib.spill_read.restype = ctypes.c_int64
+    lib.spill_read_rows.argtypes = [vp, cp, u64, vp, sz, vp]
+    lib.spill_read_rows.restype = ctypes.c_int
+    lib.spill_forget.argtypes = [vp, cp]
+    lib.spill_forget.restype = ctypes.c_int
+    lib.spill_client_get_stats.argtypes = [vp, ctypes.POINTER(_Stats)]
+    lib.spill_client_get_stats.restype = ctypes.c_int
+    lib.spill_last_error.argtypes = []
+    lib.spill_last_error.restype = cp
+    _lib = lib
+    return lib
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "bytes_written", "bytes_read", "ios", "layouts", "layout_cache_hits", "checksum_errors")]
+
+
+def _np():
+    try:
+        import numpy
+        return numpy
+    except ImportError:
+        return None
+
+
+def _torch():
+    try:
+        import torch
+        return torch
+    except ImportError:
+        return None
+
+
+def _is_tensor(obj):
+    torch = _torch()
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _writable_pointer(buf):
+    """(address, nbytes, keepalive) of a writable buffer (bytearray, memoryview, numpy)."""
+    mv = memoryview(buf)
+    if mv.readonly:
+        raise TypeError("the output buffer must be writable")
+    if not mv.c_contiguous:
+        raise ValueError("the output buffer must be contiguous")
+    mv = mv.cast("B")
+    holder = (ctypes.c_char * mv.nbytes).from_buffer(mv)
+    return ctypes.addressof(holder), mv.nbytes, (mv, holder)
+
+
+def _readable_pointer(buf):
+    """(address, nbytes, keepalive) of any contiguous buffer, read-only ones too."""
+    if isinstance(buf, bytes):
+        return ctypes.cast(ctypes.c_char_p(buf), ctypes.c_void_p).value, len(buf), buf
+    np = _np()
+    if np is not None and isinstance(buf, np.ndarray):
+        arr = np.ascontiguousarray(buf)
+        return arr.ctypes.data, arr.nbytes, arr
+    mv = memoryview(buf)
+    if not mv.c_contiguous:
+        raise ValueError("the buffer must be contiguous")
+    if not mv.readonly:
+        return _writable_pointer(mv)
+    data = mv.tobytes()  # a read-only buffer that is not bytes: copy it once
+    return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value, len(data), data
+
+
+_TENSOR_XATTR = "user.spillfs.tensor"
+
+
+class Client:
+    """A direct-path handle on the spillfs mount at `mountpoint`."""
+
+    def __init__(self, mountpoint, **settings):
+        self._lib = load_library()
+        self.mountpoint = os.path.realpath(mountpoint)
+        handle = self._lib.spill_client_open(os.fsencode(mountpoint))
+        if not handle:
+            self._raise(ctypes.get_errno() or _errno.EIO, "open " + mountpoint)
+        self._handle = handle
+        for key, value in settings.items():
+            self.set(key, value)
+
+    # -- plumbing --
+
+    def _raise(self, code, what):
+        message = (self._lib.spill_last_error() or b"").decode(errors="replace")
+        raise SpillError(code, f"{what}: {message or os.strerror(code)}")
+
+    def _check(self, rc, what):
+        if rc < 0:
+            self._raise(-rc, what)
+        return rc
+
+    def _h(self):
+        if not self._handle:
+            raise ValueError("the spillfs client is closed")
+        return self._handle
+
+    def close(self):
+        if getattr(self, "_handle", None):
+            self._lib.spill_client_close(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def set(self, key, value):
+        """A tunable of the library (see spill_client_set in spillfs/client.h)."""
+        self._check(self._lib.spill_client_set(self._h(), key.encode(), int(value)), "set " + key)
+
+    def stats(self):
+        s = _Stats()
+        self._check(self._lib.spill_client_get_stats(self._h(), ctypes.byref(s)), "stats")
+        return {name: getattr(s, name) for name, _ in _Stats._fields_}
+
+    def forget(self, path=None):
+        """Drops the kept layout (and lease) of `path`, or of every path."""
+        self._check(self._lib.spill_forget(self._h(), None if path is None else os.fsencode(path)),
+                    "forget")
+
+    def _full(self, path):
+        path = os.fspath(path)
+        if path.startswith(self.mountpoint + "/"):
+            return path
+        return os.path.join(self.mountpoint, path.lstrip("/"))
+
+    # -- bytes --
+
+    def write(self, path, data):
+        """Creates or replaces `path` (relative to the mount) with `data`
+        (bytes, bytearray, memoryview, numpy array or any contiguous buffer)."""
+        addr, n, keep = _readable_pointer(data)
+        self._write_ptr(path, addr, n)
+        del keep
+
+    def _write_ptr(self, path, addr, nbytes):
+        self._check(self._lib.spill_write(self._h(), os.fsencode(path), addr, nbytes), "write " + str(path))
+
+    def read_into(self, path, buf, offset=0):
+        """Reads into the writable buffer `buf`; returns the bytes read."""
+        addr, n, keep = _writable_pointer(buf)
+        got = self._read_ptr(path, addr, n, offset)
+        del keep
+        return got
+
+    def _read_ptr(self, path, addr, nbytes, offset=0):
+        rc = self._lib.spill_read(self._h(), os.fsencode(path), addr, nbytes, int(offset))
+        return self._check(rc, "read " + str(path))
+
+    def read(self, path, nbytes, offset=0):
+        """Up to `nbytes` bytes of `path` at `offset` (short at the end of file)."""
+        buf = bytearray(nbytes)
+        got = self.read_into(path, buf, offset)
+        return bytes(buf[:got]) if got < nbytes else bytes(buf)
+
+    def read_rows(self, path, row_bytes, rows, out=None):
+        """Rows `rows` (indices) of `row_bytes` bytes each from `path`.
+
+        Returns `out` (any writable buffer of len(rows) * row_bytes bytes), or
+        a new bytearray. `rows` may be a list, a numpy array or a tensor."""
+        np = _np()
+        if _is_tensor(rows):
+            rows = rows.detach().cpu().numpy()
+        if np is not None:
+            idx = np.ascontiguousarray(np.asarray(rows, dtype=np.uint64).reshape(-1))
+            rows_addr, count, keep_rows = idx.ctypes.data, idx.size, idx
+        else:
+            seq = list(rows)
+            arr = (ctypes.c_uint64 * len(seq))(*seq)
+            rows_addr, count, keep_rows = ctypes.addressof(arr), len(seq), arr
+        if out is None:
+            out = bytearray(count * row_bytes)
+        if _is_tensor(out):
+            if out.device.type != "cpu" or not out.is_contiguous():
+                raise ValueError("read_rows: `out` must be a contiguous CPU tensor")
+            addr, n, keep_out = out.data_ptr(), out.numel() * out.element_size(), out
+        else:
+            addr, n, keep_out = _writable_pointer(out)
+        if n < count * row_bytes:
+            raise ValueError(f"read_rows: out holds {n} bytes, {count * row_bytes} needed")
+        rc = self._lib.spill_read_rows(self._h(), os.fsencode(path), int(row_bytes), rows_addr,
+                                       count, addr)
+        del keep_rows, keep_out
+        self._check(rc, "read_rows " + str(path))
+        return out
+
+    # -- tensors --
+
+    def save_tensor(self, t, path):
+        """Writes the bytes of a numpy array or torch tensor (CPU or CUDA) to
+        `path`, raw and C-ordered (so the file is a row table for read_rows);
+        dtype and shape go to the xattr user.spillfs.tensor."""
+        torch = _torch()
+        if torch is not None and isinstance(t, torch.Tensor):
+            t = t.detach()
+            if t.device.type == "cuda":
+                staging = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                staging.copy_(t)
+                t = staging
+            elif t.device.type != "cpu":
+                t = t.cpu()
+            t = t.contiguous()
+            meta = {"kind": "torch", "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
+            self._write_ptr(path, t.data_ptr(), t.numel() * t.element_size())
+        else:
+            np = _np()
+            if np is None or not isinstance(t, np.ndarray):
+                raise TypeError("save_tensor takes a numpy array or a torch tensor")
+            a = np.ascontiguousarray(t)
+            meta = {"kind": "numpy", "dtype": a.dtype.str, "shape": list(a.shape)}
+            self._write_ptr(path, a.ctypes.data, a.nbytes)
+        try:
+            os.setxattr(self._full(path), _TENSOR_XATTR, json.dumps(meta).encode())
+        except OSError:
+            pass  # the bytes are saved; load_tensor then needs like=
+
+    def load_tensor(self, path, like=None, dtype=None, shape=None, device=None):
+        """Reads a tensor saved by save_tensor. `like` (a tensor or array) gives
+        dtype, shape and device; else they come from the xattr (or dtype/shape
+        arguments). Returns a torch tensor when `like` is one or the file was
+        saved from torch, else a numpy array."""
+        torch = _torch()
+        np = _np()
+        meta = None
+        if like is None and (dtype is None or shape is None):
+            try:
+                meta = json.loads(os.getxattr(self._full(path), _TENSOR_XATTR))
+            except OSError as e:
+                raise SpillError(e.errno or _errno.ENODATA,
+                                 f"load_tensor {path}: no dtype/shape (pass like=): {e}") from None
+        if torch is not None and isinstance(like, torch.Tensor):
+            target_device = like.device if device is None else torch.device(device)
+            out = torch.empty(like.shape, dtype=like.dtype,
+                              pin_memory=target_device.type == "cuda")
+            self._load_into_ptr(path, out.data_ptr(), out.numel() * out.element_size())
+            return out.to(target_device) if target_device.type != "cpu" else out
+        if np is not None and isinstance(like, np.ndarray):
+            out = np.empty(like.shape, dtype=like.dtype)
+            self._load_into_ptr(path, out.ctypes.data, out.nbytes)
+            return out
+        if like is not None:
+            raise TypeError("like= must be a numpy array or a torch tensor")
+        if meta is None:
+            is_torch = torch is not None and isinstance(dtype, torch.dtype)
+            meta = {"kind": "torch" if is_torch else "numpy", "dtype": dtype, "shape": list(shape)}
+        if meta["kind"] == "torch":
+            if torch is None:
+                raise SpillError(_errno.ENOTSUP, f"load_tensor {path}: saved from torch, torch not importable")
+            tdtype = meta["dtype"] if isinstance(meta["dtype"], torch.dtype) else getattr(torch, meta["dtype"])
+            target_device = torch.device(device) if device is not None else torch.device("cpu")
+            out = torch.empty(tuple(meta["shape"]), dtype=tdtype, pin_memory=target_device.type == "cuda")
+            self._load_into_ptr(path, out.data_ptr(), out.numel() * out.element_size())
+            return out.to(target_device) if target_device.type != "cpu" else out
+        if np is None:
+            raise SpillError(_errno.ENOTSUP, f"load_tensor {path}: numpy not importable")
+        out = np.empty(tuple(meta["shape"]), dtype=np.dtype(meta["dtype"]))
+        self._load_into_ptr(path, out.ctypes.data, out.nbytes)
+        return out
+
+    def _load_into_ptr(self, path, addr, nbytes):
+        got = self._read_ptr(path, addr, nbytes, 0)
+        if got != nbytes:
+            raise SpillError(_errno.EIO, f"load_tensor {path}: file holds {got} bytes, the tensor {nbytes}")

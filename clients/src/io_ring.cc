@@ -1,0 +1,231 @@
+#include "io_ring.h"
+
+#include <liburing.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "error.h"
+
+namespace spillfs::client {
+
+void* AllocAligned(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  if (bytes >= (2u << 20)) madvise(p, bytes, MADV_HUGEPAGE);
+  return p;
+}
+
+void FreeAligned(void* p, size_t bytes) {
+  if (p != nullptr) munmap(p, bytes);
+}
+
+namespace {
+
+constexpr unsigned kRingEntries = kMaxQueueDepth;
+
+// The ring of one thread and its registered slot region.
+class ThreadRing {
+ public:
+  ThreadRing() { status_ = io_uring_queue_init(kRingEntries, &ring_, 0); }
+  ~ThreadRing() {
+    if (status_ == 0) io_uring_queue_exit(&ring_);  // unregisters the buffer
+    FreeAligned(slots_, slots_bytes_);
+  }
+  io_uring* ring() { return status_ == 0 ? &ring_ : nullptr; }
+  int status() const { return status_; }
+
+  // A region of at least `bytes`, registered as fixed buffer 0 when the
+  // kernel allows it (registered() says whether it is).
+  char* Slots(size_t bytes) {
+    if (bytes <= slots_bytes_) return static_cast<char*>(slots_);
+    if (registered_) {
+      io_uring_unregister_buffers(&ring_);
+      registered_ = false;
+    }
+    FreeAligned(slots_, slots_bytes_);
+    slots_bytes_ = 0;
+    slots_ = AllocAligned(bytes);
+    if (slots_ == nullptr) return nullptr;
+    slots_bytes_ = bytes;
+    iovec iov{slots_, bytes};
+    registered_ = io_uring_register_buffers(&ring_, &iov, 1) == 0;
+    return static_cast<char*>(slots_);
+  }
+  bool registered() const { return registered_; }
+
+ private:
+  io_uring ring_{};
+  int status_ = -1;
+  void* slots_ = nullptr;
+  size_t slots_bytes_ = 0;
+  bool registered_ = false;
+};
+
+ThreadRing& CurrentRing() {
+  thread_local ThreadRing ring;
+  return ring;
+}
+
+struct InFlight {
+  IoOp* op = nullptr;
+  char* data = nullptr;  // the op's buffer or its slot
+  int slot = -1;
+  uint32_t done = 0;
+};
+
+void Prepare(io_uring_sqe* sqe, InFlight* f, bool fixed) {
+  const IoOp& op = *f->op;
+  char* buf = f->data + f->done;
+  unsigned len = op.length - f->done;
+  uint64_t off = op.offset + f->done;
+  if (fixed && f->slot >= 0) {
+    if (op.write) {
+      io_uring_prep_write_fixed(sqe, op.fd, buf, len, off, 0);
+    } else {
+      io_uring_prep_read_fixed(sqe, op.fd, buf, len, off, 0);
+    }
+  } else if (op.write) {
+    io_uring_prep_write(sqe, op.fd, buf, len, off);
+  } else {
+    io_uring_prep_read(sqe, op.fd, buf, len, off);
+  }
+  io_uring_sqe_set_data(sqe, f);
+}
+
+std::string Describe(const IoOp& op, uint32_t done) {
+  return std::string(op.write ? "write" : "read") + " of " + std::to_string(op.length - done) +
+         " bytes at offset " + std::to_string(op.offset + done) + " of the backing store";
+}
+
+}  // namespace
+
+int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const IoFill& fill,
+          const IoDone& done, uint64_t* completed) {
+  if (ops.empty()) return 0;
+  ThreadRing& thread_ring = CurrentRing();
+  io_uring* ring = thread_ring.ring();
+  if (ring == nullptr) {
+    return Fail(-thread_ring.status(), WithErrno("io_uring setup failed", -thread_ring.status()));
+  }
+  queue_depth = std::clamp(queue_depth, 1u, kMaxQueueDepth);
+  queue_depth = static_cast<unsigned>(std::min<size_t>(queue_depth, ops.size()));
+
+  bool bounce = false;
+  for (const IoOp& op : ops) {
+    if (op.buffer == nullptr) {
+      if (op.length > slot_bytes) return Fail(EINVAL, "I/O larger than a bounce slot");
+      bounce = true;
+    }
+  }
+  char* slots = nullptr;
+  if (bounce) {
+    slots = thread_ring.Slots(static_cast<size_t>(queue_depth) * slot_bytes);
+    if (slots == nullptr) return Fail(ENOMEM, "cannot allocate bounce buffers");
+  }
+  const bool fixed = bounce && thread_ring.registered();
+
+  std::vector<InFlight> flights(queue_depth);
+  std::vector<InFlight*> idle;
+  idle.reserve(queue_depth);
+  for (unsigned i = 0; i < queue_depth; ++i) {
+    flights[i].slot = static_cast<int>(i);
+    idle.push_back(&flights[i]);
+  }
+  std::vector<InFlight*> retry;
+  size_t next = 0;
+  unsigned inflight = 0;
+  int error = 0;
+  uint64_t count = 0;
+
+  while (true) {
+    // Submit what fits.
+    while (error == 0 && (!retry.empty() || (next < ops.size() && !idle.empty()))) {
+      io_uring_sqe* sqe = io_uring_get_sqe(ring);
+      if (sqe == nullptr) break;
+      InFlight* f;
+      if (!retry.empty()) {
+        f = retry.back();
+        retry.pop_back();
+      } else {
+        f = idle.back();
+        idle.pop_back();
+        f->op = &ops[next++];
+        f->done = 0;
+        if (f->op->buffer != nullptr) {
+          f->data = f->op->buffer;
+        } else {
+          f->data = slots + static_cast<size_t>(f->slot) * slot_bytes;
+          if (f->op->write && fill) {
+            int rc = fill(*f->op, f->data);
+            if (rc != 0) {
+              error = rc;
+              idle.push_back(f);
+              io_uring_prep_nop(sqe);  // the sqe is taken; let it complete harmlessly
+              io_uring_sqe_set_data(sqe, nullptr);
+              ++inflight;
+              break;
+            }
+          }
+        }
+      }
+      Prepare(sqe, f, fixed);
+      ++inflight;
+    }
+    if (inflight == 0) break;
+    int ret = io_uring_submit_and_wait(ring, 1);
+    if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
+      // Nothing more can be reaped reliably; the ring is reset by the kernel
+      // only at exit, so report and leave (in-flight buffers are ours).
+      return Fail(-ret, WithErrno("io_uring submit failed", -ret));
+    }
+    io_uring_cqe* cqe;
+    unsigned head;
+    unsigned seen = 0;
+    io_uring_for_each_cqe(ring, head, cqe) {
+      ++seen;
+      --inflight;
+      auto* f = static_cast<InFlight*>(io_uring_cqe_get_data(cqe));
+      if (f == nullptr) continue;  // a nop
+      int res = cqe->res;
+      if (res == -EAGAIN || res == -EINTR) {
+        retry.push_back(f);
+        continue;
+      }
+      if (res < 0) {
+        if (error == 0) error = Fail(-res, WithErrno(Describe(*f->op, f->done) + " failed", -res));
+        idle.push_back(f);
+        continue;
+      }
+      if (res == 0) {
+        if (error == 0) error = Fail(EIO, Describe(*f->op, f->done) + " hit the end of the store");
+        idle.push_back(f);
+        continue;
+      }
+      f->done += static_cast<uint32_t>(res);
+      if (f->done < f->op->length) {
+        retry.push_back(f);
+        continue;
+      }
+      ++count;
+      if (error == 0 && done) {
+        int rc = done(*f->op, f->data);
+        if (rc != 0) error = rc;
+      }
+      idle.push_back(f);
+    }
+    io_uring_cq_advance(ring, seen);
+    if (error != 0) {
+      for (InFlight* f : retry) idle.push_back(f);
+      retry.clear();
+    }
+  }
+  if (completed != nullptr) *completed += count;
+  return error;
+}
+
+}  // namespace spillfs::client

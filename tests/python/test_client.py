@@ -1,0 +1,183 @@
+"""The Python client (clients/python/spillfs) against a real spillfs mount.
+
+Run: /usr/bin/python3 -m pytest -q tests/python
+Environment: SPILLFS_BIN (the spillfs binary, default build/bin/spillfs) and
+SPILLFS_CLIENT_LIB (libspillfs_client.so, default build/lib/...). Needs root
+and /dev/fuse, like the mounted GoogleTest suites.
+"""
+
+import errno
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+
+import spillfs  # noqa: E402
+
+SPILLFS_BIN = os.environ.get("SPILLFS_BIN", os.path.join(ROOT, "build", "bin", "spillfs"))
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/fuse"),
+                                reason="needs root and /dev/fuse")
+
+
+@pytest.fixture(scope="module")
+def mount():
+    tmp = tempfile.mkdtemp(prefix="spillfs-pytest-")
+    volume, mnt = os.path.join(tmp, "vol"), os.path.join(tmp, "mnt")
+    os.mkdir(mnt)
+    subprocess.run([SPILLFS_BIN, "mkfs", volume, "--size", "1G"], check=True, capture_output=True)
+    subprocess.run([SPILLFS_BIN, "mount", volume, mnt], check=True, capture_output=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run([SPILLFS_BIN, "umount", mnt], check=False, capture_output=True)
+        subprocess.run(["rm", "-rf", tmp], check=False)
+
+
+@pytest.fixture
+def client(mount):
+    with spillfs.Client(mount) as c:
+        yield c
+
+
+def test_open_refuses_a_directory_that_is_not_spillfs():
+    with pytest.raises(spillfs.SpillError) as e:
+        spillfs.Client("/tmp")
+    assert e.value.errno == errno.EINVAL
+    assert "not a" in str(e.value)
+
+
+def test_write_then_read_through_mount_and_client(client, mount):
+    rng = random.Random(1)
+    for size in (0, 1, 4095, 4096, 4097, 1 << 20, (3 << 20) + 17):
+        data = rng.randbytes(size)
+        client.write(f"b{size}", data)
+        with open(os.path.join(mount, f"b{size}"), "rb") as f:
+            assert f.read() == data
+        assert client.read(f"b{size}", size + 10) == data
+        if size > 100:
+            assert client.read(f"/b{size}", 50, offset=size - 60) == data[size - 60:size - 10]
+        # an absolute path under the mount is accepted too
+        assert client.read(os.path.join(mount, f"b{size}"), 10) == data[:10]
+
+
+def test_mount_write_then_client_read(client, mount):
+    data = os.urandom((2 << 20) + 5)
+    with open(os.path.join(mount, "m.bin"), "wb") as f:
+        f.write(data)
+    assert client.read("m.bin", len(data)) == data
+    buf = bytearray(1000)
+    assert client.read_into("m.bin", memoryview(buf), offset=12345) == 1000
+    assert bytes(buf) == data[12345:13345]
+
+
+def test_errors_carry_errno_and_message(client):
+    with pytest.raises(spillfs.SpillError) as e:
+        client.read("does/not/exist", 10)
+    assert e.value.errno == errno.ENOENT
+    with pytest.raises(spillfs.SpillError) as e:
+        client.set("no_such_setting", 1)
+    assert e.value.errno == errno.EINVAL
+    client.write("small", b"x" * 4096)
+    with pytest.raises(spillfs.SpillError) as e:
+        client.read_rows("small", 4096, [1])
+    assert e.value.errno == errno.ERANGE
+
+
+def test_read_rows_equals_pread(client, mount):
+    row_bytes, nrows = 1000, 5000
+    data = os.urandom(row_bytes * nrows)
+    client.write("rows.bin", data)
+    rng = random.Random(2)
+    rows = [rng.randrange(nrows) for _ in range(2000)] + [0, nrows - 1, 7, 7]
+    out = client.read_rows("rows.bin", row_bytes, rows)
+    fd = os.open(os.path.join(mount, "rows.bin"), os.O_RDONLY)
+    try:
+        for i, r in enumerate(rows):
+            assert out[i * row_bytes:(i + 1) * row_bytes] == os.pread(fd, row_bytes, r * row_bytes)
+    finally:
+        os.close(fd)
+    if np is not None:
+        idx = np.array(rows, dtype=np.int64)
+        out2 = np.empty((len(rows), row_bytes), dtype=np.uint8)
+        client.read_rows("rows.bin", row_bytes, idx, out=out2)
+        assert out2.tobytes() == bytes(out)
+
+
+@pytest.mark.skipif(np is None, reason="numpy not importable")
+def test_numpy_save_load(client):
+    a = np.random.default_rng(3).standard_normal((333, 77)).astype(np.float32)
+    client.save_tensor(a, "arr")
+    b = client.load_tensor("arr")  # dtype and shape from the xattr
+    assert b.dtype == a.dtype and b.shape == a.shape
+    assert np.array_equal(a, b)
+    c = client.load_tensor("arr", like=np.empty_like(a))
+    assert np.array_equal(a, c)
+    # a non-contiguous view is saved as its contiguous copy
+    client.save_tensor(a[:, ::2], "view")
+    assert np.array_equal(client.load_tensor("view"), a[:, ::2])
+    # rows of a saved feature table
+    rows = client.read_rows("arr", a.shape[1] * 4, [5, 300, 5])
+    got = np.frombuffer(bytes(rows), dtype=np.float32).reshape(3, -1)
+    assert np.array_equal(got, a[[5, 300, 5]])
+
+
+@pytest.mark.skipif(torch is None, reason="torch not importable")
+def test_torch_save_load(client, mount):
+    t = torch.randn(1000, 257, dtype=torch.float32)
+    client.save_tensor(t, "t0")
+    u = client.load_tensor("t0", like=torch.empty_like(t))
+    assert torch.equal(t, u)
+    v = client.load_tensor("t0")
+    assert isinstance(v, torch.Tensor) and v.dtype == torch.float32 and tuple(v.shape) == (1000, 257)
+    assert torch.equal(t, v)
+    # other dtypes; the bytes on disk are the raw tensor
+    for dtype in (torch.float16, torch.int64, torch.bfloat16, torch.uint8):
+        x = (torch.arange(12345) % 251).to(dtype)
+        client.save_tensor(x, f"d_{dtype}")
+        assert torch.equal(client.load_tensor(f"d_{dtype}"), x)
+    with open(os.path.join(mount, "t0"), "rb") as f:
+        assert f.read() == t.numpy().tobytes()
+    # read_rows into a tensor
+    out = torch.empty(3, 257)
+    client.read_rows("t0", 257 * 4, torch.tensor([999, 0, 500]), out=out)
+    assert torch.equal(out, t[[999, 0, 500]])
+    if torch.cuda.is_available():
+        g = t.cuda()
+        client.save_tensor(g, "g0")
+        h = client.load_tensor("g0", like=g)
+        assert h.is_cuda and torch.equal(h.cpu(), t)
+
+
+def test_unaligned_and_readonly_buffers(client):
+    data = os.urandom(3 * 4096 + 11)
+    mv = memoryview(bytearray(b"?" + data))[1:]  # unaligned by one byte
+    client.write("ua", mv)
+    assert client.read("ua", len(data)) == data
+    client.write("ro", memoryview(data))  # read-only memoryview
+    assert client.read("ro", len(data)) == data
+
+
+def test_stats_count_the_direct_path(client):
+    before = client.stats()
+    client.write("s", b"z" * 8192)
+    client.read("s", 8192)
+    after = client.stats()
+    assert after["bytes_written"] - before["bytes_written"] == 8192
+    assert after["bytes_read"] - before["bytes_read"] == 8192
+    assert after["layouts"] > before["layouts"]
