@@ -48,6 +48,7 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
     return Status::Error(EFBIG, "commit range is past the largest file offset");
   }
   if (size > file_offset + length) return Status::Error(EINVAL, "size lies past the committed data");
+  std::lock_guard flush_lock(FlushLock(ino));
   std::unique_lock io_lock(IoLock(ino));
   SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));  // older cached data must not land on top later
   std::vector<std::pair<uint64_t, ExtentRecord>> extents;

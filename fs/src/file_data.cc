@@ -129,21 +129,34 @@ Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteBlocks(c
 // returns one extent per run that is contiguous both in the file and on disk.
 Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteSegments(
     const std::vector<Segment>& segments, uint64_t from_hold) {
+  SPILLFS_ASSIGN_OR_RETURN(SegmentPlan plan, PlanSegments(segments, from_hold));
+  Status written = store_.WriteSlices(plan.slices);
+  if (!written.ok()) {
+    allocator_.Unreserve(plan.space);
+    return written;
+  }
+  return std::move(plan.extents);
+}
+
+// Reserves space for all segments at once; one extent per run that is
+// contiguous both in the file and on disk.
+Result<Filesystem::SegmentPlan> Filesystem::PlanSegments(const std::vector<Segment>& segments,
+                                                         uint64_t from_hold) {
   uint64_t total = 0;
   for (const Segment& s : segments) total += s.length;
-  std::vector<std::pair<uint64_t, ExtentRecord>> extents;
-  if (total == 0) return extents;
-  SPILLFS_ASSIGN_OR_RETURN(std::vector<PhysicalExtent> space, allocator_.Reserve(total, from_hold));
-  std::vector<IoSlice> slices;
+  SegmentPlan plan;
+  if (total == 0) return plan;
+  SPILLFS_ASSIGN_OR_RETURN(plan.space, allocator_.Reserve(total, from_hold));
+  auto& extents = plan.extents;
   size_t piece = 0;
   uint64_t piece_used = 0;
   for (const Segment& segment : segments) {
     for (uint64_t done = 0; done < segment.length;) {
-      const PhysicalExtent& target = space[piece];
+      const PhysicalExtent& target = plan.space[piece];
       uint64_t n = std::min(segment.length - done, target.length - piece_used);
       uint64_t physical = target.offset + piece_used;
       uint64_t file_offset = segment.file_offset + done;
-      slices.push_back(IoSlice{physical, const_cast<char*>(segment.data + done), n});
+      plan.slices.push_back(IoSlice{physical, const_cast<char*>(segment.data + done), n});
       std::vector<uint32_t> sums = Checksums(segment.data + done, n);
       bool blob = !segment.blob_hash.empty() && n == segment.length;  // only unsplit units become blobs
       auto* last = extents.empty() ? nullptr : &extents.back();
@@ -167,12 +180,7 @@ Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteSegments
       }
     }
   }
-  Status written = store_.WriteSlices(slices);
-  if (!written.ok()) {
-    allocator_.Unreserve(space);
-    return written;
-  }
-  return extents;
+  return plan;
 }
 
 Status Filesystem::UnmapRanges(Txn* txn, InodeNumber ino, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
@@ -279,6 +287,7 @@ Result<size_t> Filesystem::Write(InodeNumber ino, uint64_t offset, const char* d
 }
 
 Result<size_t> Filesystem::WriteThrough(InodeNumber ino, uint64_t offset, const char* data, size_t size) {
+  std::lock_guard flush_lock(FlushLock(ino));
   std::unique_lock io_lock(IoLock(ino));
   SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));  // cached blocks must not later overwrite this write
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
@@ -326,9 +335,9 @@ struct BlockRewrite {
 }  // namespace
 
 Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request) {
-  std::unique_lock io_lock(IoLock(ino), std::defer_lock);
+  std::lock_guard flush_lock(FlushLock(ino));  // cached chunks may be dropped or rewritten
+  std::unique_lock io_lock(IoLock(ino));
   std::optional<BlockRewrite> tail;
-  io_lock.lock();
   if (request.size) {
     SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
     if (auto overlay = cache_.GetOverlay(ino)) record.size = overlay->size;
@@ -450,6 +459,7 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
       SPILLFS_RETURN_IF_ERROR(zero_span(offset, inner_start));
       SPILLFS_RETURN_IF_ERROR(zero_span(inner_end, end));
       if (inner_start < inner_end) {
+        std::lock_guard flush_lock(FlushLock(ino));
         std::unique_lock io_lock(IoLock(ino));
         SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));  // the edges just went through the RAM tier
         std::lock_guard lock(mu_);
@@ -467,6 +477,7 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
   }
 
   // Allocate unwritten extents over the holes of [offset, end).
+  std::lock_guard flush_lock(FlushLock(ino));
   std::unique_lock io_lock(IoLock(ino));
   SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));
   uint64_t start = RoundDown(offset, block_size_);

@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <cstring>
+#include <future>
 #include <set>
 
 #include "spillfs/fs/clock.h"
@@ -15,14 +16,22 @@
 namespace spillfs {
 
 Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const char* data, size_t size) {
-  std::unique_lock io_lock(IoLock(ino));
-  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
-  if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "write to a non-regular file");
-  auto file = cache_.GetOrCreate(ino, record.size, record.mtime_ns, record.flags & kInodeEphemeral);
   const uint64_t per_chunk = cache_.blocks_per_chunk();
   uint64_t first_block = offset / block_size_;
   uint64_t end = offset + size;
   uint64_t last_block = (end + block_size_ - 1) / block_size_;
+  std::unique_lock io_lock(IoLock(ino));
+  // Chunks being written to the SSD are frozen: wait for that flush (it
+  // holds the flush lock throughout), then look again.
+  for (auto frozen = FindFlushingChunk(ino, first_block, last_block); frozen;
+       frozen = FindFlushingChunk(ino, first_block, last_block)) {
+    io_lock.unlock();
+    { std::lock_guard wait_for_flush(FlushLock(ino)); }
+    io_lock.lock();
+  }
+  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+  if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "write to a non-regular file");
+  auto file = cache_.GetOrCreate(ino, record.size, record.mtime_ns, record.flags & kInodeEphemeral);
   // Every block that becomes dirty needs a new block at flush (redirect-on-
   // write): promise that space now, so a full volume fails this write.
   uint64_t new_blocks = 0;
@@ -49,8 +58,19 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
   cache_.NoteWrite(*file, end, NowNs());
   counters_.bytes_written.fetch_add(size, std::memory_order_relaxed);
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
-  if (cache_.OverHighWatermark()) cache_.WakeFlusher();
+  if (cache_.WantsFlush(*file)) cache_.WakeFlusher();
   return size;
+}
+
+bool Filesystem::FindFlushingChunk(InodeNumber ino, uint64_t first_block, uint64_t last_block) const {
+  auto file = cache_.Find(ino);
+  if (!file) return false;
+  const uint64_t per_chunk = cache_.blocks_per_chunk();
+  auto it = file->chunks.lower_bound(first_block / per_chunk);
+  for (; it != file->chunks.end() && it->first <= (last_block - 1) / per_chunk; ++it) {
+    if (it->second.flushing) return true;
+  }
+  return false;
 }
 
 Status Filesystem::ReadBlocksCached(InodeNumber ino, uint64_t first_block, uint64_t count, char* out) {
@@ -83,19 +103,246 @@ Status Filesystem::ReadBlocksCached(InodeNumber ino, uint64_t first_block, uint6
   return read_run();
 }
 
-Status Filesystem::FlushFile(InodeNumber ino) {
+// ---- flushing ----
+
+struct Filesystem::FlushBatch {
+  std::shared_ptr<WriteBackCache::File> file;
+  std::vector<uint64_t> chunks;  // chunk indexes, marked flushing
+  std::vector<Segment> segments;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // file ranges replaced, sorted
+  std::vector<SharedRef> shared;                      // dedup hits
+  uint64_t total = 0;                                 // valid bytes gathered
+  uint64_t hold = 0;                                  // space promise taken from the file
+  uint64_t reserved_from_hold = 0;
+  SegmentPlan plan;
+  std::future<Status> written;  // the SSD writes of plan.slices
+};
+
+namespace {
+
+// Batches are this large: big enough for the SSD's queue depth, small enough
+// that the next batch's hashing overlaps this one's I/O.
+constexpr uint64_t kFlushBatchBytes = 64 << 20;
+
+}  // namespace
+
+Status Filesystem::FlushFile(InodeNumber ino, FlushScope scope) {
   if (!cache_.Find(ino)) return Status::OK();
-  std::unique_lock io_lock(IoLock(ino));
-  return FlushLocked(ino);
+  std::lock_guard flush_lock(FlushLock(ino));
+  return FlushChunks(ino, scope, /*locked=*/false);
 }
 
 Status Filesystem::FlushLocked(InodeNumber ino) {
-  // A dedup hit can vanish between lookup and commit; then flush again, and
-  // the last time without dedup.
-  for (int attempt = 0;; ++attempt) {
-    Status s = FlushOnce(ino, dedup_ && attempt < 2);
-    if (s.code() != EAGAIN) return s;
+  if (!cache_.Find(ino)) return Status::OK();
+  return FlushChunks(ino, FlushScope::kAll, /*locked=*/true);
+}
+
+Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
+  auto file = cache_.Find(ino);
+  if (!file) return Status::OK();
+  // Exclusive I/O lock for the short steps (none when the caller holds it).
+  auto exclusive = [&] {
+    return locked ? std::unique_lock<std::shared_mutex>() : std::unique_lock<std::shared_mutex>(IoLock(ino));
+  };
+  // The chunks to flush, fixed now: data written later is a later flush's.
+  std::vector<uint64_t> todo;
+  {
+    auto lock = exclusive();
+    for (const auto& [index, chunk] : file->chunks) todo.push_back(index);
+    if (scope == FlushScope::kBackground && !todo.empty() &&
+        file->chunks.at(todo.back()).valid_blocks < cache_.blocks_per_chunk()) {
+      todo.pop_back();
+    }
   }
+  if (todo.empty()) {
+    if (scope == FlushScope::kBackground) return Status::OK();
+    // No data left (truncated away), but the entry's size and mtime still
+    // overlay the inode: commit them and let the entry go.
+    auto lock = exclusive();
+    FlushBatch nothing;
+    nothing.file = file;
+    return CommitBatch(ino, &nothing);
+  }
+  const uint64_t chunks_per_batch = kFlushBatchBytes / WriteBackCache::kChunkBytes;
+  std::unique_ptr<FlushBatch> pending;  // written (or being written), not yet committed
+  auto commit_pending = [&]() -> Status {
+    if (!pending) return Status::OK();
+    std::unique_ptr<FlushBatch> batch = std::move(pending);
+    Status written = batch->written.get();
+    auto lock = exclusive();
+    if (!written.ok()) {
+      allocator_.Unreserve(batch->plan.space);
+      AbandonBatch(batch.get());
+      return written;
+    }
+    Status committed = CommitBatch(ino, batch.get());
+    if (committed.code() != EAGAIN) return committed;
+    // A dedup target vanished: flush the same chunks again without dedup.
+    std::vector<uint64_t> again = batch->chunks;
+    FlushBatch retry;
+    retry.file = file;
+    GatherBatch(again, &retry);
+    SPILLFS_RETURN_IF_ERROR(PlanBatch(&retry, /*dedup=*/false));
+    Status rewritten = store_.WriteSlices(retry.plan.slices);
+    if (!rewritten.ok()) {
+      allocator_.Unreserve(retry.plan.space);
+      AbandonBatch(&retry);
+      return rewritten;
+    }
+    return CommitBatch(ino, &retry);
+  };
+  for (size_t next = 0; next < todo.size();) {
+    auto batch = std::make_unique<FlushBatch>();
+    batch->file = file;
+    {
+      auto lock = exclusive();
+      size_t stop = std::min(todo.size(), next + chunks_per_batch);
+      GatherBatch(std::vector<uint64_t>(todo.begin() + next, todo.begin() + stop), batch.get());
+      next = stop;
+    }
+    Status planned = PlanBatch(batch.get(), dedup_);
+    if (!planned.ok()) {
+      auto lock = exclusive();
+      AbandonBatch(batch.get());
+      Status first = commit_pending();
+      return first.ok() ? planned : first;
+    }
+    if (locked) {
+      batch->written = std::async(std::launch::deferred,
+                                  [this, slices = batch->plan.slices] { return store_.WriteSlices(slices); });
+    } else {
+      batch->written = std::async(std::launch::async,
+                                  [this, slices = batch->plan.slices] { return store_.WriteSlices(slices); });
+    }
+    Status committed = commit_pending();
+    pending = std::move(batch);
+    if (!committed.ok()) {
+      commit_pending();  // the batch just started is written: map it, or give it back
+      return committed;
+    }
+  }
+  return commit_pending();
+}
+
+void Filesystem::GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* batch) {
+  WriteBackCache::File& file = *batch->file;
+  const uint64_t per_chunk = cache_.blocks_per_chunk();
+  for (uint64_t index : chunks) {
+    auto it = file.chunks.find(index);
+    if (it == file.chunks.end()) continue;
+    WriteBackCache::Chunk& chunk = it->second;
+    chunk.flushing = true;
+    batch->chunks.push_back(index);
+    for (uint64_t i = 0; i < per_chunk;) {
+      if (!chunk.valid[i]) {
+        ++i;
+        continue;
+      }
+      uint64_t j = i;
+      while (j < per_chunk && chunk.valid[j]) ++j;
+      uint64_t file_offset = (index * per_chunk + i) * block_size_;
+      uint64_t length = (j - i) * block_size_;
+      batch->segments.push_back(Segment{file_offset, chunk.data.data() + i * block_size_, length, {}});
+      batch->total += length;
+      if (!batch->ranges.empty() && batch->ranges.back().second == file_offset) {
+        batch->ranges.back().second += length;
+      } else {
+        batch->ranges.emplace_back(file_offset, file_offset + length);
+      }
+      i = j;
+    }
+  }
+  batch->hold = cache_.TakeHold(file, batch->total);
+}
+
+Status Filesystem::PlanBatch(FlushBatch* batch, bool dedup) {
+  if (dedup) Deduplicate(&batch->segments, &batch->shared);
+  uint64_t fresh_bytes = batch->total - batch->shared.size() * kDedupUnit;
+  batch->reserved_from_hold = std::min(batch->hold, fresh_bytes);
+  SPILLFS_ASSIGN_OR_RETURN(batch->plan, PlanSegments(batch->segments, batch->reserved_from_hold));
+  allocator_.ReleaseHold(batch->hold - batch->reserved_from_hold);  // dedup hits need no space
+  batch->hold = 0;
+  return Status::OK();
+}
+
+void Filesystem::AbandonBatch(FlushBatch* batch) {
+  // Keep the space promise for a retry: a hold not yet used goes back to the
+  // file; what became the reservation (returned by the caller) is promised
+  // again. A retry without dedup may need more; it reserves that then.
+  if (batch->hold > 0) cache_.AddHold(*batch->file, batch->hold);
+  if (batch->reserved_from_hold > 0 && allocator_.Hold(batch->reserved_from_hold).ok()) {
+    cache_.AddHold(*batch->file, batch->reserved_from_hold);
+  }
+  batch->hold = batch->reserved_from_hold = 0;
+  for (uint64_t index : batch->chunks) {
+    auto it = batch->file->chunks.find(index);
+    if (it != batch->file->chunks.end()) it->second.flushing = false;
+  }
+}
+
+Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
+  WriteBackCache::File& file = *batch->file;
+  auto& extents = batch->plan.extents;
+  auto overlay = cache_.GetOverlay(ino);
+  std::lock_guard lock(mu_);
+  auto record = LoadInode(ino);
+  if (!record.ok()) {
+    allocator_.Unreserve(batch->plan.space);  // reclaimed while we wrote: never mapped
+    cache_.FinishFlush(ino, file, batch->chunks);
+    return record.status().code() == ENOENT ? Status::OK() : record.status();
+  }
+  Txn txn(index_);
+  for (const SharedRef& ref : batch->shared) {
+    std::string value;
+    auto blob = index_.Get(Family::kBlob, keys::BlobByPhysical(ref.blob), &value).ok()
+                    ? BlobRecord::Decode(value)
+                    : Result<BlobRecord>(Status::NotFound());
+    if (!blob.ok() || blob->hash != ref.hash || blob->length != kDedupUnit) {
+      allocator_.Unreserve(batch->plan.space);
+      AbandonBatch(batch);
+      return Status::Error(EAGAIN, "dedup target vanished");
+    }
+  }
+  for (auto& [offset, extent] : extents) {
+    if (extent.blob_id == 0) continue;
+    for (const Segment& segment : batch->segments) {
+      if (segment.file_offset == offset && !segment.blob_hash.empty()) {
+        txn.new_blobs[extent.blob_id] = BlobRecord{segment.blob_hash, extent.length, 0};
+      }
+    }
+  }
+  uint64_t unmapped = 0;
+  Status unmapped_ok = UnmapRanges(&txn, ino, batch->ranges, &unmapped);
+  if (!unmapped_ok.ok()) {
+    allocator_.Unreserve(batch->plan.space);
+    AbandonBatch(batch);
+    return unmapped_ok;
+  }
+  MapExtents(&txn, ino, extents);
+  for (const SharedRef& ref : batch->shared) {
+    ExtentRecord extent;
+    extent.physical = ref.blob;
+    extent.length = kDedupUnit;
+    extent.blob_id = ref.blob;
+    extent.block_checksums = Checksums(ref.data, kDedupUnit);
+    txn.batch.Put(Family::kExtent, keys::Extent(ino, ref.file_offset), extent.Encode());
+    ++txn.blob_refs[ref.blob];
+  }
+  record->allocated_bytes += batch->total - unmapped;
+  if (overlay) {
+    // Only data of this batch is committed; a size past it is still the
+    // overlay's (later chunks keep the file in the cache until they commit).
+    uint64_t committed_end = batch->ranges.empty() ? 0 : batch->ranges.back().second;
+    record->size = std::max(record->size, std::min(overlay->size, committed_end));
+    if (file.chunks.size() == batch->chunks.size()) record->size = overlay->size;  // the last cached data
+    record->mtime_ns = overlay->mtime_ns;
+    record->ctime_ns = std::max(record->ctime_ns, overlay->mtime_ns);
+  }
+  PutInode(&txn, ino, *record);
+  SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
+  counters_.bytes_deduplicated.fetch_add(batch->shared.size() * kDedupUnit, std::memory_order_relaxed);
+  cache_.FinishFlush(ino, file, batch->chunks);
+  return Status::OK();
 }
 
 void Filesystem::Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* shared) {
@@ -115,104 +362,6 @@ void Filesystem::Deduplicate(std::vector<Segment>* segments, std::vector<SharedR
     to_write.push_back(segment);
   }
   *segments = std::move(to_write);
-}
-
-Status Filesystem::FlushOnce(InodeNumber ino, bool dedup) {
-  auto file = cache_.Find(ino);
-  if (!file) return Status::OK();
-  const uint64_t per_chunk = cache_.blocks_per_chunk();
-  std::vector<Segment> segments;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  std::vector<uint64_t> flushed_chunks;
-  uint64_t total = 0;
-  for (auto& [index, chunk] : file->chunks) {
-    flushed_chunks.push_back(index);
-    for (uint64_t i = 0; i < per_chunk;) {
-      if (!chunk.valid[i]) {
-        ++i;
-        continue;
-      }
-      uint64_t j = i;
-      while (j < per_chunk && chunk.valid[j]) ++j;
-      uint64_t file_offset = (index * per_chunk + i) * block_size_;
-      uint64_t length = (j - i) * block_size_;
-      segments.push_back(Segment{file_offset, chunk.data.data() + i * block_size_, length, {}});
-      total += length;
-      if (!ranges.empty() && ranges.back().second == file_offset) {
-        ranges.back().second += length;
-      } else {
-        ranges.emplace_back(file_offset, file_offset + length);
-      }
-      i = j;
-    }
-  }
-  std::vector<SharedRef> shared;
-  if (dedup) Deduplicate(&segments, &shared);
-  uint64_t fresh_bytes = total - shared.size() * kDedupUnit;
-  uint64_t hold = cache_.TakeHold(*file);
-  auto written_extents = WriteSegments(segments, std::min(hold, fresh_bytes));
-  if (!written_extents.ok()) {
-    if (allocator_.Hold(hold).ok()) cache_.AddHold(*file, hold);  // keep the promise for a retry
-    return written_extents.status();
-  }
-  auto extents = std::move(written_extents).value();
-  allocator_.ReleaseHold(hold - std::min(hold, fresh_bytes));  // dedup hits need no space
-  auto give_back = [&]() {
-    std::vector<PhysicalExtent> space;
-    for (auto& [offset, extent] : extents) space.push_back(PhysicalExtent{extent.physical, extent.length});
-    allocator_.Unreserve(space);
-  };
-  auto overlay = cache_.GetOverlay(ino);
-
-  std::lock_guard lock(mu_);
-  auto record = LoadInode(ino);
-  if (!record.ok()) {
-    give_back();  // reclaimed while we wrote: the new blocks were never mapped
-    cache_.FinishFlush(ino, *file, flushed_chunks);
-    return record.status().code() == ENOENT ? Status::OK() : record.status();
-  }
-  Txn txn(index_);
-  for (const SharedRef& ref : shared) {
-    std::string value;
-    auto blob = index_.Get(Family::kBlob, keys::BlobByPhysical(ref.blob), &value).ok() ? BlobRecord::Decode(value)
-                                                                                      : Result<BlobRecord>(Status::NotFound());
-    if (!blob.ok() || blob->hash != ref.hash || blob->length != kDedupUnit) {
-      give_back();
-      if (allocator_.Hold(hold).ok()) cache_.AddHold(*file, hold);  // the retry needs the whole promise again
-      return Status::Error(EAGAIN, "dedup target vanished");
-    }
-  }
-  for (auto& [offset, extent] : extents) {
-    if (extent.blob_id == 0) continue;
-    for (const Segment& segment : segments) {
-      if (segment.file_offset == offset && !segment.blob_hash.empty()) {
-        txn.new_blobs[extent.blob_id] = BlobRecord{segment.blob_hash, extent.length, 0};
-      }
-    }
-  }
-  uint64_t unmapped = 0;
-  SPILLFS_RETURN_IF_ERROR(UnmapRanges(&txn, ino, ranges, &unmapped));
-  MapExtents(&txn, ino, extents);
-  for (const SharedRef& ref : shared) {
-    ExtentRecord extent;
-    extent.physical = ref.blob;
-    extent.length = kDedupUnit;
-    extent.blob_id = ref.blob;
-    extent.block_checksums = Checksums(ref.data, kDedupUnit);
-    txn.batch.Put(Family::kExtent, keys::Extent(ino, ref.file_offset), extent.Encode());
-    ++txn.blob_refs[ref.blob];
-  }
-  record->allocated_bytes += total - unmapped;
-  if (overlay) {
-    record->size = overlay->size;
-    record->mtime_ns = overlay->mtime_ns;
-    record->ctime_ns = std::max(record->ctime_ns, overlay->mtime_ns);
-  }
-  PutInode(&txn, ino, *record);
-  SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
-  counters_.bytes_deduplicated.fetch_add(shared.size() * kDedupUnit, std::memory_order_relaxed);
-  cache_.FinishFlush(ino, *file, flushed_chunks);
-  return Status::OK();
 }
 
 Status Filesystem::Flush(InodeNumber ino) {
@@ -236,7 +385,7 @@ void Filesystem::FlusherLoop() {
     cache_.WaitForWork(std::chrono::milliseconds(200));
     for (InodeNumber ino : cache_.PickVictims(NowNs(), max_age_ns, /*all=*/false)) {
       if (stopping_) break;
-      Status s = FlushFile(ino);
+      Status s = FlushFile(ino, FlushScope::kBackground);
       if (!s.ok()) fmt::print(stderr, "spillfs: background flush of inode {} failed: {}\n", ino, s.ToString());
     }
   }

@@ -80,9 +80,11 @@ void WriteBackCache::AddHold(File& file, uint64_t bytes) {
   file.held_bytes += bytes;
 }
 
-uint64_t WriteBackCache::TakeHold(File& file) {
+uint64_t WriteBackCache::TakeHold(File& file, uint64_t max_bytes) {
   std::lock_guard lock(mu_);
-  return std::exchange(file.held_bytes, 0);
+  uint64_t taken = std::min(file.held_bytes, max_bytes);
+  file.held_bytes -= taken;
+  return taken;
 }
 
 uint64_t WriteBackCache::DropFrom(InodeNumber ino, File& file, uint64_t block, bool cancelled) {
@@ -164,7 +166,8 @@ std::vector<InodeNumber> WriteBackCache::PickVictims(int64_t now_ns, int64_t max
   bool pressure = used_bytes_ > capacity_ / 4 * 3;
   for (const auto& [ino, file] : files_) {
     if (file->chunk_count == 0) continue;
-    bool old = !file->ephemeral && now_ns - file->first_dirty_ns > max_age_ns;
+    bool old = !file->ephemeral && (now_ns - file->first_dirty_ns > max_age_ns ||
+                                    file->dirty_bytes >= kWriteBehindBytes);
     if (all || old || pressure) candidates.emplace_back(file->first_dirty_ns, ino);
   }
   std::sort(candidates.begin(), candidates.end());
@@ -173,12 +176,18 @@ std::vector<InodeNumber> WriteBackCache::PickVictims(int64_t now_ns, int64_t max
   uint64_t projected = used_bytes_;
   for (auto& [when, ino] : candidates) {
     const File& file = *files_.at(ino);
-    bool old = !file.ephemeral && now_ns - file.first_dirty_ns > max_age_ns;
+    bool old = !file.ephemeral && (now_ns - file.first_dirty_ns > max_age_ns ||
+                                   file.dirty_bytes >= kWriteBehindBytes);
     if (!all && !old && projected <= target) continue;
     out.push_back(ino);
     projected -= std::min(projected, file.chunk_count * kChunkBytes);
   }
   return out;
+}
+
+bool WriteBackCache::WantsFlush(const File& file) const {
+  std::lock_guard lock(mu_);
+  return used_bytes_ > capacity_ / 4 * 3 || (!file.ephemeral && file.dirty_bytes >= kWriteBehindBytes);
 }
 
 bool WriteBackCache::OverHighWatermark() const {

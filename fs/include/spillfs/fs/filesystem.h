@@ -233,6 +233,10 @@ class Filesystem {
   Entry MakeEntry(InodeNumber ino, const InodeRecord& record) const;
   // Serializes data changes of an inode (exclusive) against reads (shared).
   std::shared_mutex& IoLock(InodeNumber ino) { return io_locks_[ino % kIoLockStripes]; }
+  // Held for the whole of a flush of the inode, and by every operation that
+  // drops or rewrites cached chunks other than by write(). Taken before the
+  // I/O lock, never while holding it.
+  std::mutex& FlushLock(InodeNumber ino) { return flush_locks_[ino % kIoLockStripes]; }
 
   // Data-path helpers (file_data.cc).
   // Reads blocks [first, first + count) of `ino` into `out` (holes as zeros).
@@ -243,16 +247,48 @@ class Filesystem {
                                                                      uint64_t length);
   Result<std::vector<std::pair<uint64_t, ExtentRecord>>> WriteSegments(const std::vector<Segment>& segments,
                                                                        uint64_t from_hold);
+  // Where segments will go: reserved space, the extents to map (with block
+  // checksums) and the I/O slices to write. WriteSegments = plan + write.
+  struct SegmentPlan {
+    std::vector<PhysicalExtent> space;
+    std::vector<std::pair<uint64_t, ExtentRecord>> extents;
+    std::vector<IoSlice> slices;
+  };
+  Result<SegmentPlan> PlanSegments(const std::vector<Segment>& segments, uint64_t from_hold);
   // Write paths: through the RAM tier, or straight to new blocks.
   Result<size_t> WriteCached(InodeNumber ino, uint64_t offset, const char* data, size_t size);
+  // True when a cached chunk holding a block of [first_block, last_block) is
+  // being flushed (I/O lock held).
+  bool FindFlushingChunk(InodeNumber ino, uint64_t first_block, uint64_t last_block) const;
   Result<size_t> WriteThrough(InodeNumber ino, uint64_t offset, const char* data, size_t size);
   // Reads blocks, preferring cached ones; caller holds the I/O lock shared.
   Status ReadBlocksCached(InodeNumber ino, uint64_t first_block, uint64_t count, char* out);
-  // Flushes the file's cached data; FlushLocked needs the I/O lock exclusive.
-  Status FlushFile(InodeNumber ino);
+  // How much of a file a flush takes.
+  enum class FlushScope {
+    kAll,         // every cached block present when the flush starts (fsync, close)
+    kBackground,  // all but a partly filled last chunk, which a writer is likely filling
+  };
+  // A batch of cached chunks on its way to the SSD (write_back.cc).
+  struct FlushBatch;
+  // Flushes the file's cached data. The I/O lock is held only to pick chunks
+  // and to commit their mapping; the SSD writes run without it, so writers of
+  // other chunks go on, and batches are pipelined (one commits while the next
+  // is written). Takes FlushLock(ino).
+  Status FlushFile(InodeNumber ino, FlushScope scope = FlushScope::kAll);
+  // The same, for a caller that holds FlushLock(ino) and the I/O lock
+  // exclusively (runs every step under them).
   Status FlushLocked(InodeNumber ino);
-  // One flush attempt; EAGAIN when a dedup hit vanished before the commit.
-  Status FlushOnce(InodeNumber ino, bool dedup);
+  Status FlushChunks(InodeNumber ino, FlushScope scope, bool locked);
+  // Marks the chunks flushing and collects their valid blocks (I/O lock
+  // exclusive held by the caller).
+  void GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* batch);
+  // Deduplicates and reserves space; fills the batch's I/O slices and extents.
+  Status PlanBatch(FlushBatch* batch, bool dedup);
+  // Maps the written batch; EAGAIN when a dedup hit vanished meanwhile (the
+  // batch is then undone for a retry without dedup). I/O lock exclusive held.
+  Status CommitBatch(InodeNumber ino, FlushBatch* batch);
+  // Gives back what a batch that will not commit took (I/O lock held).
+  void AbandonBatch(FlushBatch* batch);
   // Splits whole dedup units whose content is already stored out of
   // `segments` into `shared`, and tags the other whole units as new blobs.
   void Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* shared);
@@ -280,6 +316,7 @@ class Filesystem {
   FsCounters counters_;
   WriteBackCache cache_;
   std::array<std::shared_mutex, kIoLockStripes> io_locks_;
+  std::array<std::mutex, kIoLockStripes> flush_locks_;
   std::atomic<bool> stopping_{false};
   std::thread flusher_;
 

@@ -28,6 +28,10 @@ namespace spillfs {
 class WriteBackCache {
  public:
   static constexpr uint64_t kChunkBytes = 256 << 10;
+  // A non-ephemeral file with this much dirty data is flushed in the
+  // background at once (write-behind), so a long sequential write keeps the
+  // SSD busy instead of waiting for fsync or memory pressure.
+  static constexpr uint64_t kWriteBehindBytes = 64 << 20;
 
   // A fixed, chunk-aligned window of a file; `valid` marks blocks whose bytes
   // here are the file's current contents.
@@ -36,6 +40,9 @@ class WriteBackCache {
     PooledBuffer data;
     std::vector<bool> valid;
     uint64_t valid_blocks = 0;
+    // Being written to the SSD: its bytes and valid bits must not change
+    // until the flush commits (a writer waits on Filesystem::FlushLock).
+    bool flushing = false;
   };
 
   struct File {
@@ -88,7 +95,8 @@ class WriteBackCache {
   // Space holds: added after Allocator::Hold succeeds; taken by a flush that
   // converts them into a reservation; returned if the flush fails.
   void AddHold(File& file, uint64_t bytes);
-  uint64_t TakeHold(File& file);
+  // Takes at most `max_bytes` of the file's hold.
+  uint64_t TakeHold(File& file, uint64_t max_bytes = UINT64_MAX);
   // Drops cached blocks at or past `block` (truncate). Returns the hold to
   // give back to the allocator.
   uint64_t DropFrom(InodeNumber ino, File& file, uint64_t block, bool cancelled);
@@ -98,10 +106,13 @@ class WriteBackCache {
   void FinishFlush(InodeNumber ino, File& file, const std::vector<uint64_t>& flushed_chunks);
 
   // Files to flush now, oldest first: all when `all`, else those dirty for
-  // longer than `max_age_ns` (non-ephemeral) plus, while memory is above the
-  // high watermark, the oldest of any kind.
+  // longer than `max_age_ns` or holding kWriteBehindBytes (non-ephemeral)
+  // plus, while memory is above the high watermark, the oldest of any kind.
   std::vector<InodeNumber> PickVictims(int64_t now_ns, int64_t max_age_ns, bool all) const;
   bool OverHighWatermark() const;
+  // True when the flusher should look at `file` now (memory pressure, or
+  // write-behind of a large non-ephemeral file).
+  bool WantsFlush(const File& file) const;
   // Blocks until `bytes` more fit or `timeout` passes; false on timeout.
   bool WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeout);
   // Wakes the flusher (it waits on this with a timeout).
