@@ -43,8 +43,12 @@ Status Allocator::Load(const Index& index) {
     persisted_bytes_ += length;
   }
   SPILLFS_RETURN_IF_ERROR(cursor->status());
+  // Everything the index holds now counts as durable: RocksDB's recovery
+  // writes the replayed WAL to synced tables at open.
   available_ = persisted_;
   available_bytes_ = persisted_bytes_;
+  parked_.clear();
+  parked_bytes_ = 0;
   cursor_ = 0;
   return Status::OK();
 }
@@ -92,7 +96,8 @@ void Allocator::Remove(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint6
 
 Status Allocator::Hold(uint64_t bytes) {
   std::lock_guard lock(mu_);
-  if (held_bytes_ + bytes > available_bytes_) return Status::NoSpace();
+  // Parked space counts: a reservation that needs it syncs the index first.
+  if (held_bytes_ + bytes > available_bytes_ + parked_bytes_) return Status::NoSpace();
   held_bytes_ += bytes;
   return Status::OK();
 }
@@ -103,12 +108,25 @@ void Allocator::ReleaseHold(uint64_t bytes) {
 }
 
 Result<std::vector<PhysicalExtent>> Allocator::Reserve(uint64_t length, uint64_t from_hold) {
+  bool short_of_parked = false;
+  auto reserved = TryReserve(length, from_hold, &short_of_parked);
+  if (reserved.ok() || !short_of_parked || !shortage_ || !shortage_()) return reserved;
+  return TryReserve(length, from_hold, &short_of_parked);
+}
+
+Result<std::vector<PhysicalExtent>> Allocator::TryReserve(uint64_t length, uint64_t from_hold,
+                                                          bool* short_of_parked) {
   std::lock_guard lock(mu_);
   if (length == 0 || length % unit_ != 0) {
     return Status::Invalid(fmt::format("allocation of {} bytes is not a positive multiple of {}", length, unit_));
   }
   from_hold = std::min(from_hold, held_bytes_);
-  if (length + (held_bytes_ - from_hold) > available_bytes_) return Status::NoSpace();
+  uint64_t others = held_bytes_ - from_hold;  // promises that must stay keepable
+  if (length + others > available_bytes_ + parked_bytes_) return Status::NoSpace();
+  if (length > available_bytes_) {
+    *short_of_parked = true;  // fits once parked space is durable
+    return Status::NoSpace();
+  }
   std::vector<PhysicalExtent> out;
   // First choice: one run big enough, at or after the cursor, then anywhere.
   auto fits = [&](auto begin, auto end) {
@@ -143,7 +161,10 @@ Result<std::vector<PhysicalExtent>> Allocator::Reserve(uint64_t length, uint64_t
   return out;
 }
 
-void Allocator::Unreserve(const std::vector<PhysicalExtent>& extents) { Release(extents); }
+void Allocator::Unreserve(const std::vector<PhysicalExtent>& extents) {
+  std::lock_guard lock(mu_);
+  MakeAvailable(extents);
+}
 
 void Allocator::CommitAllocated(const std::vector<PhysicalExtent>& extents, Index::Batch* batch) {
   std::lock_guard lock(mu_);
@@ -161,8 +182,37 @@ void Allocator::CommitFreed(const std::vector<PhysicalExtent>& extents, Index::B
   }
 }
 
-void Allocator::Release(const std::vector<PhysicalExtent>& extents) {
+void Allocator::Release(const std::vector<PhysicalExtent>& extents, uint64_t commit) {
   std::lock_guard lock(mu_);
+  if (commit <= durable_) {
+    MakeAvailable(extents);
+    return;
+  }
+  auto now = std::chrono::steady_clock::now();
+  if (parked_.empty()) oldest_parked_ = now;
+  for (const PhysicalExtent& e : extents) parked_bytes_ += e.length;
+  parked_.emplace(commit, Parked{extents, now});
+}
+
+void Allocator::Durable(uint64_t commit) {
+  std::lock_guard lock(mu_);
+  if (commit <= durable_) return;
+  durable_ = commit;
+  auto end = parked_.upper_bound(commit);
+  if (end == parked_.begin()) return;
+  for (auto it = parked_.begin(); it != end; ++it) {
+    for (const PhysicalExtent& e : it->second.extents) parked_bytes_ -= e.length;
+    MakeAvailable(it->second.extents);
+  }
+  parked_.erase(parked_.begin(), end);
+  if (!parked_.empty()) {
+    oldest_parked_ = parked_.begin()->second.since;
+    for (const auto& [number, space] : parked_)
+      oldest_parked_ = std::min(oldest_parked_, space.since);
+  }
+}
+
+void Allocator::MakeAvailable(const std::vector<PhysicalExtent>& extents) {
   for (const PhysicalExtent& e : extents) {
     Insert(&available_, e.offset, e.length, nullptr);
     available_bytes_ += e.length;
@@ -171,7 +221,19 @@ void Allocator::Release(const std::vector<PhysicalExtent>& extents) {
 
 uint64_t Allocator::available_bytes() const {
   std::lock_guard lock(mu_);
-  return available_bytes_ - std::min(available_bytes_, held_bytes_);
+  uint64_t free = available_bytes_ + parked_bytes_;
+  return free - std::min(free, held_bytes_);
+}
+
+uint64_t Allocator::parked_bytes() const {
+  std::lock_guard lock(mu_);
+  return parked_bytes_;
+}
+
+std::chrono::steady_clock::duration Allocator::parked_for() const {
+  std::lock_guard lock(mu_);
+  if (parked_.empty()) return std::chrono::steady_clock::duration::zero();
+  return std::chrono::steady_clock::now() - oldest_parked_;
 }
 
 uint64_t Allocator::persisted_free_bytes() const {

@@ -9,11 +9,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
+
 #include "spillfs/fs/clock.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {
 namespace {
+
+// Freed space waits at most about this long for an index sync (CommitTxn).
+constexpr std::chrono::seconds kParkedSyncInterval{5};
 
 Status CheckName(std::string_view name) {
   if (name.empty()) return Status::Error(ENOENT, "empty name");
@@ -59,9 +64,18 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
       checksums_(volume_->superblock().checksums),
       options_(options),
       allocator_(block_size_),
-      gate_([this](const std::vector<PhysicalExtent>& extents) { allocator_.Release(extents); }),
+      gate_([this](const std::vector<PhysicalExtent>& extents, uint64_t commit) {
+        allocator_.Release(extents, commit);
+      }),
       cache_(options.ram_tier_bytes, block_size_) {
   dedup_ = volume_->superblock().dedup && options.dedup;
+  // Freed space is parked until the batch that freed it is durable
+  // (allocator.h): every index sync, wherever it comes from, releases it.
+  index_.SetDurableListener([this](uint64_t commit) { allocator_.Durable(commit); });
+  // A reservation that only parked space could satisfy: make the index
+  // durable the way fsync does (data first, so what becomes durable keeps
+  // the data-before-metadata order) instead of failing with ENOSPC.
+  allocator_.SetShortageHandler([this] { return SyncAll().ok(); });
 }
 
 Filesystem::~Filesystem() {
@@ -79,6 +93,7 @@ Filesystem::~Filesystem() {
     s = index_.Commit(&batch, /*sync=*/true);
   }
   if (!s.ok()) fmt::print(stderr, "spillfs: final flush failed: {}\n", s.ToString());
+  index_.SetDurableListener(nullptr);  // the index outlives allocator_
 }
 
 Result<std::unique_ptr<Filesystem>> Filesystem::Open(std::unique_ptr<Volume> volume,
@@ -224,7 +239,14 @@ Status Filesystem::CommitTxn(Txn* txn) {
   SPILLFS_RETURN_IF_ERROR(ApplyBlobRefs(txn));
   allocator_.CommitFreed(txn->freed, &txn->batch);
   SPILLFS_RETURN_IF_ERROR(index_.Commit(&txn->batch));
-  gate_.Retire(std::move(txn->freed));
+  // The freed space stays unused until readers are done with it and this
+  // batch is durable (reclaim_gate.h, allocator.h).
+  gate_.Retire(std::move(txn->freed), txn->batch.commit_number());
+  // A workload that never fsyncs still gets its freed space back on time, as
+  // ext4 commits its journal every 5 s: the shortage handler would do it when
+  // space runs out, this keeps the parked set small before that. Best effort:
+  // the batch is committed either way, and a failed sync is tried again later.
+  if (allocator_.parked_for() > kParkedSyncInterval) (void)SyncAll();
   return Status::OK();
 }
 

@@ -18,6 +18,7 @@ constexpr double kAttrTimeout = 1.0;
 constexpr double kEntryTimeout = 1.0;
 constexpr unsigned kMaxWrite = 1u << 20;
 constexpr unsigned kReadAheadKib = 8192;
+constexpr unsigned kMaxBackground = 64;
 
 FuseDaemon& Daemon(fuse_req_t req) { return *static_cast<FuseDaemon*>(fuse_req_userdata(req)); }
 Filesystem& Fs(fuse_req_t req) { return Daemon(req).fs(); }
@@ -63,6 +64,10 @@ DirHandle* Dir(fuse_file_info* fi) { return reinterpret_cast<DirHandle*>(fi->fh)
 void OnInit(void* userdata, fuse_conn_info* conn) {
   conn->max_write = kMaxWrite;
   conn->max_readahead = kMaxWrite;
+  // Read-ahead and background writes run as "background" requests; the
+  // kernel's default of 12 in flight starves the worker threads and the SSD.
+  conn->max_background = kMaxBackground;
+  conn->congestion_threshold = kMaxBackground * 3 / 4;
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
   conn->want &= ~FUSE_CAP_HANDLE_KILLPRIV;  // the kernel clears suid/sgid on write and chown
 }
@@ -482,7 +487,7 @@ Status FuseDaemon::Run() {
   fuse_loop_config* config = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(config, options_.max_threads);
   fuse_loop_cfg_set_idle_threads(config, options_.max_threads);
-  fuse_loop_cfg_set_clone_fd(config, 0);
+  fuse_loop_cfg_set_clone_fd(config, 1);  // a /dev/fuse fd per worker: no contention on one queue
   int rc = fuse_session_loop_mt(session_, config);
   fuse_loop_cfg_destroy(config);
   if (rc < 0) return Status::Error(-rc, "FUSE session loop failed");

@@ -15,12 +15,12 @@ void ReclaimGate::Leave(uint64_t epoch) {
   ReleaseReady(&lock);
 }
 
-void ReclaimGate::Retire(std::vector<PhysicalExtent> extents) {
+void ReclaimGate::Retire(std::vector<PhysicalExtent> extents, uint64_t commit) {
   if (extents.empty()) return;
   std::unique_lock lock(mu_);
   // Readers that entered up to now may hold the old mapping: tag with the
   // current epoch and start a new one for later readers.
-  retired_.emplace(epoch_, std::move(extents));
+  retired_.emplace(epoch_, Retired{std::move(extents), commit});
   ++epoch_;
   ReleaseReady(&lock);
 }
@@ -28,13 +28,13 @@ void ReclaimGate::Retire(std::vector<PhysicalExtent> extents) {
 // Releases everything retired in an epoch older than every reader inside.
 void ReclaimGate::ReleaseReady(std::unique_lock<std::mutex>* lock) {
   uint64_t oldest_reader = readers_.empty() ? UINT64_MAX : readers_.begin()->first;
-  std::vector<PhysicalExtent> ready;
+  std::vector<Retired> ready;
   for (auto it = retired_.begin(); it != retired_.end() && it->first < oldest_reader;) {
-    ready.insert(ready.end(), it->second.begin(), it->second.end());
+    ready.push_back(std::move(it->second));
     it = retired_.erase(it);
   }
   lock->unlock();
-  if (!ready.empty()) release_(ready);
+  for (const Retired& r : ready) release_(r.extents, r.commit);
 }
 
 }  // namespace spillfs

@@ -2,15 +2,19 @@
 
 #include <fmt/format.h>
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
+#include "powercut_fs.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
+#include "spillfs/kvindex/powercut.h"
 
 namespace spillfs {
 namespace {
@@ -49,7 +53,17 @@ rocksdb::Options DatabaseOptions(bool create) {
   options.max_background_jobs = 2;
   options.max_open_files = 512;
   options.keep_log_file_num = 4;
-  options.recycle_log_file_num = 2;
+  // After a power cut the WAL may end in a torn record, and everything past
+  // the last sync may be gone. Point-in-time recovery replays the WAL up to
+  // the first record it cannot read and stops there: the index comes back as
+  // it was after some batch, never with a later batch applied over a lost
+  // earlier one (kSkipAnyCorruptedRecords could do that: a batch that frees
+  // space applied without the one that mapped its replacement), and it opens
+  // (kAbsoluteConsistency would refuse a torn tail). It is RocksDB's default;
+  // set here because spillfs depends on it. RocksDB turns WAL recycling off
+  // under this mode (recycled logs could leave a hole in the recovered data),
+  // so recycle_log_file_num is not set.
+  options.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
   options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
   return options;
 }
@@ -145,7 +159,16 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& path, const Option
   if (options.read_only) {
     s = rocksdb::DB::OpenForReadOnly(DatabaseOptions(false), path, families, &handles, &db);
   } else {
-    s = rocksdb::DB::Open(DatabaseOptions(options.create), path, families, &handles, &db);
+    rocksdb::Options db_options = DatabaseOptions(options.create);
+    const char* journal = getenv(powercut::kIndexJournalEnv);
+    if (journal != nullptr && *journal != '\0') {
+      // Power-cut simulation: nothing written before this open is in doubt.
+      SPILLFS_ASSIGN_OR_RETURN(auto fs, powercut::NewJournalingFileSystem(
+                                            rocksdb::FileSystem::Default(), path, journal));
+      index->env_ = rocksdb::NewCompositeEnv(fs);
+      db_options.env = index->env_.get();
+    }
+    s = rocksdb::DB::Open(db_options, path, families, &handles, &db);
   }
   if (!s.ok()) {
     if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
@@ -173,12 +196,33 @@ Status Index::Commit(Batch* batch, bool sync) {
   if (read_only_) return Status::Error(EROFS, "index is open read-only");
   rocksdb::WriteOptions options;
   options.sync = sync;
-  return FromRocks(db_->Write(options, batch->batch_.get()), "index commit");
+  // Every batch numbered up to `before` was in the WAL before this write.
+  uint64_t before = last_commit_.load();
+  SPILLFS_RETURN_IF_ERROR(FromRocks(db_->Write(options, batch->batch_.get()), "index commit"));
+  uint64_t expected = before;
+  if (last_commit_.compare_exchange_strong(expected, before + 1)) {
+    batch->commit_number_ = before + 1;
+    if (sync) NoteDurable(before + 1);  // nothing committed in between: all durable
+  } else {
+    batch->commit_number_ = last_commit_.fetch_add(1) + 1;
+    if (sync) NoteDurable(before);  // batches numbered in between may follow this one in the WAL
+  }
+  return Status::OK();
 }
 
 Status Index::Sync() {
   if (read_only_) return Status::OK();
-  return FromRocks(db_->SyncWAL(), "index sync");
+  uint64_t covered = last_commit_.load();  // committed, so in the WAL, before the sync starts
+  SPILLFS_RETURN_IF_ERROR(FromRocks(db_->SyncWAL(), "index sync"));
+  NoteDurable(covered);
+  return Status::OK();
+}
+
+void Index::NoteDurable(uint64_t commit) {
+  uint64_t now = durable_commit_.load();
+  while (now < commit && !durable_commit_.compare_exchange_weak(now, commit)) {
+  }
+  if (durable_listener_) durable_listener_(durable_commit_.load());
 }
 
 std::unique_ptr<Index::Cursor> Index::NewCursor(Family family, std::string_view prefix) const {

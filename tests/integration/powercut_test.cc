@@ -1,29 +1,44 @@
-// The power-cut simulation below the daemon: every data-area write that was
-// not made durable (fdatasync) when the daemon dies is undone, and the volume
-// must still come back consistent with every fsync'd byte.
+// The power-cut simulation: the daemon is killed, and everything it wrote
+// that was not durable at that moment is lost, in the data area and in the
+// index alike; the volume must come back consistent, with every byte that was
+// durable.
 //
-// The daemon is mounted with SPILLFS_POWERCUT_JOURNAL set (block_store.h):
-// its BlockStore journals the pre-image of every write and empties the
-// journal at each Flush (fdatasync), so the journal holds the old bytes of
-// exactly the writes that are not durable. A seeded writer workload (creates,
-// writes, overwrites at random offsets, truncates, renames, unlinks, mkdirs, fsync /
-// fdatasync of files, fsync of files written earlier and of directories, and
-// phases without any fsync) records the content of each file at its last
-// fsync; the daemon is SIGKILLed
-// at a seeded moment; the pre-images are written back into VOLUME/data.img
-// in reverse order, which is what a power cut at that instant could leave of
-// the data area. Then `spillfs fsck` must find the volume consistent (orphans
-// pending for mount allowed, as in crash_test), the volume must mount, every
-// fsync'd file must read back byte for byte, every other file must read as
-// some bytes or EIO (never hang or kill the daemon), and the daemon must
-// unmount cleanly.
+// The daemon is mounted with two journals in its environment:
+//  - SPILLFS_POWERCUT_JOURNAL (fs/include/spillfs/fs/block_store.h): its
+//    BlockStore journals the pre-image of every data-area write and empties
+//    the journal at each Flush (fdatasync), so the journal holds the old bytes
+//    of exactly the writes that are not durable;
+//  - SPILLFS_POWERCUT_INDEX_JOURNAL (kvindex/include/spillfs/kvindex/powercut.h):
+//    RocksDB's files journal their durable lengths (what a Sync covered).
+// A seeded writer workload (creates, writes, overwrites at random offsets,
+// truncates, renames, unlinks, mkdirs, fsync / fdatasync of files, fsync of
+// files written earlier and of directories, and phases without any fsync)
+// keeps, for every file name, each state it had since the last fsync. The
+// daemon is SIGKILLed at a seeded moment. Then the cut: the index directory
+// loses what was not synced (powercut::ApplyIndexCut: files truncated to
+// their durable length, never-synced files removed; RocksDB's point-in-time
+// recovery opens it at a batch no older than the last sync), and the data
+// area loses the writes since the last fdatasync: all of them
+// (LosingEvery...), or a seeded random subset of them (a device may have
+// written any of its cached writes: RandomSubset...).
 //
-// Only the data area loses writes here: the index (RocksDB) WAL written
-// without sync survives a SIGKILL in the page cache, so metadata that was
-// committed but not synced is kept. A real power cut could lose that too.
+// What must hold afterwards: `spillfs fsck` finds the volume consistent
+// (orphans pending for mount allowed, as in crash_test); it mounts; every name
+// is in one of the states it had since the last fsync (present or absent,
+// size between their sizes), every 4 KiB block of a file equals that block in
+// one of its states, and reads EIO only where some state wrote it after the
+// last fsync (that data may be lost; a block that every state had at the last
+// fsync must read back). A file untouched since the last fsync therefore reads
+// back byte for byte. The daemon must survive the reads and unmount cleanly.
+//
+// Every fsync or fdatasync of any file, and every fsync of a directory, is a
+// point at which everything done before it is durable: spillfs's fsync
+// flushes the file's RAM-tier data, the whole data area and the whole index
+// WAL (Filesystem::SyncAll; README "How data is kept"), and the writer has
+// every other file closed (close writes the RAM tier out) when it syncs.
 //
 // Environment:
-//   SPILLFS_POWERCUT_ITERATIONS=N  iterations (default 8)
+//   SPILLFS_POWERCUT_ITERATIONS=N  iterations of each test (default 8)
 //   SPILLFS_POWERCUT_SEED=S        first seed (default 1); iteration i uses S + i
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -33,6 +48,7 @@
 #include <unistd.h>
 
 #include <dirent.h>
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -42,15 +58,18 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "mounted_volume.h"
+#include "spillfs/kvindex/powercut.h"
 
 namespace spillfs::testing {
 namespace {
@@ -59,6 +78,7 @@ constexpr uint64_t kDefaultIterations = 8;
 constexpr uint64_t kMaxFiles = 40;
 constexpr int kMinKillMs = 200;
 constexpr int kMaxKillMs = 1800;
+constexpr uint64_t kBlock = 4096;  // the volume's block size (mkfs default)
 // The journal format of fs/include/spillfs/fs/block_store.h.
 constexpr const char* kJournalEnv = "SPILLFS_POWERCUT_JOURNAL";
 constexpr uint32_t kRecordMagic = 0x50434a31;
@@ -116,7 +136,31 @@ bool ReadWhole(const std::string& path, std::string* out) {
   return true;
 }
 
-// The writer workload and its model of what is durable.
+uint64_t Blocks(uint64_t size) { return (size + kBlock - 1) / kBlock; }
+
+// A file's content and, per 4 KiB block, whether it was written after the
+// last fsync (then a power cut may have lost it).
+struct FileState {
+  std::string content;
+  std::vector<bool> fresh;
+
+  void Resize(uint64_t size) {
+    content.resize(size, '\0');
+    fresh.resize(Blocks(size), false);
+  }
+  void MarkFresh(uint64_t offset, uint64_t length) {
+    for (uint64_t b = offset / kBlock; b < Blocks(offset + length) && b < fresh.size(); ++b) {
+      fresh[b] = true;
+    }
+  }
+};
+
+// One state a file name had since the last fsync: absent, or a file.
+struct Version {
+  std::shared_ptr<const FileState> file;  // null: absent
+};
+
+// The writer workload and its model of what a power cut may leave.
 class Writer {
  public:
   Writer(const MountedVolume& volume, uint64_t seed) : rng_(seed) {
@@ -144,12 +188,10 @@ class Writer {
     }
   }
 
-  std::map<std::string, std::string> durable() const { return durable_; }
-  std::set<std::string> known() const {
-    std::set<std::string> paths;
-    for (const auto& [path, content] : files_) paths.insert(path);
-    return paths;
-  }
+  // Every state each name had since the last fsync, oldest first (the
+  // effect of the operation cut short by the kill included). A name that is
+  // not here was absent throughout.
+  const std::map<std::string, std::vector<Version>>& history() const { return history_; }
   uint64_t ops() const { return ops_; }
   uint64_t fsyncs() const { return fsyncs_; }
   std::string early_failure() {
@@ -184,13 +226,16 @@ class Writer {
   std::string Join(const std::string& dir, const std::string& name) {
     return dir.empty() ? name : dir + "/" + name;
   }
-  // In a phase without fsync, files that are durable now are left alone
-  // (when there are others), so that the kill finds them next to lost writes.
+  // In a phase without fsync, two picks in three go to files changed since
+  // the last fsync (when there are any), so that a kill finds lost writes
+  // next to durable files, and the third may unlink, overwrite or truncate a
+  // durable one (whose old blocks must survive the cut).
   std::string RandomFile() {
     std::vector<const std::string*> candidates;
-    if (unsynced_phase_ > 0) {
-      for (const auto& [path, content] : files_) {
-        if (!durable_.count(path)) candidates.push_back(&path);
+    if (unsynced_phase_ > 0 && Pick(3) != 0) {
+      for (const auto& [path, state] : files_) {
+        auto it = history_.find(path);
+        if (it == history_.end() || it->second.size() > 1) candidates.push_back(&path);
       }
     }
     if (!candidates.empty()) return *candidates[Pick(candidates.size())];
@@ -198,12 +243,34 @@ class Writer {
     std::advance(it, static_cast<long>(Pick(files_.size())));
     return it->first;
   }
+
+  // Records the current state of `path` (after files_ was changed, before the
+  // system call that makes the change, so a change cut short by the kill is
+  // among the candidates).
+  void Note(const std::string& path) {
+    auto [it, inserted] = history_.try_emplace(path);
+    if (inserted) it->second.push_back(Version{});  // absent at the last fsync
+    auto file = files_.find(path);
+    it->second.push_back(
+        Version{file == files_.end() ? nullptr : std::make_shared<const FileState>(file->second)});
+  }
+  // An fsync returned: everything before it is durable.
+  void AllDurable() {
+    ++fsyncs_;
+    history_.clear();
+    for (auto& [path, state] : files_) {
+      state.fresh.assign(state.fresh.size(), false);
+      history_[path].push_back(Version{std::make_shared<const FileState>(state)});
+    }
+  }
   bool Sync(int fd, const std::string& path) {
     if (unsynced_phase_ > 0) return true;  // data reaches the SSD at close, not durably
     if (!Check((Pick(2) == 0 ? fsync(fd) : fdatasync(fd)) == 0, "fsync " + path)) return false;
-    ++fsyncs_;
-    durable_[path] = files_[path];
+    AllDurable();
     return true;
+  }
+  bool Close(int fd, const std::string& path) {
+    return Check(close(fd) == 0, "close " + path);  // close writes the RAM tier out
   }
 
   void Step() {
@@ -228,62 +295,74 @@ class Writer {
 
   void Create() {
     std::string path = Join(RandomDir(), "f" + std::to_string(next_name_++));
-    durable_.erase(path);
     std::string content = RandomBytes(rng_, WriteSize());
+    files_[path] = FileState{};
+    Note(path);
     int fd = openat(root_, path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
     if (!Check(fd >= 0, "create " + path)) return;
-    files_[path] = "";
     for (size_t at = 0; at < content.size();) {
       size_t piece = std::min(content.size() - at, WriteSize());
+      FileState& state = files_[path];
+      state.Resize(at + piece);
+      state.content.replace(at, piece, content, at, piece);
+      state.MarkFresh(at, piece);
+      Note(path);
       if (!Check(WriteAll(fd, content.data() + at, piece, static_cast<off_t>(at)),
                  "write " + path)) {
         close(fd);
         return;
       }
       at += piece;
-      files_[path] = content.substr(0, at);
     }
     if (Pick(100) < 40 && !Sync(fd, path)) {
       close(fd);
       return;
     }
-    close(fd);  // writes the cached data (not durably) when not synced
+    Close(fd, path);
   }
 
   void Overwrite() {
     std::string path = RandomFile();
-    std::string& content = files_[path];
-    durable_.erase(path);
+    FileState& state = files_[path];
     int fd = openat(root_, path.c_str(), O_WRONLY);
     if (!Check(fd >= 0, "open " + path)) return;
+    const uint64_t old_size = state.content.size();
     if (Pick(5) == 0) {  // truncate down (often inside an extent) or up
-      size_t size = Pick(3) == 0 ? content.size() + Pick(1 << 20) : Pick(content.size() + 1);
+      size_t size = Pick(3) == 0 ? old_size + Pick(1 << 20) : Pick(old_size + 1);
+      state.Resize(size);
+      // The block holding the new (shrinking) or old (growing) end may be
+      // rewritten to zero its tail.
+      uint64_t edge = std::min<uint64_t>(size, old_size);
+      if (edge % kBlock != 0) state.MarkFresh(edge, 1);
+      Note(path);
       if (!Check(ftruncate(fd, static_cast<off_t>(size)) == 0, "truncate " + path)) {
         close(fd);
         return;
       }
-      content.resize(size, '\0');
       if (Pick(100) < 35 && !Sync(fd, path)) {
         close(fd);
         return;
       }
-      close(fd);
+      Close(fd, path);
       return;
     }
-    size_t offset = Pick(content.size() + (64 << 10));
+    size_t offset = Pick(old_size + (64 << 10));
     std::string data = RandomBytes(rng_, WriteSize());
+    if (state.content.size() < offset + data.size()) state.Resize(offset + data.size());
+    state.content.replace(offset, data.size(), data);
+    state.MarkFresh(offset, data.size());
+    if (offset > old_size && old_size % kBlock != 0) state.MarkFresh(old_size, 1);
+    Note(path);
     if (!Check(WriteAll(fd, data.data(), data.size(), static_cast<off_t>(offset)),
                "overwrite " + path)) {
       close(fd);
       return;
     }
-    if (content.size() < offset + data.size()) content.resize(offset + data.size(), '\0');
-    content.replace(offset, data.size(), data);
     if (Pick(100) < 35 && !Sync(fd, path)) {
       close(fd);
       return;
     }
-    close(fd);
+    Close(fd, path);
   }
 
   // fsync of a file whose data was written (by close) some time before.
@@ -292,8 +371,11 @@ class Writer {
     std::string path = RandomFile();
     int fd = openat(root_, path.c_str(), O_RDONLY);
     if (!Check(fd >= 0, "open " + path)) return;
-    Sync(fd, path);
-    close(fd);
+    if (!Sync(fd, path)) {
+      close(fd);
+      return;
+    }
+    Close(fd, path);
   }
 
   void Rename() {
@@ -301,19 +383,18 @@ class Writer {
     std::string to =
         Pick(3) == 0 ? RandomFile() : Join(RandomDir(), "r" + std::to_string(next_name_++));
     if (to == from) return;
-    durable_.erase(from);
-    durable_.erase(to);
-    if (!Check(renameat(root_, from.c_str(), root_, to.c_str()) == 0, "rename " + from + " " + to))
-      return;
     files_[to] = std::move(files_[from]);
     files_.erase(from);
+    Note(from);
+    Note(to);
+    Check(renameat(root_, from.c_str(), root_, to.c_str()) == 0, "rename " + from + " " + to);
   }
 
   void Unlink() {
     std::string path = RandomFile();
-    durable_.erase(path);
-    if (!Check(unlinkat(root_, path.c_str(), 0) == 0, "unlink " + path)) return;
     files_.erase(path);
+    Note(path);
+    Check(unlinkat(root_, path.c_str(), 0) == 0, "unlink " + path);
   }
 
   void MakeDir() {
@@ -330,15 +411,14 @@ class Writer {
     if (!Check(fd >= 0, "open dir " + dir)) return;
     bool ok = fsync(fd) == 0;
     close(fd);
-    Check(ok, "fsync dir " + dir);
+    if (Check(ok, "fsync dir " + dir)) AllDurable();
   }
 
   int root_ = -1;
   std::mt19937_64 rng_;
   std::vector<std::string> dirs_;
-  std::map<std::string, std::string> files_;  // path -> content now
-  std::map<std::string, std::string>
-      durable_;  // path -> content at its last fsync, untouched since
+  std::map<std::string, FileState> files_;  // path -> file now
+  std::map<std::string, std::vector<Version>> history_;
   uint64_t next_name_ = 0;
   uint64_t unsynced_phase_ = 0;  // operations left in a phase without fsync
   uint64_t ops_ = 0;
@@ -350,61 +430,96 @@ class Writer {
   std::string early_failure_;
 };
 
-struct Revert {
-  uint64_t records = 0;
-  uint64_t bytes = 0;
+// What the cut did to the data area.
+struct DataCut {
+  uint64_t undone = 0;  // writes whose bytes were (at least partly) rolled back
+  uint64_t undone_bytes = 0;
+  uint64_t survived = 0;  // writes kept as the daemon issued them
+  uint64_t survived_bytes = 0;
   bool torn_tail = false;  // a record cut short by the kill (its write was never issued)
 };
 
-// Writes the journal's pre-images back into `image`, newest first.
-Revert ApplyJournal(const std::string& journal, const std::string& image, std::string* error) {
-  Revert revert;
+// The power cut in the data area. The journal holds, oldest first, the
+// pre-image of every write that was not durable. Without `survive`, every one
+// is lost; with it, each write survives with probability 1/2 and the others
+// are lost. Each 4 KiB unit ends up holding what the newest surviving write
+// to it wrote (the pre-image of the next journaled write to it, or the
+// image's current bytes when there is none), or, when no write to it
+// survived, the pre-image of the oldest one (what was durable).
+DataCut ApplyDataCut(const std::string& journal, const std::string& image, std::mt19937_64* survive,
+                     std::string* error) {
+  DataCut cut;
   std::string bytes;
   if (!ReadWhole(journal, &bytes)) {
     *error = "cannot read the journal " + journal + ": " + strerror(errno);
-    return revert;
+    return cut;
   }
   struct Record {
     uint64_t offset;
     uint64_t length;
-    size_t at;
+    size_t at;  // pre-image in `bytes`
+    bool survives;
   };
   std::vector<Record> records;
-  size_t at = 0;
-  while (at < bytes.size()) {
+  for (size_t at = 0; at < bytes.size();) {
     RecordHeader header;
     if (bytes.size() - at < sizeof(header)) {
-      revert.torn_tail = true;
+      cut.torn_tail = true;
       break;
     }
     std::memcpy(&header, bytes.data() + at, sizeof(header));
     if (header.magic != kRecordMagic) {
       *error = "journal record at " + std::to_string(at) + " has a bad magic";
-      return revert;
+      return cut;
     }
     if (bytes.size() - at - sizeof(header) < header.length) {
-      revert.torn_tail = true;
+      cut.torn_tail = true;
       break;
     }
-    records.push_back({header.offset, header.length, at + sizeof(header)});
+    if (header.offset % kBlock != 0 || header.length % kBlock != 0) {
+      *error = "journal record at " + std::to_string(at) + " is not 4 KiB aligned";
+      return cut;
+    }
+    bool survives = survive != nullptr && (*survive)() % 2 == 0;
+    records.push_back({header.offset, header.length, at + sizeof(header), survives});
+    (survives ? cut.survived : cut.undone) += 1;
+    (survives ? cut.survived_bytes : cut.undone_bytes) += header.length;
     at += sizeof(header) + header.length;
+  }
+  // Unit -> the records that wrote it, oldest first.
+  std::unordered_map<uint64_t, std::vector<uint32_t>> writers;
+  for (uint32_t i = 0; i < records.size(); ++i) {
+    for (uint64_t u = records[i].offset / kBlock;
+         u < (records[i].offset + records[i].length) / kBlock; ++u) {
+      writers[u].push_back(i);
+    }
   }
   int fd = open(image.c_str(), O_WRONLY);
   if (fd < 0) {
     *error = "cannot open " + image + ": " + strerror(errno);
-    return revert;
+    return cut;
   }
-  for (auto it = records.rbegin(); it != records.rend(); ++it) {
-    if (!WriteAll(fd, bytes.data() + it->at, it->length, static_cast<off_t>(it->offset))) {
+  for (const auto& [unit, list] : writers) {
+    // The newest surviving writer, and the record after it.
+    size_t keep = list.size();  // index in list of the first record whose write is lost for good
+    for (size_t i = list.size(); i-- > 0;) {
+      if (records[list[i]].survives) {
+        keep = i + 1;
+        break;
+      }
+      keep = 0;
+    }
+    if (keep == list.size()) continue;           // the newest write survived: the image holds it
+    const Record& source = records[list[keep]];  // its pre-image is what the unit holds
+    const char* data = bytes.data() + source.at + (unit * kBlock - source.offset);
+    if (!WriteAll(fd, data, kBlock, static_cast<off_t>(unit * kBlock))) {
       *error = "cannot write " + image + ": " + strerror(errno);
       break;
     }
-    ++revert.records;
-    revert.bytes += it->length;
   }
   if (fsync(fd) != 0 && error->empty()) *error = "fsync of " + image + ": " + strerror(errno);
   close(fd);
-  return revert;
+  return cut;
 }
 
 struct FsckResult {
@@ -427,7 +542,7 @@ FsckResult RunFsck(const std::string& volume) {
 }
 
 // Every regular file under the mount (volume paths).
-void Walk(const MountedVolume& volume, const std::string& rel, std::vector<std::string>* files) {
+void Walk(const MountedVolume& volume, const std::string& rel, std::set<std::string>* files) {
   DIR* d = opendir(volume.Path(rel).c_str());
   ASSERT_NE(d, nullptr) << rel << ": " << strerror(errno);
   std::vector<std::string> names;
@@ -443,38 +558,172 @@ void Walk(const MountedVolume& volume, const std::string& rel, std::vector<std::
     if (S_ISDIR(st.st_mode)) {
       Walk(volume, path, files);
     } else if (S_ISREG(st.st_mode)) {
-      files->push_back(path);
+      files->insert(path);
     }
   }
 }
 
 struct Totals {
   uint64_t survived = 0;
-  uint64_t files_verified = 0;
-  uint64_t bytes_verified = 0;
-  uint64_t records_reverted = 0;
-  uint64_t bytes_reverted = 0;
-  uint64_t unsynced_eio = 0;
-  uint64_t unsynced_read = 0;
+  uint64_t durable_files = 0;  // untouched since the last fsync: byte for byte
+  uint64_t durable_bytes = 0;
+  uint64_t changed_files = 0;  // changed since: each block in one of its states
+  uint64_t changed_bytes = 0;
+  uint64_t eio_blocks = 0;   // blocks of changed files written after the fsync, lost
+  uint64_t rolled_back = 0;  // names whose presence or size is not what it was at the kill
+  uint64_t data_undone = 0;
+  uint64_t data_undone_bytes = 0;
+  uint64_t data_survived = 0;
+  uint64_t data_survived_bytes = 0;
+  uint64_t index_truncated = 0;
+  uint64_t index_removed = 0;
+  uint64_t index_bytes_dropped = 0;
   uint64_t ops = 0;
   uint64_t fsyncs = 0;
   std::vector<uint64_t> failed_seeds;
 };
 
-// Sets SPILLFS_POWERCUT_JOURNAL for the children started while it lives.
-class JournalEnv {
- public:
-  explicit JournalEnv(const std::string& path) { setenv(kJournalEnv, path.c_str(), 1); }
-  ~JournalEnv() { unsetenv(kJournalEnv); }
+// What checking one file found.
+struct FileCheck {
+  uint64_t size = 0;
+  uint64_t bytes = 0;
+  uint64_t eio_blocks = 0;
+  std::string problem;  // empty: fine
 };
 
-void RunIteration(uint64_t seed, Totals* totals) {
+// "absent, 12345 bytes (durable), 20000 bytes" for failure messages.
+std::string Describe(const std::vector<Version>& versions) {
+  std::string out;
+  for (const Version& v : versions) {
+    if (!out.empty()) out += ", ";
+    if (!v.file) {
+      out += "absent";
+      continue;
+    }
+    bool fresh = std::find(v.file->fresh.begin(), v.file->fresh.end(), true) != v.file->fresh.end();
+    out += std::to_string(v.file->content.size()) + " bytes" + (fresh ? "" : " (durable)");
+  }
+  return out;
+}
+
+// Checks `path` (present after the cut) against the states it had since the
+// last fsync.
+FileCheck CheckFile(const std::string& mounted_path, const std::vector<Version>& versions) {
+  FileCheck check;
+  std::vector<const FileState*> states;
+  for (const Version& v : versions) {
+    if (v.file) states.push_back(v.file.get());
+  }
+  if (states.empty()) {
+    check.problem = "exists, but had no state since the last fsync in which it existed";
+    return check;
+  }
+  int fd = open(mounted_path.c_str(), O_RDONLY);
+  if (fd < 0) {
+    check.problem = std::string("cannot be opened: ") + strerror(errno);
+    return check;
+  }
+  posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);  // one EIO block must not fail its neighbours
+  struct stat st {};
+  fstat(fd, &st);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  check.size = size;
+  uint64_t min_size = UINT64_MAX, max_size = 0;
+  for (const FileState* s : states) {
+    min_size = std::min<uint64_t>(min_size, s->content.size());
+    max_size = std::max<uint64_t>(max_size, s->content.size());
+  }
+  if (size < min_size || size > max_size) {
+    check.problem = "size " + std::to_string(size) +
+                    " is outside its sizes since the last fsync [" + std::to_string(min_size) +
+                    ", " + std::to_string(max_size) + "]";
+    close(fd);
+    return check;
+  }
+  std::string chunk(1 << 20, '\0');
+  for (uint64_t start = 0; start < size && check.problem.empty(); start += chunk.size()) {
+    uint64_t length = std::min<uint64_t>(chunk.size(), size - start);
+    ssize_t n = pread(fd, chunk.data(), length, static_cast<off_t>(start));
+    bool whole = n == static_cast<ssize_t>(length);
+    if (n < 0 && errno != EIO) {
+      check.problem = "read at " + std::to_string(start) + ": " + strerror(errno);
+      break;
+    }
+    for (uint64_t b = start / kBlock; b < Blocks(start + length); ++b) {
+      uint64_t at = b * kBlock;
+      uint64_t len = std::min<uint64_t>(kBlock, size - at);
+      const char* got = chunk.data() + (at - start);
+      bool eio = false;
+      if (!whole) {  // some block of the chunk failed: read block by block
+        ssize_t m = pread(fd, chunk.data() + (at - start), len, static_cast<off_t>(at));
+        if (m < 0 && errno == EIO) {
+          eio = true;
+        } else if (m != static_cast<ssize_t>(len)) {
+          check.problem = "read of block " + std::to_string(b) +
+                          " failed: " + (m < 0 ? strerror(errno) : "short");
+          break;
+        }
+      }
+      if (eio) {
+        bool may_be_lost = false;
+        for (const FileState* s : states) may_be_lost |= b < s->fresh.size() && s->fresh[b];
+        if (!may_be_lost) {
+          check.problem = "block " + std::to_string(b) + " (offset " + std::to_string(at) +
+                          ") reads EIO, but it was durable in every state since the last fsync "
+                          "(" +
+                          std::to_string(states.size()) + " states): data lost";
+          break;
+        }
+        ++check.eio_blocks;
+        continue;
+      }
+      bool matches = false;
+      for (const FileState* s : states) {
+        std::string want(len, '\0');
+        if (at < s->content.size()) {
+          s->content.copy(want.data(), std::min<uint64_t>(len, s->content.size() - at), at);
+        }
+        if (std::memcmp(want.data(), got, len) == 0) {
+          matches = true;
+          break;
+        }
+      }
+      if (!matches) {
+        check.problem = "block " + std::to_string(b) + " (offset " + std::to_string(at) +
+                        ") holds bytes of none of its " + std::to_string(states.size()) +
+                        " states since the last fsync";
+        break;
+      }
+      check.bytes += len;
+    }
+  }
+  close(fd);
+  return check;
+}
+
+// Sets both power-cut journals for the children started while it lives.
+class JournalEnv {
+ public:
+  JournalEnv(const std::string& data, const std::string& index) {
+    setenv(kJournalEnv, data.c_str(), 1);
+    setenv(powercut::kIndexJournalEnv, index.c_str(), 1);
+  }
+  ~JournalEnv() {
+    unsetenv(kJournalEnv);
+    unsetenv(powercut::kIndexJournalEnv);
+  }
+};
+
+enum class DataLoss { kAll, kRandomSubset };
+
+void RunIteration(uint64_t seed, DataLoss loss, Totals* totals) {
   std::mt19937_64 timing(seed * 104729);
   const int kill_ms = std::uniform_int_distribution<int>(kMinKillMs, kMaxKillMs)(timing);
   char tmpl[] = "/tmp/spillfs-powercut-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string scratch = tmpl;
-  const std::string journal = scratch + "/journal";
+  const std::string data_journal = scratch + "/journal";
+  const std::string index_journal = scratch + "/index-journal";
   struct Cleanup {
     std::string dir;
     ~Cleanup() {
@@ -485,7 +734,7 @@ void RunIteration(uint64_t seed, Totals* totals) {
 
   std::unique_ptr<MountedVolume> volume;
   {
-    JournalEnv env(journal);  // inherited by mkfs and the daemon, not by later commands
+    JournalEnv env(data_journal, index_journal);  // mkfs and the daemon, not later commands
     volume = std::make_unique<MountedVolume>();
   }
   Writer writer(*volume, seed);
@@ -499,64 +748,96 @@ void RunIteration(uint64_t seed, Totals* totals) {
   totals->fsyncs += writer.fsyncs();
   ASSERT_EQ(writer.early_failure(), "") << "an operation failed before the kill";
 
-  // The power cut: every data write since the last fdatasync is lost.
+  // The power cut: the index loses what was not synced, the data area the
+  // writes since the last fdatasync (all, or a random subset).
+  auto index_cut = powercut::ApplyIndexCut(index_journal, volume->volume() + "/index");
+  ASSERT_TRUE(index_cut.ok()) << index_cut.status().ToString();
+  totals->index_truncated += index_cut->files_truncated;
+  totals->index_removed += index_cut->files_removed;
+  totals->index_bytes_dropped += index_cut->bytes_dropped;
   std::string error;
-  Revert revert = ApplyJournal(journal, volume->volume() + "/data.img", &error);
+  std::mt19937_64 survive(seed * 7919 + 17);
+  DataCut data_cut = ApplyDataCut(data_journal, volume->volume() + "/data.img",
+                                  loss == DataLoss::kAll ? nullptr : &survive, &error);
   ASSERT_EQ(error, "");
-  totals->records_reverted += revert.records;
-  totals->bytes_reverted += revert.bytes;
+  totals->data_undone += data_cut.undone;
+  totals->data_undone_bytes += data_cut.undone_bytes;
+  totals->data_survived += data_cut.survived;
+  totals->data_survived_bytes += data_cut.survived_bytes;
+  const std::string where = "killed after " + std::to_string(kill_ms) + " ms at op " +
+                            std::to_string(writer.ops()) + " (" + writer.last_op() + "); " +
+                            std::to_string(data_cut.undone) + " data writes undone, " +
+                            std::to_string(data_cut.survived) +
+                            " kept; index: " + std::to_string(index_cut->files_truncated) +
+                            " files truncated (" + std::to_string(index_cut->bytes_dropped) +
+                            " bytes), " + std::to_string(index_cut->files_removed) + " removed";
 
   FsckResult fsck = RunFsck(volume->volume());
   if (!(fsck.rc == 1 && fsck.kinds == std::set<std::string>{"orphan"})) {
-    ASSERT_EQ(fsck.rc, 0) << "fsck after the power cut (killed after " << kill_ms << " ms, op "
-                          << writer.ops() << ", last op " << writer.last_op() << ", "
-                          << revert.records << " writes undone):\n"
+    ASSERT_EQ(fsck.rc, 0) << "fsck after the power cut (" << where << "):\n"
                           << fsck.output.substr(0, 4000);
   }
 
-  ASSERT_TRUE(volume->Mount(&error)) << "mount after the power cut: " << error;
-  uint64_t bytes = 0;
-  auto durable = writer.durable();
-  for (const auto& [path, content] : durable) {
-    std::string actual;
-    ASSERT_TRUE(ReadWhole(volume->Path(path), &actual))
-        << path << " (fsync'd): " << strerror(errno);
-    ASSERT_EQ(actual.size(), content.size())
-        << path << " (fsync'd, then untouched) has the wrong size";
-    ASSERT_TRUE(actual == content)
-        << path << " (fsync'd, then untouched) differs after the power cut";
-    bytes += content.size();
-  }
-  // Files not fsync'd since their last change: some bytes or EIO, nothing worse.
-  std::vector<std::string> files;
-  Walk(*volume, "", &files);
-  for (const std::string& path : files) {
-    if (durable.count(path)) continue;
-    std::string actual;
-    if (ReadWhole(volume->Path(path), &actual)) {
-      ++totals->unsynced_read;
-    } else {
-      ASSERT_EQ(errno, EIO) << path << " (not fsync'd): " << strerror(errno);
-      ++totals->unsynced_eio;
+  ASSERT_TRUE(volume->Mount(&error)) << "mount after the power cut (" << where << "): " << error;
+  std::set<std::string> present;
+  ASSERT_NO_FATAL_FAILURE(Walk(*volume, "", &present));
+  const auto& history = writer.history();
+  std::set<std::string> names = present;
+  for (const auto& [path, versions] : history) names.insert(path);
+  std::vector<std::string> problems;
+  uint64_t durable_files = 0, durable_bytes = 0, changed_files = 0, changed_bytes = 0, eio = 0;
+  uint64_t rolled_back = 0;
+  for (const std::string& path : names) {
+    auto it = history.find(path);
+    const std::vector<Version> absent_only{Version{}};
+    const std::vector<Version>& versions = it == history.end() ? absent_only : it->second;
+    if (!present.count(path)) {
+      bool may_be_absent = false;
+      for (const Version& v : versions) may_be_absent |= !v.file;
+      if (!may_be_absent) {
+        problems.push_back(path + ": lost (it existed in every state since the last fsync)");
+      }
+      if (versions.back().file) ++rolled_back;
+      continue;
     }
+    FileCheck check = CheckFile(volume->Path(path), versions);
+    if (!check.problem.empty()) {
+      problems.push_back(path + ": " + check.problem + "; its states: " + Describe(versions));
+      continue;
+    }
+    const FileState* at_kill = versions.back().file.get();
+    if (!at_kill || at_kill->content.size() != check.size) ++rolled_back;
+    bool durable = versions.size() == 1;  // untouched since the last fsync
+    (durable ? durable_files : changed_files) += 1;
+    (durable ? durable_bytes : changed_bytes) += check.bytes;
+    eio += check.eio_blocks;
   }
   struct stat st {};
   ASSERT_EQ(stat(volume->mountpoint().c_str(), &st), 0)
-      << "the daemon died reading the damaged files";
+      << "the daemon died reading the files after the power cut (" << where << ")";
   ASSERT_TRUE(volume->Unmount(&error)) << error;
+  std::string listing;
+  for (size_t i = 0; i < problems.size() && i < 10; ++i) listing += "\n  " + problems[i];
+  ASSERT_TRUE(problems.empty()) << problems.size() << " files are wrong after the power cut ("
+                                << where << "):" << listing;
 
   ++totals->survived;
-  totals->files_verified += durable.size();
-  totals->bytes_verified += bytes;
+  totals->durable_files += durable_files;
+  totals->durable_bytes += durable_bytes;
+  totals->changed_files += changed_files;
+  totals->changed_bytes += changed_bytes;
+  totals->eio_blocks += eio;
+  totals->rolled_back += rolled_back;
   fprintf(stderr,
-          "powercut test: seed %" PRIu64 ": killed after %d ms at op %" PRIu64 "; %" PRIu64
-          " writes (%" PRIu64 " bytes) undone%s; fsck clean; %zu fsync'd files, %" PRIu64
-          " bytes verified\n",
-          seed, kill_ms, writer.ops(), revert.records, revert.bytes,
-          revert.torn_tail ? " (torn last record)" : "", durable.size(), bytes);
+          "powercut test: seed %" PRIu64 ": %s%s; fsck clean; %" PRIu64 " untouched files (%" PRIu64
+          " bytes) exact, %" PRIu64 " changed files (%" PRIu64
+          " bytes) in a state they had, %" PRIu64 " lost blocks read EIO, %" PRIu64
+          " names not as at the kill\n",
+          seed, where.c_str(), data_cut.torn_tail ? " (torn last data record)" : "", durable_files,
+          durable_bytes, changed_files, changed_bytes, eio, rolled_back);
 }
 
-TEST(PowercutTest, LosingEveryUnflushedDataWriteKeepsTheVolumeConsistentWithEveryFsyncedByte) {
+void RunAll(DataLoss loss) {
   const uint64_t iterations = EnvU64("SPILLFS_POWERCUT_ITERATIONS", kDefaultIterations);
   const uint64_t first_seed = EnvU64("SPILLFS_POWERCUT_SEED", 1);
   Totals totals;
@@ -564,24 +845,43 @@ TEST(PowercutTest, LosingEveryUnflushedDataWriteKeepsTheVolumeConsistentWithEver
     const uint64_t seed = first_seed + i;
     SCOPED_TRACE("seed " + std::to_string(seed));
     uint64_t before = totals.survived;
-    RunIteration(seed, &totals);
+    RunIteration(seed, loss, &totals);
     if (totals.survived == before) totals.failed_seeds.push_back(seed);
   }
   std::string failed;
   for (uint64_t seed : totals.failed_seeds) failed += " " + std::to_string(seed);
   fprintf(stderr,
-          "powercut test: %" PRIu64 " of %" PRIu64 " power cuts survived; %" PRIu64
-          " data writes (%" PRIu64 " bytes) undone; %" PRIu64 " fsync'd files, %" PRIu64
-          " bytes verified; unsynced files: %" PRIu64 " read, %" PRIu64 " EIO; %" PRIu64
-          " ops, %" PRIu64 " fsyncs; failed seeds:%s\n",
-          totals.survived, iterations, totals.records_reverted, totals.bytes_reverted,
-          totals.files_verified, totals.bytes_verified, totals.unsynced_read, totals.unsynced_eio,
-          totals.ops, totals.fsyncs, failed.empty() ? " none" : failed.c_str());
-  RecordProperty("iterations_survived", static_cast<int>(totals.survived));
-  RecordProperty("bytes_verified", std::to_string(totals.bytes_verified));
+          "powercut test (%s): %" PRIu64 " of %" PRIu64
+          " power cuts survived; data writes: %" PRIu64 " undone (%" PRIu64 " bytes), %" PRIu64
+          " kept (%" PRIu64 " bytes); index: %" PRIu64 " files truncated (%" PRIu64
+          " bytes), %" PRIu64 " removed; %" PRIu64 " untouched files (%" PRIu64
+          " bytes) exact, %" PRIu64 " changed files (%" PRIu64 " bytes) checked, %" PRIu64
+          " lost blocks EIO, %" PRIu64 " names not as at the kill; %" PRIu64 " ops, %" PRIu64
+          " fsyncs; failed seeds:%s\n",
+          loss == DataLoss::kAll ? "every unflushed data write lost" : "a random subset lost",
+          totals.survived, iterations, totals.data_undone, totals.data_undone_bytes,
+          totals.data_survived, totals.data_survived_bytes, totals.index_truncated,
+          totals.index_bytes_dropped, totals.index_removed, totals.durable_files,
+          totals.durable_bytes, totals.changed_files, totals.changed_bytes, totals.eio_blocks,
+          totals.rolled_back, totals.ops, totals.fsyncs, failed.empty() ? " none" : failed.c_str());
+  ::testing::Test::RecordProperty("iterations_survived", static_cast<int>(totals.survived));
+  ::testing::Test::RecordProperty("bytes_verified",
+                                  std::to_string(totals.durable_bytes + totals.changed_bytes));
   EXPECT_EQ(totals.survived, iterations);
   // The simulation must have had something to undo, or it tested nothing.
-  EXPECT_GT(totals.bytes_reverted, 0u) << "no write was ever undone: is the journal written?";
+  EXPECT_GT(totals.data_undone_bytes, 0u)
+      << "no data write was ever undone: is the journal written?";
+  EXPECT_GT(totals.index_bytes_dropped + totals.index_removed, 0u)
+      << "the index never lost anything: is its journal written?";
+  if (loss == DataLoss::kRandomSubset) {
+    EXPECT_GT(totals.data_survived, 0u);
+  }
+}
+
+TEST(PowercutTest, LosingEveryUnflushedWriteKeepsEveryDurableByte) { RunAll(DataLoss::kAll); }
+
+TEST(PowercutTest, LosingARandomSubsetOfUnflushedWritesKeepsEveryDurableByte) {
+  RunAll(DataLoss::kRandomSubset);
 }
 
 }  // namespace

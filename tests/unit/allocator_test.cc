@@ -374,6 +374,95 @@ TEST_F(AllocatorTest, HoldsPromiseSpace) {
   EXPECT_EQ(fresh.available_bytes(), 6 * kUnit);
 }
 
+// Space freed by a batch that is not yet durable is parked: a power cut
+// could bring the old mapping back, so it must not be reused before Durable()
+// reaches that batch. It still counts as free.
+TEST_F(AllocatorTest, FreedSpaceIsNotReusedBeforeItsBatchIsDurable) {
+  auto all = alloc_.Reserve(kTotal);
+  ASSERT_TRUE(all.ok());
+  Commit(*all, {});
+  const PhysicalExtent first{kBase + 8 * kUnit, 2 * kUnit};
+  const PhysicalExtent second{kBase + 100 * kUnit, kUnit};
+  Commit({}, {first});
+  const uint64_t first_commit = index_->last_commit();
+  Commit({}, {second});
+  const uint64_t second_commit = index_->last_commit();
+  ASSERT_LT(first_commit, second_commit);
+  alloc_.Release({first}, first_commit);
+  alloc_.Release({second}, second_commit);
+  EXPECT_EQ(alloc_.parked_bytes(), 3 * kUnit);
+  EXPECT_GT(alloc_.parked_for().count(), 0) << "the filesystem syncs when this grows too old";
+  EXPECT_EQ(alloc_.available_bytes(), 3 * kUnit) << "parked space counts as free";
+  EXPECT_EQ(alloc_.Reserve(kUnit).status().code(), ENOSPC) << "parked space was handed out";
+
+  alloc_.Durable(first_commit - 1);
+  EXPECT_EQ(alloc_.Reserve(kUnit).status().code(), ENOSPC);
+  alloc_.Durable(first_commit);  // the first batch only
+  EXPECT_EQ(alloc_.parked_bytes(), kUnit);
+  auto again = alloc_.Reserve(2 * kUnit);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, std::vector<PhysicalExtent>{first});
+  EXPECT_EQ(alloc_.Reserve(kUnit).status().code(), ENOSPC);
+  Commit(*again, {});
+
+  // An Index sync reports the batches it made durable.
+  index_->SetDurableListener([this](uint64_t commit) { alloc_.Durable(commit); });
+  ASSERT_TRUE(index_->Sync().ok());
+  index_->SetDurableListener(nullptr);
+  EXPECT_GE(index_->durable_commit(), second_commit);
+  EXPECT_EQ(alloc_.parked_bytes(), 0u);
+  EXPECT_EQ(alloc_.parked_for().count(), 0);
+  auto last = alloc_.Reserve(kUnit);
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(*last, std::vector<PhysicalExtent>{second});
+  Commit(*last, {});
+
+  // Space freed by a batch already durable is usable at once.
+  Commit({}, {second});
+  ASSERT_TRUE(index_->Sync().ok());
+  alloc_.Durable(index_->durable_commit());
+  alloc_.Release({second}, index_->last_commit());
+  EXPECT_EQ(alloc_.parked_bytes(), 0u);
+  EXPECT_TRUE(alloc_.Reserve(kUnit).ok());
+}
+
+// A reservation that fits only with parked space asks the shortage handler
+// (the filesystem syncs the index) and tries again, instead of ENOSPC.
+TEST_F(AllocatorTest, ShortageHandlerMakesParkedSpaceUsable) {
+  int calls = 0;
+  index_->SetDurableListener([this](uint64_t commit) { alloc_.Durable(commit); });
+  alloc_.SetShortageHandler([&] {
+    ++calls;
+    return index_->Sync().ok();
+  });
+  auto all = alloc_.Reserve(kTotal);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(calls, 0) << "the handler ran although nothing was parked";
+  EXPECT_EQ(alloc_.Reserve(kUnit).status().code(), ENOSPC);
+  EXPECT_EQ(calls, 0) << "the handler ran although nothing was parked";
+  Commit(*all, {});
+  const PhysicalExtent freed{kBase + 16 * kUnit, 4 * kUnit};
+  Commit({}, {freed});
+  const uint64_t commit = index_->last_commit();
+  alloc_.Release({freed}, commit);
+  EXPECT_LT(index_->durable_commit(), commit);
+
+  // Holds may count on parked space; the reservation behind them syncs.
+  ASSERT_TRUE(alloc_.Hold(4 * kUnit).ok());
+  EXPECT_EQ(alloc_.Hold(kUnit).code(), ENOSPC);
+  EXPECT_EQ(alloc_.available_bytes(), 0u);
+  auto reserved = alloc_.Reserve(4 * kUnit, 4 * kUnit);
+  ASSERT_TRUE(reserved.ok()) << reserved.status().ToString();
+  EXPECT_EQ(*reserved, std::vector<PhysicalExtent>{freed});
+  EXPECT_EQ(calls, 1);
+  EXPECT_GE(index_->durable_commit(), commit);
+  // Nothing parked: a shortage is a real ENOSPC, without a sync.
+  EXPECT_EQ(alloc_.Reserve(kUnit).status().code(), ENOSPC);
+  EXPECT_EQ(calls, 1);
+  alloc_.SetShortageHandler(nullptr);
+  index_->SetDurableListener(nullptr);
+}
+
 TEST_F(AllocatorTest, LoadRefusesAMalformedFreeList) {
   SetFree({{kBase, 4 * kUnit}, {kBase + 2 * kUnit, 4 * kUnit}});  // overlapping
   Allocator a(kUnit);

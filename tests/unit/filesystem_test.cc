@@ -1208,6 +1208,60 @@ TEST_P(FilesystemDataTest, FullVolumeGivesENOSPCAndRecovers) {
   EXPECT_TRUE(SameBytes(ReadAll(again), chunk));
 }
 
+// Space freed by an unlink is not reused while the batch that freed it is
+// not durable: a power cut could bring the file back with its old mapping.
+// A write that needs that space syncs the index first instead of failing.
+TEST_P(FilesystemDataTest, FreedSpaceIsReusedOnlyOnceItsBatchIsDurable) {
+  std::mt19937_64 rng(21);
+  auto physical = [&](InodeNumber ino) {
+    std::vector<PhysicalExtent> out;
+    for (const auto& [offset, record] : Extents(ino))
+      out.push_back({record.physical, record.length});
+    return out;
+  };
+  auto overlaps = [](const std::vector<PhysicalExtent>& a, const std::vector<PhysicalExtent>& b) {
+    for (const auto& x : a) {
+      for (const auto& y : b) {
+        if (x.offset < y.offset + y.length && y.offset < x.offset + x.length) return true;
+      }
+    }
+    return false;
+  };
+  InodeNumber a = MakeFile(kRootInode, "a");
+  WriteAt(a, 0, RandomBytes(1 << 20, &rng));
+  // Everything but 512 KiB is taken.
+  InodeNumber filler = MakeFile(kRootInode, "filler");
+  const uint64_t fill = FreeBlocks() * kBlock - (512 << 10);
+  for (uint64_t at = 0; at < fill; at += 4 << 20) {  // pieces the RAM tier takes at once
+    WriteAt(filler, at, RandomBytes(std::min<uint64_t>(4 << 20, fill - at), &rng));
+  }
+  ASSERT_EQ(FreeBlocks() * kBlock, 512u << 10);
+  ASSERT_TRUE(fs_->SyncAll().ok());
+  const std::vector<PhysicalExtent> old = physical(a);
+
+  ASSERT_TRUE(fs_->Unlink(kRootInode, "a").ok());
+  const uint64_t unlink = index().last_commit();
+  ASSERT_LT(index().durable_commit(), unlink);
+  EXPECT_EQ(FreeBlocks() * kBlock, (512u << 10) + (1u << 20)) << "parked space counts as free";
+
+  // 256 KiB fits in what was free before: a's blocks stay as they were.
+  InodeNumber b = MakeFile(kRootInode, "b");
+  std::string b_data = RandomBytes(256 << 10, &rng);
+  WriteAt(b, 0, b_data);
+  EXPECT_FALSE(overlaps(physical(b), old)) << "a's blocks reused before its unlink was durable";
+  EXPECT_LT(index().durable_commit(), unlink) << "synced although there was room";
+
+  // 512 KiB more fits only in a's old space: the write syncs, then reuses it.
+  InodeNumber c = MakeFile(kRootInode, "c");
+  std::string c_data = RandomBytes(512 << 10, &rng);
+  WriteAt(c, 0, c_data);
+  EXPECT_TRUE(overlaps(physical(c), old));
+  EXPECT_GE(index().durable_commit(), unlink);
+  EXPECT_TRUE(SameBytes(ReadAll(b), b_data));
+  EXPECT_TRUE(SameBytes(ReadAll(c), c_data));
+  ExpectSpaceAccountedFor();
+}
+
 // ---- corruption ----
 
 TEST_P(FilesystemDataTest, FlippedByteUnderAnExtentReadsAsEIO) {

@@ -147,6 +147,27 @@ TEST(ReclaimGateTest, SteadyStreamOfOverlappingReadersDoesNotStarveIt) {
   EXPECT_EQ(released.All(), (Extents{kA}));
 }
 
+// Each retire is released with the commit number of the batch that freed
+// it (the allocator keeps the space back until that batch is durable).
+TEST(ReclaimGateTest, ReleasesCarryTheCommitNumberOfTheirRetire) {
+  std::vector<std::pair<Extents, uint64_t>> calls;
+  ReclaimGate gate([&](const std::vector<PhysicalExtent>& extents, uint64_t commit) {
+    calls.emplace_back(extents, commit);
+  });
+  {
+    ReclaimGate::Reader reader(&gate);
+    gate.Retire({kA}, 7);
+    gate.Retire({kB, kC}, 9);
+    EXPECT_TRUE(calls.empty());
+  }
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0], std::make_pair(Extents{kA}, uint64_t{7}));
+  EXPECT_EQ(calls[1], std::make_pair(Extents{kB, kC}, uint64_t{9}));
+  gate.Retire({kA});
+  ASSERT_EQ(calls.size(), 3u);
+  EXPECT_EQ(calls[2].second, 0u);
+}
+
 // Readers look up a "mapping" (a slot number) after entering and check the
 // slot is still live while inside; a writer keeps remapping to a fresh slot
 // and retiring the old one. A slot may be reused only after release.

@@ -6,6 +6,10 @@
 // looking up a mapping and leave after their I/O; space freed while a reader
 // is inside is released only once every reader that entered before the free
 // has left (an epoch scheme: no starvation under a steady stream of readers).
+//
+// Space is retired with the commit number of the index batch that freed it
+// (Index::Batch::commit_number) and released with it: the allocator keeps it
+// back further until that batch is durable (allocator.h).
 #pragma once
 
 #include <cstdint>
@@ -20,8 +24,15 @@ namespace spillfs {
 
 class ReclaimGate {
  public:
+  // Called once per Retire(), with its extents and commit number.
+  using ReleaseWithCommitFn =
+      std::function<void(const std::vector<PhysicalExtent>&, uint64_t commit)>;
+  // The same for callers that have no use for commit numbers.
   using ReleaseFn = std::function<void(const std::vector<PhysicalExtent>&)>;
-  explicit ReclaimGate(ReleaseFn release) : release_(std::move(release)) {}
+  explicit ReclaimGate(ReleaseWithCommitFn release) : release_(std::move(release)) {}
+  explicit ReclaimGate(ReleaseFn release)
+      : release_([release = std::move(release)](const std::vector<PhysicalExtent>& extents,
+                                                uint64_t) { release(extents); }) {}
 
   // RAII reader registration.
   class Reader {
@@ -36,20 +47,25 @@ class ReclaimGate {
     uint64_t epoch_;
   };
 
-  // Space freed by a committed batch: released now if no reader is inside,
-  // else once the readers present now have left.
-  void Retire(std::vector<PhysicalExtent> extents);
+  // Space freed by committed batch number `commit` (0: a batch already
+  // durable, or none): released now if no reader is inside, else once the
+  // readers present now have left.
+  void Retire(std::vector<PhysicalExtent> extents, uint64_t commit = 0);
 
  private:
   uint64_t Enter();
   void Leave(uint64_t epoch);
   void ReleaseReady(std::unique_lock<std::mutex>* lock);
 
-  ReleaseFn release_;
+  ReleaseWithCommitFn release_;
   std::mutex mu_;
   uint64_t epoch_ = 1;
   std::map<uint64_t, uint64_t> readers_;  // epoch -> readers that entered in it
-  std::multimap<uint64_t, std::vector<PhysicalExtent>> retired_;  // epoch of retirement -> space
+  struct Retired {
+    std::vector<PhysicalExtent> extents;
+    uint64_t commit;
+  };
+  std::multimap<uint64_t, Retired> retired_;  // epoch of retirement -> space
 };
 
 }  // namespace spillfs

@@ -4,8 +4,14 @@
 // data area. Every filesystem operation builds one Batch and commits it
 // atomically; Commit(sync=false) is ordered but not yet durable, Sync() makes
 // everything committed so far durable with one WAL flush (group commit).
+//
+// Commit numbers say which batches are durable: each successful Commit()
+// numbers its batch (1, 2, ... in the order the commits return), and
+// durable_commit() is the highest number known durable. Space that a batch
+// frees must not be reused before that batch is durable (fs/allocator.h).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -18,6 +24,7 @@
 
 namespace rocksdb {
 class DB;
+class Env;
 class ColumnFamilyHandle;
 class WriteBatch;
 class Iterator;
@@ -49,11 +56,14 @@ class Index {
     void Put(Family family, std::string_view key, std::string_view value);
     void Delete(Family family, std::string_view key);
     size_t Count() const;
+    // The number Index::Commit gave this batch; 0 until it is committed.
+    uint64_t commit_number() const { return commit_number_; }
 
    private:
     friend class Index;
     const Index* index_;
     std::unique_ptr<rocksdb::WriteBatch> batch_;
+    uint64_t commit_number_ = 0;
   };
 
   // Ordered walk over the keys of one family that start with a prefix.
@@ -85,13 +95,29 @@ class Index {
   Index(const Index&) = delete;
   Index& operator=(const Index&) = delete;
 
+  // With SPILLFS_POWERCUT_INDEX_JOURNAL set, a read-write open journals what
+  // is durable for the power-cut simulation (spillfs/kvindex/powercut.h).
   static Result<std::unique_ptr<Index>> Open(const std::string& path, const Options& options);
 
   // Returns NotFound (ENOENT) when the key is absent.
   Status Get(Family family, std::string_view key, std::string* value) const;
+  // Numbers the batch (Batch::commit_number) once it is committed.
   Status Commit(Batch* batch, bool sync = false);
   // Makes every committed batch durable.
   Status Sync();
+
+  // The number of the last commit, and the highest number known durable: a
+  // Sync() makes every batch durable that was committed before it started; a
+  // Commit(sync=true) the same, and its own batch. (A memtable flush may make
+  // batches durable without either; they count only from the next sync.)
+  uint64_t last_commit() const { return last_commit_.load(); }
+  uint64_t durable_commit() const { return durable_commit_.load(); }
+  // Called with the new durable_commit() after every Sync() and
+  // Commit(sync=true) that succeeds, on the caller's thread, without any
+  // Index lock held. Set it before the index is shared between threads.
+  void SetDurableListener(std::function<void(uint64_t)> listener) {
+    durable_listener_ = std::move(listener);
+  }
   // A cursor over `family` limited to keys starting with `prefix` (may be empty).
   std::unique_ptr<Cursor> NewCursor(Family family, std::string_view prefix) const;
 
@@ -107,10 +133,15 @@ class Index {
  private:
   Index() = default;
   rocksdb::ColumnFamilyHandle* Handle(Family family) const;
+  void NoteDurable(uint64_t commit);
 
+  std::unique_ptr<rocksdb::Env> env_;  // the power-cut journal's, or null; outlives db_
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   bool read_only_ = false;
+  std::atomic<uint64_t> last_commit_{0};
+  std::atomic<uint64_t> durable_commit_{0};
+  std::function<void(uint64_t)> durable_listener_;
 };
 
 // Encodes a meta u64 value (fixed big-endian).
