@@ -41,8 +41,8 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
   for (const PhysicalExtent& piece : space) length += piece.length;
   if (file_offset % block_size_ != 0) return Status::Error(EINVAL, "file_offset must be block aligned");
   if (checksums_ && checksums.size() != length / block_size_) {
-    return Status::Error(EINVAL, fmt::format("expected {} block checksums, got {}", length / block_size_,
-                                             checksums.size()));
+    return Status::Error(EINVAL,
+                         fmt::format("expected {} block checksums, got {}", length / block_size_, checksums.size()));
   }
   if (file_offset + length < file_offset || file_offset + length > (1ull << 62)) {
     return Status::Error(EFBIG, "commit range is past the largest file offset");
@@ -50,6 +50,7 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
   if (size > file_offset + length) return Status::Error(EINVAL, "size lies past the committed data");
   std::lock_guard flush_lock(FlushLock(ino));
   std::unique_lock io_lock(IoLock(ino));
+  ContentChange change(&read_ahead_, ino);    // before io_lock lets readers in
   SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));  // older cached data must not land on top later
   std::vector<std::pair<uint64_t, ExtentRecord>> extents;
   uint64_t at = 0;

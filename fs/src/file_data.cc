@@ -74,8 +74,7 @@ std::vector<uint32_t> Filesystem::Checksums(const char* data, uint64_t length) c
   return sums;
 }
 
-bool Filesystem::VerifyBlocks(const ExtentRecord& extent, uint64_t first_block, uint64_t count,
-                              const char* data) {
+bool Filesystem::VerifyBlocks(const ExtentRecord& extent, uint64_t first_block, uint64_t count, const char* data) {
   if (extent.block_checksums.empty()) return true;
   for (uint64_t i = 0; i < count; ++i) {
     if (static_cast<uint32_t>(XXH3_64bits(data + i * block_size_, block_size_)) !=
@@ -86,7 +85,7 @@ bool Filesystem::VerifyBlocks(const ExtentRecord& extent, uint64_t first_block, 
   return true;
 }
 
-Status Filesystem::ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t count, char* out) {
+Status Filesystem::ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t count, char* out, bool speculative) {
   ReclaimGate::Reader reader(&gate_);
   uint64_t start = first_block * block_size_;
   uint64_t end = start + count * block_size_;
@@ -109,26 +108,26 @@ Status Filesystem::ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t co
     const MappedExtent& e = sources[i];
     uint64_t first = (slices[i].offset - e.record.physical) / block_size_;
     if (!VerifyBlocks(e.record, first, slices[i].length / block_size_, slices[i].buffer)) {
+      if (speculative) return Status::IOError("checksum mismatch (read-ahead)");
       counters_.checksum_errors.fetch_add(1, std::memory_order_relaxed);
       uint64_t file_offset = start + static_cast<uint64_t>(slices[i].buffer - out);
-      fmt::print(stderr, "spillfs: checksum mismatch in inode {} at file offset {} (physical {})\n", ino,
-                 file_offset, slices[i].offset);
+      fmt::print(stderr, "spillfs: checksum mismatch in inode {} at file offset {} (physical {})\n", ino, file_offset,
+                 slices[i].offset);
       return Status::IOError(fmt::format("checksum mismatch in inode {} near offset {}", ino, file_offset));
     }
   }
   return Status::OK();
 }
 
-Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteBlocks(const char* data,
-                                                                               uint64_t file_offset,
+Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteBlocks(const char* data, uint64_t file_offset,
                                                                                uint64_t length) {
   return WriteSegments({Segment{file_offset, data, length}}, 0);
 }
 
 // Reserves space for all segments at once, writes them in parallel and
 // returns one extent per run that is contiguous both in the file and on disk.
-Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteSegments(
-    const std::vector<Segment>& segments, uint64_t from_hold) {
+Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteSegments(const std::vector<Segment>& segments,
+                                                                                 uint64_t from_hold) {
   SPILLFS_ASSIGN_OR_RETURN(SegmentPlan plan, PlanSegments(segments, from_hold));
   Status written = store_.WriteSlices(plan.slices);
   if (!written.ok()) {
@@ -140,8 +139,7 @@ Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteSegments
 
 // Reserves space for all segments at once; one extent per run that is
 // contiguous both in the file and on disk.
-Result<Filesystem::SegmentPlan> Filesystem::PlanSegments(const std::vector<Segment>& segments,
-                                                         uint64_t from_hold) {
+Result<Filesystem::SegmentPlan> Filesystem::PlanSegments(const std::vector<Segment>& segments, uint64_t from_hold) {
   uint64_t total = 0;
   for (const Segment& s : segments) total += s.length;
   SegmentPlan plan;
@@ -192,33 +190,33 @@ Status Filesystem::UnmapRanges(Txn* txn, InodeNumber ino, const std::vector<std:
   }
   // Each old extent is visited once and cut by every range it overlaps, so a
   // batch never holds two conflicting rewrites of one extent key.
-  SPILLFS_RETURN_IF_ERROR(ForEachExtent(index_, ino, ranges.front().first, ranges.back().second,
-                                        [&](const MappedExtent& e) {
-    uint64_t keep_from = e.file_offset;  // start of the next surviving piece
-    bool touched = false;
-    const uint64_t blob = e.record.blob_id;  // shared space is freed by its blob's last reference
-    auto keep = [&](uint64_t from, uint64_t to) {
-      txn->batch.Put(Family::kExtent, keys::Extent(ino, from),
-                     Slice(e.record, from - e.file_offset, to - from, block_size_).Encode());
-      if (blob != 0) ++txn->blob_refs[blob];
-    };
-    for (auto [start, end] : ranges) {
-      if (end <= e.file_offset || start >= e.end()) continue;
-      if (!touched) {
-        txn->batch.Delete(Family::kExtent, keys::Extent(ino, e.file_offset));
-        if (blob != 0) --txn->blob_refs[blob];
-      }
-      touched = true;
-      uint64_t from = std::max(start, e.file_offset);
-      uint64_t to = std::min(end, e.end());
-      if (keep_from < from) keep(keep_from, from);
-      if (blob == 0) txn->freed.push_back(PhysicalExtent{e.record.physical + (from - e.file_offset), to - from});
-      total += to - from;
-      keep_from = to;
-    }
-    if (touched && keep_from < e.end()) keep(keep_from, e.end());
-    return Status::OK();
-  }));
+  SPILLFS_RETURN_IF_ERROR(
+      ForEachExtent(index_, ino, ranges.front().first, ranges.back().second, [&](const MappedExtent& e) {
+        uint64_t keep_from = e.file_offset;  // start of the next surviving piece
+        bool touched = false;
+        const uint64_t blob = e.record.blob_id;  // shared space is freed by its blob's last reference
+        auto keep = [&](uint64_t from, uint64_t to) {
+          txn->batch.Put(Family::kExtent, keys::Extent(ino, from),
+                         Slice(e.record, from - e.file_offset, to - from, block_size_).Encode());
+          if (blob != 0) ++txn->blob_refs[blob];
+        };
+        for (auto [start, end] : ranges) {
+          if (end <= e.file_offset || start >= e.end()) continue;
+          if (!touched) {
+            txn->batch.Delete(Family::kExtent, keys::Extent(ino, e.file_offset));
+            if (blob != 0) --txn->blob_refs[blob];
+          }
+          touched = true;
+          uint64_t from = std::max(start, e.file_offset);
+          uint64_t to = std::min(end, e.end());
+          if (keep_from < from) keep(keep_from, from);
+          if (blob == 0) txn->freed.push_back(PhysicalExtent{e.record.physical + (from - e.file_offset), to - from});
+          total += to - from;
+          keep_from = to;
+        }
+        if (touched && keep_from < e.end()) keep(keep_from, e.end());
+        return Status::OK();
+      }));
   if (unmapped) *unmapped = total;
   return Status::OK();
 }
@@ -229,8 +227,7 @@ Status Filesystem::UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_
 
 // Maps freshly written extents; one that is a new dedup blob (blob_id set)
 // is registered by the caller in txn->new_blobs and gets its first reference.
-void Filesystem::MapExtents(Txn* txn, InodeNumber ino,
-                            const std::vector<std::pair<uint64_t, ExtentRecord>>& extents) {
+void Filesystem::MapExtents(Txn* txn, InodeNumber ino, const std::vector<std::pair<uint64_t, ExtentRecord>>& extents) {
   std::vector<PhysicalExtent> space;
   for (const auto& [offset, record] : extents) {
     txn->batch.Put(Family::kExtent, keys::Extent(ino, offset), record.Encode());
@@ -253,15 +250,18 @@ Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, A
   uint64_t first = RoundDown(offset, block_size_);
   uint64_t last = RoundUp(end, block_size_);
   scratch->Resize(last - first);
-  SPILLFS_RETURN_IF_ERROR(
-      ReadBlocksCached(ino, first / block_size_, (last - first) / block_size_, scratch->data()));
+  // A window holds the SSD's bytes: not for blocks the RAM tier may hold.
+  bool in_ram_tier = FindCachedChunk(ino, first / block_size_, last / block_size_, /*flushing_only=*/false);
+  if (in_ram_tier || !read_ahead_.Serve(ino, first, last - first, scratch->data())) {
+    SPILLFS_RETURN_IF_ERROR(ReadBlocksCached(ino, first / block_size_, (last - first) / block_size_, scratch->data()));
+  }
+  read_ahead_.Advance(ino, first, last, RoundUp(record.size, block_size_));
   *data = scratch->data() + (offset - first);
   counters_.bytes_read.fetch_add(end - offset, std::memory_order_relaxed);
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   // relatime: record an access only when it is newer information.
   int64_t now = NowNs();
-  if (record.atime_ns <= record.mtime_ns || record.atime_ns <= record.ctime_ns ||
-      now - record.atime_ns > kDayNs) {
+  if (record.atime_ns <= record.mtime_ns || record.atime_ns <= record.ctime_ns || now - record.atime_ns > kDayNs) {
     std::lock_guard lock(mu_);
     auto fresh = LoadInode(ino);
     if (fresh.ok()) {
@@ -274,14 +274,19 @@ Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, A
   return static_cast<size_t>(end - offset);
 }
 
-Result<size_t> Filesystem::Write(InodeNumber ino, uint64_t offset, const char* data, size_t size) {
+Status Filesystem::FetchAhead(InodeNumber ino, uint64_t offset, uint64_t length, char* out) {
+  return ReadBlocks(ino, offset / block_size_, length / block_size_, out, /*speculative=*/true);
+}
+
+Result<size_t> Filesystem::Write(InodeNumber ino, uint64_t offset, const char* data, size_t size,
+                                 const WriteAccepted* accepted) {
   if (size == 0) return size_t{0};
   if (offset + size < offset || offset + size > (1ull << 62)) return Status::Error(EFBIG, "file too large");
   // The RAM tier takes the write when it has room (waiting briefly for the
   // flusher to make some); otherwise the write goes straight to new blocks.
   uint64_t chunks = size / WriteBackCache::kChunkBytes + 2;
   if (cache_.capacity() > 0 && cache_.WaitForRoom(chunks * WriteBackCache::kChunkBytes, std::chrono::seconds(5))) {
-    return WriteCached(ino, offset, data, size);
+    return WriteCached(ino, offset, data, size, accepted);
   }
   return WriteThrough(ino, offset, data, size);
 }
@@ -289,6 +294,7 @@ Result<size_t> Filesystem::Write(InodeNumber ino, uint64_t offset, const char* d
 Result<size_t> Filesystem::WriteThrough(InodeNumber ino, uint64_t offset, const char* data, size_t size) {
   std::lock_guard flush_lock(FlushLock(ino));
   std::unique_lock io_lock(IoLock(ino));
+  ContentChange change(&read_ahead_, ino);    // before io_lock lets readers in
   SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));  // cached blocks must not later overwrite this write
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   uint64_t first = RoundDown(offset, block_size_);
@@ -337,6 +343,7 @@ struct BlockRewrite {
 Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request) {
   std::lock_guard flush_lock(FlushLock(ino));  // cached chunks may be dropped or rewritten
   std::unique_lock io_lock(IoLock(ino));
+  ContentChange change(&read_ahead_, ino);  // before io_lock lets readers in
   std::optional<BlockRewrite> tail;
   if (request.size) {
     SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
@@ -461,6 +468,7 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
       if (inner_start < inner_end) {
         std::lock_guard flush_lock(FlushLock(ino));
         std::unique_lock io_lock(IoLock(ino));
+        ContentChange change(&read_ahead_, ino);
         SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));  // the edges just went through the RAM tier
         std::lock_guard lock(mu_);
         SPILLFS_ASSIGN_OR_RETURN(record, LoadInode(ino));
@@ -479,6 +487,7 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
   // Allocate unwritten extents over the holes of [offset, end).
   std::lock_guard flush_lock(FlushLock(ino));
   std::unique_lock io_lock(IoLock(ino));
+  ContentChange change(&read_ahead_, ino);  // before io_lock lets readers in
   SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));
   uint64_t start = RoundDown(offset, block_size_);
   uint64_t stop = RoundUp(end, block_size_);

@@ -64,10 +64,12 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
       checksums_(volume_->superblock().checksums),
       options_(options),
       allocator_(block_size_),
-      gate_([this](const std::vector<PhysicalExtent>& extents, uint64_t commit) {
-        allocator_.Release(extents, commit);
-      }),
-      cache_(options.ram_tier_bytes, block_size_) {
+      gate_(
+          [this](const std::vector<PhysicalExtent>& extents, uint64_t commit) { allocator_.Release(extents, commit); }),
+      cache_(options.ram_tier_bytes, block_size_),
+      read_ahead_(ReadAhead::Options{}, [this](InodeNumber ino, uint64_t offset, uint64_t length, char* out) {
+        return FetchAhead(ino, offset, length, out);
+      }) {
   dedup_ = volume_->superblock().dedup && options.dedup;
   // Freed space is parked until the batch that freed it is durable
   // (allocator.h): every index sync, wherever it comes from, releases it.
@@ -96,8 +98,7 @@ Filesystem::~Filesystem() {
   index_.SetDurableListener(nullptr);  // the index outlives allocator_
 }
 
-Result<std::unique_ptr<Filesystem>> Filesystem::Open(std::unique_ptr<Volume> volume,
-                                                      const FilesystemOptions& options) {
+Result<std::unique_ptr<Filesystem>> Filesystem::Open(std::unique_ptr<Volume> volume, const FilesystemOptions& options) {
   std::unique_ptr<Filesystem> fs(new Filesystem(std::move(volume), options));
   SPILLFS_RETURN_IF_ERROR(fs->allocator_.Load(fs->index_));
   SPILLFS_ASSIGN_OR_RETURN(fs->next_ino_, fs->index_.GetMetaU64(keys::kNextIno));
@@ -148,7 +149,8 @@ Status Filesystem::ReclaimEphemeral() {
   auto inodes = index_.NewCursor(Family::kInode, "");
   for (inodes->Seek(""); inodes->Valid(); inodes->Next()) {
     SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, InodeRecord::Decode(inodes->value()));
-    if ((record.flags & kInodeEphemeral) && S_ISREG(record.mode)) doomed.emplace(keys::DecodeIno(inodes->key()), record);
+    if ((record.flags & kInodeEphemeral) && S_ISREG(record.mode))
+      doomed.emplace(keys::DecodeIno(inodes->key()), record);
   }
   SPILLFS_RETURN_IF_ERROR(inodes->status());
   if (doomed.empty()) return Status::OK();
@@ -222,7 +224,8 @@ Status Filesystem::ApplyBlobRefs(Txn* txn) {
     if (refs > 0) {
       blob.refs = static_cast<uint64_t>(refs);
       txn->batch.Put(Family::kBlob, keys::BlobByPhysical(physical), blob.Encode());
-      if (fresh != txn->new_blobs.end()) txn->batch.Put(Family::kBlob, keys::BlobByHash(blob.hash), EncodeMetaU64(physical));
+      if (fresh != txn->new_blobs.end())
+        txn->batch.Put(Family::kBlob, keys::BlobByHash(blob.hash), EncodeMetaU64(physical));
       continue;
     }
     txn->batch.Delete(Family::kBlob, keys::BlobByPhysical(physical));
@@ -294,6 +297,7 @@ Status Filesystem::DropLink(Txn* txn, InodeNumber ino, InodeRecord* record) {
 // Deletes the inode record, its xattrs and its orphan mark. The caller has
 // unmapped its data.
 void Filesystem::DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& record) {
+  read_ahead_.Forget(ino);
   auto cursor = index_.NewCursor(Family::kXattr, keys::Ino(ino));
   for (cursor->Seek(keys::Ino(ino)); cursor->Valid(); cursor->Next()) {
     txn->batch.Delete(Family::kXattr, cursor->key());
@@ -381,8 +385,7 @@ Result<Entry> Filesystem::MakeNode(InodeNumber parent, std::string_view name, ui
   return CreateInode(parent, name, std::move(record));
 }
 
-Result<Entry> Filesystem::MakeDir(InodeNumber parent, std::string_view name, uint32_t mode,
-                                  const Caller& caller) {
+Result<Entry> Filesystem::MakeDir(InodeNumber parent, std::string_view name, uint32_t mode, const Caller& caller) {
   InodeRecord record;
   record.mode = S_IFDIR | (mode & 07777);
   record.uid = caller.uid;
@@ -422,8 +425,7 @@ Result<Entry> Filesystem::Link(InodeNumber ino, InodeNumber new_parent, std::str
   Txn txn(index_);
   PutInode(&txn, ino, record);
   PutInode(&txn, new_parent, dir);
-  txn.batch.Put(Family::kDirent, keys::Dirent(new_parent, new_name),
-                DirentRecord{ino, record.mode & S_IFMT}.Encode());
+  txn.batch.Put(Family::kDirent, keys::Dirent(new_parent, new_name), DirentRecord{ino, record.mode & S_IFMT}.Encode());
   SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
   CountLookup(ino);
   return MakeEntry(ino, record);
@@ -470,8 +472,8 @@ Status Filesystem::Rmdir(InodeNumber parent, std::string_view name) {
   return CommitTxn(&txn);
 }
 
-Status Filesystem::Rename(InodeNumber parent, std::string_view name, InodeNumber new_parent,
-                          std::string_view new_name, unsigned flags) {
+Status Filesystem::Rename(InodeNumber parent, std::string_view name, InodeNumber new_parent, std::string_view new_name,
+                          unsigned flags) {
   SPILLFS_RETURN_IF_ERROR(CheckName(name));
   SPILLFS_RETURN_IF_ERROR(CheckName(new_name));
   if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return Status::Error(EINVAL, "unsupported rename flags");
@@ -554,7 +556,7 @@ Result<std::vector<DirEntry>> Filesystem::ReadDir(InodeNumber ino) {
 
 struct statvfs Filesystem::StatFs() {
   const Superblock& sb = volume_->superblock();
-  struct statvfs st{};
+  struct statvfs st {};
   st.f_bsize = block_size_;
   st.f_frsize = block_size_;
   st.f_blocks = (sb.data_size - sb.data_offset) / block_size_;

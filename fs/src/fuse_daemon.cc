@@ -105,7 +105,8 @@ int64_t TimespecNs(const struct timespec& ts) { return static_cast<int64_t>(ts.t
 void OnSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
   if (ControlPlane::Owns(ino)) {
     // O_TRUNC of the control file arrives as a size change: nothing to keep.
-    if (to_set == FUSE_SET_ATTR_SIZE && ino == ControlPlane::kControlIno) return ReplyAttr(req, Control(req).GetAttr(ino));
+    if (to_set == FUSE_SET_ATTR_SIZE && ino == ControlPlane::kControlIno)
+      return ReplyAttr(req, Control(req).GetAttr(ino));
     return ReplyError(req, Status::Error(EPERM, "control plane"));
   }
   SetAttrRequest request;
@@ -236,7 +237,15 @@ void OnWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t
     fuse_reply_write(req, *n);
     return;
   }
-  auto n = Fs(req).Write(ino, static_cast<uint64_t>(offset), buf, size);
+  // Answered as soon as the write cannot fail (before the RAM tier's copy),
+  // so the kernel sends the next request while this thread copies.
+  bool answered = false;
+  Filesystem::WriteAccepted accepted = [&](size_t n) {
+    fuse_reply_write(req, n);
+    answered = true;
+  };
+  auto n = Fs(req).Write(ino, static_cast<uint64_t>(offset), buf, size, &accepted);
+  if (answered) return;
   if (!n.ok()) return ReplyError(req, n.status());
   fuse_reply_write(req, *n);
 }
@@ -286,7 +295,7 @@ void ReadDirectory(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fu
     size_t room = size - used;
     size_t needed;
     if (!plus) {
-      struct stat st{};
+      struct stat st {};
       st.st_ino = e.ino;
       st.st_mode = e.type;
       needed = fuse_add_direntry(req, buffer.data() + used, room, e.name.c_str(), &st, next);

@@ -15,16 +15,18 @@
 
 namespace spillfs {
 
-Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const char* data, size_t size) {
+Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const char* data, size_t size,
+                                       const WriteAccepted* accepted) {
   const uint64_t per_chunk = cache_.blocks_per_chunk();
   uint64_t first_block = offset / block_size_;
   uint64_t end = offset + size;
   uint64_t last_block = (end + block_size_ - 1) / block_size_;
   std::unique_lock io_lock(IoLock(ino));
+  ContentChange change(&read_ahead_, ino);  // before io_lock lets readers in
   // Chunks being written to the SSD are frozen: wait for that flush (it
   // holds the flush lock throughout), then look again.
-  for (auto frozen = FindFlushingChunk(ino, first_block, last_block); frozen;
-       frozen = FindFlushingChunk(ino, first_block, last_block)) {
+  for (auto frozen = FindCachedChunk(ino, first_block, last_block, /*flushing_only=*/true); frozen;
+       frozen = FindCachedChunk(ino, first_block, last_block, /*flushing_only=*/true)) {
     io_lock.unlock();
     { std::lock_guard wait_for_flush(FlushLock(ino)); }
     io_lock.lock();
@@ -41,34 +43,43 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
   }
   SPILLFS_RETURN_IF_ERROR(allocator_.Hold(new_blocks * block_size_));
   cache_.AddHold(*file, new_blocks * block_size_);
-  for (uint64_t block = first_block; block < last_block; ++block) {
+  // Everything that can fail first: chunks, and the old bytes of partly
+  // written blocks touched for the first time.
+  for (uint64_t block : {first_block, last_block - 1}) {
     WriteBackCache::Chunk& chunk = cache_.ChunkFor(*file, block);
-    char* dst = chunk.data.data() + (block % per_chunk) * block_size_;
+    uint64_t block_start = block * block_size_;
+    bool partial = offset > block_start || end < block_start + block_size_;
+    if (partial && !chunk.valid[block % per_chunk]) {
+      SPILLFS_RETURN_IF_ERROR(ReadBlocks(ino, block, 1, chunk.data.data() + (block % per_chunk) * block_size_));
+    }
+  }
+  for (uint64_t block = first_block; block < last_block; ++block) cache_.ChunkFor(*file, block);
+  cache_.MarkValid(*file, first_block, last_block - first_block);
+  cache_.NoteWrite(*file, end, NowNs());
+  // The write cannot fail now: let the caller answer it, and copy while the
+  // next request is on its way. Readers and the flusher wait for the I/O
+  // lock, so nobody sees the blocks before the copy is done.
+  if (accepted != nullptr) (*accepted)(size);
+  for (uint64_t block = first_block; block < last_block; ++block) {
+    char* dst = cache_.ChunkFor(*file, block).data.data() + (block % per_chunk) * block_size_;
     uint64_t block_start = block * block_size_;
     uint64_t from = std::max(offset, block_start);
     uint64_t to = std::min(end, block_start + block_size_);
-    bool partial = from != block_start || to != block_start + block_size_;
-    if (partial && !chunk.valid[block % per_chunk]) {
-      // First touch of a partly written block: start from its current bytes.
-      SPILLFS_RETURN_IF_ERROR(ReadBlocks(ino, block, 1, dst));
-    }
     std::memcpy(dst + (from - block_start), data + (from - offset), to - from);
   }
-  cache_.MarkValid(*file, first_block, last_block - first_block);
-  cache_.NoteWrite(*file, end, NowNs());
   counters_.bytes_written.fetch_add(size, std::memory_order_relaxed);
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   if (cache_.WantsFlush(*file)) cache_.WakeFlusher();
   return size;
 }
 
-bool Filesystem::FindFlushingChunk(InodeNumber ino, uint64_t first_block, uint64_t last_block) const {
+bool Filesystem::FindCachedChunk(InodeNumber ino, uint64_t first_block, uint64_t last_block, bool flushing_only) const {
   auto file = cache_.Find(ino);
   if (!file) return false;
   const uint64_t per_chunk = cache_.blocks_per_chunk();
   auto it = file->chunks.lower_bound(first_block / per_chunk);
   for (; it != file->chunks.end() && it->first <= (last_block - 1) / per_chunk; ++it) {
-    if (it->second.flushing) return true;
+    if (!flushing_only || it->second.flushing) return true;
   }
   return false;
 }
@@ -208,11 +219,11 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
       return first.ok() ? planned : first;
     }
     if (locked) {
-      batch->written = std::async(std::launch::deferred,
-                                  [this, slices = batch->plan.slices] { return store_.WriteSlices(slices); });
+      batch->written =
+          std::async(std::launch::deferred, [this, slices = batch->plan.slices] { return store_.WriteSlices(slices); });
     } else {
-      batch->written = std::async(std::launch::async,
-                                  [this, slices = batch->plan.slices] { return store_.WriteSlices(slices); });
+      batch->written =
+          std::async(std::launch::async, [this, slices = batch->plan.slices] { return store_.WriteSlices(slices); });
     }
     Status committed = commit_pending();
     pending = std::move(batch);
@@ -281,6 +292,9 @@ void Filesystem::AbandonBatch(FlushBatch* batch) {
 }
 
 Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
+  // The bytes stay the same, but read-ahead windows started while they were
+  // only in the RAM tier hold the SSD's older bytes.
+  ContentChange change(&read_ahead_, ino);
   WriteBackCache::File& file = *batch->file;
   auto& extents = batch->plan.extents;
   auto overlay = cache_.GetOverlay(ino);

@@ -4,9 +4,18 @@
 #include <utility>
 
 namespace spillfs {
+namespace {
+
+constexpr uint64_t kSlabBytes = 32 << 20;
+
+uint64_t RoundUpToSlab(uint64_t bytes) { return (bytes + kSlabBytes - 1) / kSlabBytes * kSlabBytes; }
+
+}  // namespace
 
 WriteBackCache::WriteBackCache(uint64_t capacity_bytes, uint64_t block_size)
-    : capacity_(capacity_bytes), block_size_(block_size), pool_(kChunkBytes, 32 << 20) {}
+    : capacity_(capacity_bytes),
+      block_size_(block_size),
+      pool_(kChunkBytes, kSlabBytes, RoundUpToSlab(capacity_bytes)) {}
 
 std::shared_ptr<WriteBackCache::File> WriteBackCache::Find(InodeNumber ino) const {
   std::lock_guard lock(mu_);
@@ -166,8 +175,8 @@ std::vector<InodeNumber> WriteBackCache::PickVictims(int64_t now_ns, int64_t max
   bool pressure = used_bytes_ > capacity_ / 4 * 3;
   for (const auto& [ino, file] : files_) {
     if (file->chunk_count == 0) continue;
-    bool old = !file->ephemeral && (now_ns - file->first_dirty_ns > max_age_ns ||
-                                    file->dirty_bytes >= kWriteBehindBytes);
+    bool old =
+        !file->ephemeral && (now_ns - file->first_dirty_ns > max_age_ns || file->dirty_bytes >= kWriteBehindBytes);
     if (all || old || pressure) candidates.emplace_back(file->first_dirty_ns, ino);
   }
   std::sort(candidates.begin(), candidates.end());
@@ -176,8 +185,7 @@ std::vector<InodeNumber> WriteBackCache::PickVictims(int64_t now_ns, int64_t max
   uint64_t projected = used_bytes_;
   for (auto& [when, ino] : candidates) {
     const File& file = *files_.at(ino);
-    bool old = !file.ephemeral && (now_ns - file.first_dirty_ns > max_age_ns ||
-                                   file.dirty_bytes >= kWriteBehindBytes);
+    bool old = !file.ephemeral && (now_ns - file.first_dirty_ns > max_age_ns || file.dirty_bytes >= kWriteBehindBytes);
     if (!all && !old && projected <= target) continue;
     out.push_back(ino);
     projected -= std::min(projected, file.chunk_count * kChunkBytes);

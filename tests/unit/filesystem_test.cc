@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -1339,6 +1340,71 @@ TEST_P(FilesystemDataTest, DataSurvivesReopen) {
   EXPECT_EQ(attr->attr.st_mode, static_cast<mode_t>(S_IFREG | 0600));
   EXPECT_EQ(attr->attr.st_mtim.tv_sec, 1234567890);
   EXPECT_EQ(attr->attr.st_mtim.tv_nsec, 123456789);
+}
+
+// ---- read-ahead ----
+
+// Reads [0, size) in 1 MiB requests and compares each with `expected`.
+void ExpectSequentialReads(const std::function<Result<std::string>(uint64_t, size_t)>& read,
+                           const std::string& expected, uint64_t from, uint64_t to) {
+  for (uint64_t at = from; at < to; at += 1 << 20) {
+    auto got = read(at, 1 << 20);
+    ASSERT_TRUE(got.ok()) << at << ": " << got.status().ToString();
+    ASSERT_TRUE(*got == expected.substr(at, 1 << 20)) << "wrong bytes in the MiB at " << at;
+  }
+}
+
+TEST_P(FilesystemDataTest, SequentialReadsAreServedByReadAhead) {
+  std::mt19937_64 rng(41);
+  std::string data = RandomBytes(24 << 20, &rng);
+  StampBlocks(&data, 41);
+  InodeNumber ino = MakeFile(kRootInode, "seq");
+  WriteAt(ino, 0, data);
+  FlushAll();
+  auto read = [&](uint64_t at, size_t n) { return ReadAt(ino, at, n); };
+  ExpectSequentialReads(read, data, 0, data.size());
+  ReadAhead::Stats stats = fs_->read_ahead_stats();
+  EXPECT_GT(stats.windows_started, 0u);
+  // Only the first MiB or so cannot come from a window.
+  EXPECT_GE(stats.bytes_served, data.size() - (2 << 20)) << "fetched " << stats.bytes_fetched;
+  // A reader that jumps around starts nothing more.
+  uint64_t started = stats.windows_started;
+  for (uint64_t at : {20u << 20, 3u << 20, 15u << 20, 7u << 20}) {
+    auto got = ReadAt(ino, at, 4096);
+    ASSERT_TRUE(got.ok());
+    EXPECT_TRUE(*got == data.substr(at, 4096));
+  }
+  EXPECT_EQ(fs_->read_ahead_stats().windows_started, started);
+}
+
+// Windows fetched before a write, truncate or hole punch never answer a read
+// after it.
+TEST_P(FilesystemDataTest, ReadAheadNeverServesBytesOlderThanAChange) {
+  std::mt19937_64 rng(42);
+  std::string data = RandomBytes(24 << 20, &rng);
+  StampBlocks(&data, 42);
+  InodeNumber ino = MakeFile(kRootInode, "seq");
+  WriteAt(ino, 0, data);
+  FlushAll();
+  auto read = [&](uint64_t at, size_t n) { return ReadAt(ino, at, n); };
+  ExpectSequentialReads(read, data, 0, 2 << 20);  // windows up to ~18 MiB start
+
+  std::string patch = RandomBytes(1 << 20, &rng);
+  StampBlocks(&patch, 43);
+  WriteAt(ino, 5 << 20, patch);  // ahead of the reader, inside a window
+  data.replace(5 << 20, patch.size(), patch);
+  ExpectSequentialReads(read, data, 2 << 20, 8 << 20);
+
+  ASSERT_TRUE(fs_->Fallocate(ino, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 10 << 20, 1 << 20).ok());
+  std::fill(data.begin() + (10 << 20), data.begin() + (11 << 20), '\0');
+  ExpectSequentialReads(read, data, 8 << 20, 12 << 20);
+
+  ASSERT_TRUE(Truncate(ino, 14 << 20).ok());
+  ASSERT_TRUE(Truncate(ino, 24 << 20).ok());
+  std::fill(data.begin() + (14 << 20), data.end(), '\0');
+  ExpectSequentialReads(read, data, 12 << 20, data.size());
+  EXPECT_GT(fs_->read_ahead_stats().windows_dropped_stale, 0u);
+  EXPECT_GT(fs_->read_ahead_stats().bytes_served, 0u);
 }
 
 // chmod, chown and utimens change attributes only: data not yet flushed

@@ -206,7 +206,7 @@ struct Options {
   std::vector<unsigned> rand_qds = {1, 32, 128};
   unsigned qd = 16;
   unsigned repeat = 1;         // rounds of the seq and random figures (the median is reported)
-  std::string ram_tier_large;  // default: files * file_size + 512M
+  std::string ram_tier_large;  // default: files * file_size * 4/3 + 256M
   std::string ram_tier_small = "64M";
   std::string spillfs_bin;
   std::string python;  // default: /usr/bin/python3 or python3, whichever imports torch
@@ -723,7 +723,10 @@ void Bench::Torch() {
 
 void Bench::Activation() {
   uint64_t large = o_.ram_tier_large.empty()
-                       ? static_cast<uint64_t>(o_.files) * file_size_ + 512 * kMiB
+                       // The tier starts writing to the SSD when 3/4 full
+                       // (WriteBackCache's high watermark): large enough
+                       // means every file fits below that.
+                       ? static_cast<uint64_t>(o_.files) * file_size_ / 3 * 4 + 256 * kMiB
                        : ParseSize(o_.ram_tier_large);
   fmt::print(
       "activation pattern: {} files of {} written (1 MiB write()), read back in reverse, "
@@ -976,7 +979,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 20));
   app.add_option("--ram-tier-large", o.ram_tier_large,
-                 "Large RAM tier (default: files x file-size + 512M)");
+                 "Large RAM tier (default: files x file-size x 4/3 + 256M: all below the 3/4 high watermark)");
   app.add_option("--ram-tier-small", o.ram_tier_small, "Capped RAM tier")->capture_default_str();
   app.add_option("--threads", o.mount_threads, "spillfs mount --threads (default: its own)");
   app.add_option("--spillfs", o.spillfs_bin, "The spillfs binary (default: beside this one)");

@@ -20,7 +20,17 @@ class AlignedBuffer {
     other.data_ = nullptr;
     other.size_ = other.capacity_ = 0;
   }
-  AlignedBuffer& operator=(AlignedBuffer&&) = delete;
+  AlignedBuffer& operator=(AlignedBuffer&& other) noexcept {
+    if (this != &other) {
+      std::free(data_);
+      data_ = other.data_;
+      size_ = other.size_;
+      capacity_ = other.capacity_;
+      other.data_ = nullptr;
+      other.size_ = other.capacity_ = 0;
+    }
+    return *this;
+  }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
 

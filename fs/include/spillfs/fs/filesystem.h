@@ -12,21 +12,23 @@
 #include <sys/statvfs.h>
 
 #include <array>
-#include <map>
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
-#include <thread>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "spillfs/fs/aligned_buffer.h"
 #include "spillfs/fs/allocator.h"
+#include "spillfs/fs/read_ahead.h"
 #include "spillfs/fs/reclaim_gate.h"
 #include "spillfs/fs/volume.h"
 #include "spillfs/fs/write_back_cache.h"
@@ -92,10 +94,10 @@ struct FsCounters {
   std::atomic<uint64_t> bytes_written{0};  // logical bytes accepted by write()
   std::atomic<uint64_t> bytes_read{0};     // logical bytes returned by read()
   std::atomic<uint64_t> checksum_errors{0};
-  std::atomic<uint64_t> writes{0};            // write() calls
-  std::atomic<uint64_t> reads{0};             // read() calls
-  std::atomic<uint64_t> ram_tier_hits{0};     // blocks read from the RAM tier
-  std::atomic<uint64_t> ram_tier_misses{0};   // blocks read from the SSD
+  std::atomic<uint64_t> writes{0};              // write() calls
+  std::atomic<uint64_t> reads{0};               // read() calls
+  std::atomic<uint64_t> ram_tier_hits{0};       // blocks read from the RAM tier
+  std::atomic<uint64_t> ram_tier_misses{0};     // blocks read from the SSD
   std::atomic<uint64_t> bytes_deduplicated{0};  // flushed bytes stored as references
 };
 
@@ -118,18 +120,16 @@ class Filesystem {
   void Forget(InodeNumber ino, uint64_t count);
   Result<Entry> GetAttr(InodeNumber ino);
   Result<Entry> SetAttr(InodeNumber ino, const SetAttrRequest& request);
-  Result<Entry> MakeNode(InodeNumber parent, std::string_view name, uint32_t mode, uint64_t rdev,
-                         const Caller& caller);
+  Result<Entry> MakeNode(InodeNumber parent, std::string_view name, uint32_t mode, uint64_t rdev, const Caller& caller);
   Result<Entry> MakeDir(InodeNumber parent, std::string_view name, uint32_t mode, const Caller& caller);
-  Result<Entry> Symlink(InodeNumber parent, std::string_view name, std::string_view target,
-                        const Caller& caller);
+  Result<Entry> Symlink(InodeNumber parent, std::string_view name, std::string_view target, const Caller& caller);
   Result<Entry> Link(InodeNumber ino, InodeNumber new_parent, std::string_view new_name);
   Result<std::string> ReadLink(InodeNumber ino);
   Status Unlink(InodeNumber parent, std::string_view name);
   Status Rmdir(InodeNumber parent, std::string_view name);
   // flags: 0, RENAME_NOREPLACE or RENAME_EXCHANGE.
-  Status Rename(InodeNumber parent, std::string_view name, InodeNumber new_parent,
-                std::string_view new_name, unsigned flags);
+  Status Rename(InodeNumber parent, std::string_view name, InodeNumber new_parent, std::string_view new_name,
+                unsigned flags);
   // Entries of a directory, "." and ".." first.
   Result<std::vector<DirEntry>> ReadDir(InodeNumber ino);
   struct statvfs StatFs();
@@ -139,9 +139,13 @@ class Filesystem {
   Status Open(InodeNumber ino);
   Status Release(InodeNumber ino);
   // Reads up to `size` bytes at `offset`; *data points into `scratch`.
-  Result<size_t> Read(InodeNumber ino, uint64_t offset, size_t size, AlignedBuffer* scratch,
-                      const char** data);
-  Result<size_t> Write(InodeNumber ino, uint64_t offset, const char* data, size_t size);
+  Result<size_t> Read(InodeNumber ino, uint64_t offset, size_t size, AlignedBuffer* scratch, const char** data);
+  // Called at most once, by Write, with the byte count, as soon as the write
+  // can no longer fail and before `data` has been copied: the caller may
+  // answer its client then, but must keep `data` valid until Write returns.
+  using WriteAccepted = std::function<void(size_t)>;
+  Result<size_t> Write(InodeNumber ino, uint64_t offset, const char* data, size_t size,
+                       const WriteAccepted* accepted = nullptr);
   // Writes the file's cached data and makes it and the index durable.
   Status Fsync(InodeNumber ino, bool datasync);
   // Close of a handle: writes the file's cached data unless it is ephemeral.
@@ -177,6 +181,7 @@ class Filesystem {
   Volume& volume() { return *volume_; }
   const FsCounters& counters() const { return counters_; }
   WriteBackCache::Stats ram_tier_stats() const { return cache_.stats(); }
+  ReadAhead::Stats read_ahead_stats() const { return read_ahead_.stats(); }
   // Space that new data can still use (free minus RAM-tier promises).
   uint64_t free_bytes() const { return allocator_.available_bytes(); }
   uint64_t block_size() const { return block_size_; }
@@ -237,10 +242,29 @@ class Filesystem {
   // drops or rewrites cached chunks other than by write(). Taken before the
   // I/O lock, never while holding it.
   std::mutex& FlushLock(InodeNumber ino) { return flush_locks_[ino % kIoLockStripes]; }
+  // Declared after the exclusive I/O lock of an operation that changes a
+  // file's bytes or size: drops the file's read-ahead windows when the
+  // operation ends, before the I/O lock lets readers in again.
+  class ContentChange {
+   public:
+    ContentChange(ReadAhead* read_ahead, InodeNumber ino) : read_ahead_(read_ahead), ino_(ino) {}
+    ~ContentChange() { read_ahead_->Invalidate(ino_); }
+    ContentChange(const ContentChange&) = delete;
+    ContentChange& operator=(const ContentChange&) = delete;
+
+   private:
+    ReadAhead* read_ahead_;
+    InodeNumber ino_;
+  };
+  // Background fetch of a read-ahead window: from the SSD only, no lock (Read
+  // does not use a window over RAM-tier data; CommitBatch invalidates).
+  Status FetchAhead(InodeNumber ino, uint64_t offset, uint64_t length, char* out);
 
   // Data-path helpers (file_data.cc).
   // Reads blocks [first, first + count) of `ino` into `out` (holes as zeros).
-  Status ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t count, char* out);
+  // A `speculative` read (read-ahead) neither counts nor logs a checksum
+  // mismatch: the reader's own read will, if it comes.
+  Status ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t count, char* out, bool speculative = false);
   // Writes whole blocks at block-aligned `file_offset`, redirect-on-write;
   // returns the new extents for the caller to map in its txn.
   Result<std::vector<std::pair<uint64_t, ExtentRecord>>> WriteBlocks(const char* data, uint64_t file_offset,
@@ -256,10 +280,11 @@ class Filesystem {
   };
   Result<SegmentPlan> PlanSegments(const std::vector<Segment>& segments, uint64_t from_hold);
   // Write paths: through the RAM tier, or straight to new blocks.
-  Result<size_t> WriteCached(InodeNumber ino, uint64_t offset, const char* data, size_t size);
-  // True when a cached chunk holding a block of [first_block, last_block) is
-  // being flushed (I/O lock held).
-  bool FindFlushingChunk(InodeNumber ino, uint64_t first_block, uint64_t last_block) const;
+  Result<size_t> WriteCached(InodeNumber ino, uint64_t offset, const char* data, size_t size,
+                             const WriteAccepted* accepted);
+  // True when a cached chunk (with `flushing_only`: one being flushed) holds
+  // a block of [first_block, last_block); I/O lock held.
+  bool FindCachedChunk(InodeNumber ino, uint64_t first_block, uint64_t last_block, bool flushing_only) const;
   Result<size_t> WriteThrough(InodeNumber ino, uint64_t offset, const char* data, size_t size);
   // Reads blocks, preferring cached ones; caller holds the I/O lock shared.
   Status ReadBlocksCached(InodeNumber ino, uint64_t first_block, uint64_t count, char* out);
@@ -317,6 +342,7 @@ class Filesystem {
   WriteBackCache cache_;
   std::array<std::shared_mutex, kIoLockStripes> io_locks_;
   std::array<std::mutex, kIoLockStripes> flush_locks_;
+  ReadAhead read_ahead_;  // after what its fetches use: destroyed (joined) first
   std::atomic<bool> stopping_{false};
   std::thread flusher_;
 

@@ -1,0 +1,116 @@
+// ReadAhead: prefetch for sequential readers of a file.
+//
+// FUSE hands the daemon one request at a time per reader (an O_DIRECT reader
+// of 1 MiB requests waits for each), so without help the SSD sees queue
+// depth 1. ReadAhead notices a reader that continues where it left off and
+// fetches the next windows of the file in the background (several at once,
+// each split into parallel io_uring reads by the block store), so later
+// requests are copies from memory.
+//
+// Staleness: every window is tagged with the file's content generation when
+// it was started. The Filesystem calls Invalidate(ino) after every change of
+// a file's bytes or size, before it lets readers in again (the I/O lock), so a
+// window started before a change never serves a read after it.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "spillfs/fs/aligned_buffer.h"
+#include "spillfs/kvindex/records.h"
+#include "spillfs/status.h"
+
+namespace spillfs {
+
+class ReadAhead {
+ public:
+  struct Options {
+    uint64_t window_bytes = 4u << 20;  // one background fetch
+    unsigned windows_ahead = 4;        // kept in flight ahead of the reader
+    unsigned max_streams = 16;         // files followed at once (least recent dropped)
+    unsigned threads = 4;              // fetch threads
+  };
+  struct Stats {
+    uint64_t windows_started = 0;
+    uint64_t bytes_fetched = 0;
+    uint64_t bytes_served = 0;  // read requests answered from windows
+    uint64_t windows_dropped_stale = 0;
+  };
+  // Reads `length` bytes of file `ino` at block-aligned `offset` into `out`
+  // (the caller's ReadBlocksCached under the shared I/O lock).
+  using Fetch = std::function<Status(InodeNumber ino, uint64_t offset, uint64_t length, char* out)>;
+
+  ReadAhead(Options options, Fetch fetch);
+  ~ReadAhead();  // waits for fetches in flight
+  ReadAhead(const ReadAhead&) = delete;
+  ReadAhead& operator=(const ReadAhead&) = delete;
+
+  // Copies [offset, offset + length) into `out` when one window of the
+  // current generation holds all of it (waiting for it if in flight);
+  // false otherwise (also when the window's fetch failed: the caller's own
+  // read then reports the error). Offsets are block aligned.
+  bool Serve(InodeNumber ino, uint64_t offset, uint64_t length, char* out);
+  // Notes that a read of [offset, end) was answered; a reader continuing its
+  // stream gets the windows after `end` started, up to `file_end`.
+  void Advance(InodeNumber ino, uint64_t offset, uint64_t end, uint64_t file_end);
+  // The file's bytes or size changed: every window of it is stale.
+  void Invalidate(InodeNumber ino);
+  // The file is gone: drops its windows, and returns once no fetch of it is
+  // still reading (a fetch pins the blocks it reads, so space freed with the
+  // file would otherwise come back only when the fetch ends).
+  void Forget(InodeNumber ino);
+
+  Stats stats() const;
+
+ private:
+  struct Window {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint64_t generation = 0;
+    bool done = false;
+    Status status;
+    AlignedBuffer data;
+  };
+  struct Stream {
+    uint64_t generation = 0;
+    uint64_t next = 0;        // where the reader is expected next
+    uint64_t fetched_to = 0;  // end of the last window started
+    std::deque<std::shared_ptr<Window>> windows;
+    std::list<InodeNumber>::iterator lru;
+  };
+  struct Task {
+    InodeNumber ino;
+    std::shared_ptr<Window> window;
+  };
+
+  Stream& StreamFor(InodeNumber ino);  // mu_ held
+  void StartWindowsLocked(InodeNumber ino, Stream* stream, uint64_t file_end);
+  void TrimLocked(Stream* stream);
+  AlignedBuffer TakeBufferLocked();
+  void ReturnBufferLocked(std::shared_ptr<Window> window);
+  void WorkerLoop();
+
+  const Options options_;
+  const Fetch fetch_;
+  mutable std::mutex mu_;
+  std::condition_variable work_;      // tasks_ non-empty or stopping_
+  std::condition_variable finished_;  // a window became done
+  std::unordered_map<InodeNumber, Stream> streams_;
+  std::list<InodeNumber> lru_;  // most recent first
+  std::deque<Task> tasks_;
+  std::unordered_map<InodeNumber, unsigned> fetching_;  // fetches running, by file
+  std::vector<AlignedBuffer> spare_;                    // window buffers to reuse (no fresh page faults)
+  Stats stats_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace spillfs

@@ -1,0 +1,191 @@
+#include "spillfs/fs/read_ahead.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace spillfs {
+namespace {
+
+// A read this close to where the stream is expected still continues it:
+// the kernel's own read-ahead sends neighbouring requests out of order.
+constexpr uint64_t kSequentialSlack = 4u << 20;
+
+}  // namespace
+
+ReadAhead::ReadAhead(Options options, Fetch fetch) : options_(options), fetch_(std::move(fetch)) {
+  for (unsigned i = 0; i < options_.threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+ReadAhead::~ReadAhead() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  work_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+ReadAhead::Stream& ReadAhead::StreamFor(InodeNumber ino) {
+  auto [it, fresh] = streams_.try_emplace(ino);
+  if (fresh) {
+    lru_.push_front(ino);
+    it->second.lru = lru_.begin();
+    if (streams_.size() > options_.max_streams) {
+      InodeNumber oldest = lru_.back();
+      lru_.pop_back();
+      Stream& victim = streams_.at(oldest);
+      for (auto& w : victim.windows) ReturnBufferLocked(std::move(w));
+      streams_.erase(oldest);
+    }
+  } else {
+    lru_.splice(lru_.begin(), lru_, it->second.lru);
+  }
+  return it->second;
+}
+
+bool ReadAhead::Serve(InodeNumber ino, uint64_t offset, uint64_t length, char* out) {
+  std::unique_lock lock(mu_);
+  auto it = streams_.find(ino);
+  if (it == streams_.end()) return false;
+  const uint64_t generation = it->second.generation;
+  for (const std::shared_ptr<Window>& candidate : it->second.windows) {
+    if (candidate->generation != generation || offset < candidate->offset ||
+        offset + length > candidate->offset + candidate->length) {
+      continue;
+    }
+    std::shared_ptr<Window> window = candidate;  // kept alive while we wait
+    finished_.wait(lock, [&] { return window->done; });
+    // Invalidated while we waited: the bytes may be older than a change the
+    // caller's I/O lock already lets it see; read them again.
+    auto now = streams_.find(ino);
+    if (!window->status.ok() || now == streams_.end() || now->second.generation != generation) return false;
+    std::memcpy(out, window->data.data() + (offset - window->offset), length);
+    stats_.bytes_served += length;
+    return true;
+  }
+  return false;
+}
+
+void ReadAhead::Advance(InodeNumber ino, uint64_t offset, uint64_t end, uint64_t file_end) {
+  std::lock_guard lock(mu_);
+  bool fresh = streams_.find(ino) == streams_.end();
+  Stream& stream = StreamFor(ino);
+  bool continues =
+      fresh ? offset == 0 : offset + kSequentialSlack >= stream.next && offset <= stream.next + kSequentialSlack;
+  if (!continues) {
+    // A jump: follow from here; what was fetched for the old place is dropped.
+    for (auto& w : stream.windows) ReturnBufferLocked(std::move(w));
+    stream.windows.clear();
+    stream.next = stream.fetched_to = end;
+    return;
+  }
+  stream.next = std::max(stream.next, end);
+  TrimLocked(&stream);
+  StartWindowsLocked(ino, &stream, file_end);
+}
+
+void ReadAhead::StartWindowsLocked(InodeNumber ino, Stream* stream, uint64_t file_end) {
+  stream->fetched_to = std::max(stream->fetched_to, stream->next);
+  const uint64_t horizon = std::min(file_end, stream->next + options_.windows_ahead * options_.window_bytes);
+  while (stream->fetched_to < horizon && stream->windows.size() < options_.windows_ahead + 2) {
+    auto window = std::make_shared<Window>();
+    window->offset = stream->fetched_to;
+    window->length = std::min(options_.window_bytes, horizon - stream->fetched_to);
+    window->generation = stream->generation;
+    window->data = TakeBufferLocked();
+    window->data.Resize(window->length);
+    stream->fetched_to += window->length;
+    stream->windows.push_back(window);
+    tasks_.push_back(Task{ino, std::move(window)});
+    ++stats_.windows_started;
+    work_.notify_one();
+  }
+}
+
+void ReadAhead::TrimLocked(Stream* stream) {
+  // Windows wholly behind the reader (with slack for out-of-order requests)
+  // or of an older generation are done with.
+  auto& windows = stream->windows;
+  for (auto it = windows.begin(); it != windows.end();) {
+    const Window& w = **it;
+    bool behind = w.offset + w.length + kSequentialSlack <= stream->next;
+    bool stale = w.generation != stream->generation;
+    if (behind || stale) {
+      if (stale) ++stats_.windows_dropped_stale;
+      ReturnBufferLocked(std::move(*it));
+      it = windows.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void ReadAhead::Invalidate(InodeNumber ino) {
+  std::lock_guard lock(mu_);
+  auto it = streams_.find(ino);
+  if (it == streams_.end()) return;
+  Stream& stream = it->second;
+  ++stream.generation;
+  stream.fetched_to = stream.next;
+  TrimLocked(&stream);
+}
+
+void ReadAhead::Forget(InodeNumber ino) {
+  std::unique_lock lock(mu_);
+  auto it = streams_.find(ino);
+  if (it == streams_.end()) return;
+  for (auto& w : it->second.windows) ReturnBufferLocked(std::move(w));
+  lru_.erase(it->second.lru);
+  streams_.erase(it);
+  // Queued fetches of it will find no stream and read nothing; wait for the
+  // running ones.
+  finished_.wait(lock, [&] { return fetching_.find(ino) == fetching_.end(); });
+}
+
+AlignedBuffer ReadAhead::TakeBufferLocked() {
+  if (spare_.empty()) return AlignedBuffer(options_.window_bytes);
+  AlignedBuffer buffer = std::move(spare_.back());
+  spare_.pop_back();
+  return buffer;
+}
+
+void ReadAhead::ReturnBufferLocked(std::shared_ptr<Window> window) {
+  // A window still being fetched keeps its buffer; it is freed with the
+  // window when the worker lets go of it.
+  if (!window->done || window.use_count() > 1) return;
+  if (spare_.size() < options_.max_streams) spare_.push_back(std::move(window->data));
+}
+
+void ReadAhead::WorkerLoop() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    work_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+    if (stopping_) return;
+    Task task = std::move(tasks_.front());
+    tasks_.pop_front();
+    Window& w = *task.window;
+    bool wanted = false;
+    if (auto it = streams_.find(task.ino); it != streams_.end()) {
+      wanted = it->second.generation == w.generation;
+    }
+    Status s = Status::Error(ESTALE, "stale before its fetch started");
+    if (wanted) {
+      ++fetching_[task.ino];
+      lock.unlock();
+      s = fetch_(task.ino, w.offset, w.length, w.data.data());
+      lock.lock();
+      if (--fetching_[task.ino] == 0) fetching_.erase(task.ino);
+    }
+    w.status = s;
+    w.done = true;
+    if (s.ok()) stats_.bytes_fetched += w.length;
+    finished_.notify_all();
+  }
+}
+
+ReadAhead::Stats ReadAhead::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+}  // namespace spillfs
