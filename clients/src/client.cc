@@ -22,6 +22,7 @@
 #include <mutex>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "error.h"
 #include "io_ring.h"
 #include "layout_reply.h"
+#include "task_pool.h"
 
 using nlohmann::json;
 using namespace spillfs::client;
@@ -99,6 +101,12 @@ class Phase {
   std::chrono::steady_clock::time_point start_;
 };
 
+// Hashing runs at several GB/s a core: a few workers keep up with any one
+// NVMe device, and half the cores leave the rest to the application.
+unsigned DefaultChecksumThreads() {
+  return std::clamp(std::thread::hardware_concurrency() / 2, 1u, 4u);
+}
+
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 uint64_t RoundDown(uint64_t v, uint64_t a) { return v / a * a; }
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kDirectAlignment == 0; }
@@ -142,6 +150,12 @@ struct spill_client {
   // A cached layout's lease pins every block freed in the volume after it was
   // taken (the daemon's reclaim gate), so it is renewed after this long.
   std::atomic<uint64_t> lease_ms{10000};
+  std::atomic<unsigned> checksum_threads{DefaultChecksumThreads()};
+
+  // Workers for the checksums of spill_write and spill_read, made at first
+  // use and anew when checksum_threads changes (a call under way keeps its own).
+  std::mutex pool_mu;
+  std::shared_ptr<TaskPool> pool;
 
   // Backing store descriptors by path (O_DIRECT).
   std::mutex data_mu;
@@ -190,6 +204,13 @@ struct spill_client {
     data_fds.emplace(path, f);
     *fd = f;
     return 0;
+  }
+
+  std::shared_ptr<TaskPool> Pool() {
+    std::lock_guard lock(pool_mu);
+    const unsigned threads = checksum_threads.load();
+    if (!pool || pool->size() != threads) pool = std::make_shared<TaskPool>(threads);
+    return pool;
   }
 
   int OpenChannel(std::unique_ptr<ControlChannel>* out) const {
@@ -374,8 +395,9 @@ struct spill_client {
       return 0;
     };
     uint64_t completed = 0;
-    int rc =
-        RunIo(ops, queue_depth.load(), static_cast<uint32_t>(chunk), nullptr, done, &completed);
+    std::shared_ptr<TaskPool> workers = Pool();
+    int rc = RunIo(ops, queue_depth.load(), static_cast<uint32_t>(chunk), nullptr, done, &completed,
+                   workers.get());
     ios.fetch_add(completed, std::memory_order_relaxed);
     return rc;
   }
@@ -479,98 +501,168 @@ struct spill_client {
     return DataFd(reply["data_path"].get<std::string>(), fd);
   }
 
+  // Space reserved for one step of a write, or why there is none.
+  struct Reservation {
+    int rc = 0;
+    std::string message;
+    std::vector<std::pair<uint64_t, uint64_t>> space;  // physical offset, length
+    int fd = -1;
+  };
+
+  Reservation ReserveStep(ControlChannel* txn, const std::string& rel, uint64_t reserve_len) {
+    Reservation r;
+    r.rc = Reserve(txn, rel, reserve_len, &r.space, &r.fd);
+    if (r.rc != 0) r.message = LastError();
+    return r;
+  }
+
+  // Commits the step written at file offset `pos` on `txn` (which reserved
+  // it), then reserves the next step of `txn` (`next_len` bytes; none if 0).
+  Reservation CommitStep(ControlChannel* txn, const std::string& rel, uint64_t pos, uint64_t length,
+                         uint64_t size, const std::vector<uint32_t>& sums, uint64_t next_len) {
+    {
+      Phase phase("commit", rel, length);
+      std::string reply;
+      json result;
+      Reservation r;
+      r.rc = txn->RequestText(CommitText(rel, pos, length, size, sums), "commit", &reply);
+      if (r.rc == 0) r.rc = txn->ParseReply("commit", reply, &result);
+      if (r.rc != 0) {
+        r.message = LastError();
+        return r;
+      }
+    }
+    return next_len == 0 ? Reservation() : ReserveStep(txn, rel, next_len);
+  }
+
+  // Queues the block checksums of a step on the pool: `data_len` bytes at
+  // `base`, zero padded to `sums->size()` blocks (the bytes the store gets).
+  void HashStep(TaskPool* pool, const char* base, uint64_t data_len, std::vector<uint32_t>* sums,
+                Latch* latch) {
+    const uint64_t bs = block_size;
+    const uint64_t per_task = std::max<uint64_t>(1, (1u << 20) / bs);  // blocks
+    for (uint64_t first = 0; first < sums->size(); first += per_task) {
+      const uint64_t last = std::min<uint64_t>(sums->size(), first + per_task);
+      latch->Add();
+      pool->Submit([=] {
+        for (uint64_t b = first; b < last; ++b) {
+          const uint64_t at = b * bs;
+          if (at + bs <= data_len) {
+            (*sums)[b] = BlockSum(base + at, bs);
+          } else {  // the tail block
+            std::vector<char> block(bs, 0);
+            std::memcpy(block.data(), base + at, data_len - at);
+            (*sums)[b] = BlockSum(block.data(), bs);
+          }
+        }
+        latch->Done(0);
+      });
+    }
+  }
+
   // Writes the file in steps of commit_bytes: reserve, write at queue depth,
-  // commit. The commit of a step runs on a helper thread while the next step
-  // is written; steps alternate between two control handles, since a handle
-  // commits exactly what it has reserved.
+  // commit. Steps alternate between two control handles, since a handle
+  // commits exactly what it has reserved; while step k is written, a helper
+  // thread commits step k-1 on the other handle and reserves step k+1 there,
+  // so no round trip to the daemon stands between two steps' writes. The
+  // checksums are taken on the pool while the bytes are written.
   int WriteOpen(const std::string& rel, const char* src, size_t len) {
     if (len == 0) return 0;
-    std::unique_ptr<ControlChannel> txn[2];  // hold the reservations; closing drops them
-    int rc = OpenChannel(&txn[0]);
-    if (rc != 0) return rc;
     const uint64_t bs = block_size;
     const uint64_t step = std::max<uint64_t>(bs, RoundDown(commit_bytes.load(), bs));
     const uint64_t chunk = std::max<uint64_t>(bs, RoundDown(io_bytes.load(), bs));
-    if (len > step && (rc = OpenChannel(&txn[1])) != 0) return rc;
-
-    struct Outcome {
-      int rc = 0;
-      std::string message;
+    const uint64_t steps = (len + step - 1) / step;
+    auto step_len = [&](uint64_t k) -> uint64_t {  // reserved bytes of step k (0: none)
+      return k < steps ? RoundUp(std::min<uint64_t>(step, len - k * step), bs) : 0;
     };
-    std::future<Outcome> pending[2];
-    auto settle = [&](int i) -> int {  // waits for handle i's commit
-      if (!pending[i].valid()) return 0;
-      Outcome o = pending[i].get();
-      return o.rc == 0 ? 0 : Fail(-o.rc, o.message);
+    std::unique_ptr<ControlChannel> txn[2];  // hold the reservations; closing drops them
+    int rc = OpenChannel(&txn[0]);
+    if (rc != 0) return rc;
+    if (steps > 1 && (rc = OpenChannel(&txn[1])) != 0) return rc;
+    std::shared_ptr<TaskPool> pool = Pool();
+
+    // pending[i]: handle i's helper work, whose result is its next step's space.
+    std::future<Reservation> pending[2];
+    auto settle = [&](int i, Reservation* out) -> int {
+      Reservation r = pending[i].valid() ? pending[i].get() : Reservation();
+      if (r.rc != 0) return Fail(-r.rc, r.message);
+      if (out != nullptr) *out = std::move(r);
+      return 0;
     };
     auto settle_all = [&](int first_rc) {
-      int r0 = settle(0), r1 = settle(1);
+      int r0 = settle(0, nullptr), r1 = settle(1, nullptr);
       if (first_rc != 0) return first_rc;
       return r0 != 0 ? r0 : r1;
     };
 
-    uint64_t k = 0;
-    for (uint64_t pos = 0; pos < len; pos += step, ++k) {
+    Reservation current = ReserveStep(txn[0].get(), rel, step_len(0));
+    if (current.rc != 0) return Fail(-current.rc, current.message);
+    if (steps > 1) {
+      ControlChannel* other = txn[1].get();
+      const uint64_t n = step_len(1);
+      pending[1] = std::async(std::launch::async, [=, this] { return ReserveStep(other, rel, n); });
+    }
+    for (uint64_t k = 0; k < steps; ++k) {
       const int slot = static_cast<int>(k % 2);
-      if ((rc = settle(slot)) != 0) return settle_all(rc);
-      ControlChannel* channel = txn[slot].get();
+      if (k > 0 && (rc = settle(slot, &current)) != 0) return settle_all(rc);
+      const uint64_t pos = k * step;
       const uint64_t data_len = std::min<uint64_t>(step, len - pos);
-      const uint64_t reserve_len = RoundUp(data_len, bs);
-      std::vector<std::pair<uint64_t, uint64_t>> space;  // physical offset, length
-      int fd = -1;
-      if ((rc = Reserve(channel, rel, reserve_len, &space, &fd)) != 0) return settle_all(rc);
-
+      const uint64_t reserve_len = step_len(k);
       const char* base = src + pos;  // data of this step: [0, data_len)
-      std::vector<IoOp> ops;
-      uint64_t at = 0;  // offset in this step
-      for (auto [off, n] : space) {
-        for (uint64_t done = 0; done < n; done += chunk) {
-          IoOp op;
-          op.fd = fd;
-          op.write = true;
-          op.offset = off + done;
-          op.length = static_cast<uint32_t>(std::min(chunk, n - done));
-          op.tag = at;
-          if (at + op.length <= data_len && Aligned(base + at))
-            op.buffer = const_cast<char*>(base + at);
-          ops.push_back(op);
-          at += op.length;
-        }
-      }
       auto sums = std::make_shared<std::vector<uint32_t>>(reserve_len / bs);
-      IoFill fill = [&](const IoOp& op, char* slot_buf) -> int {
-        uint64_t have = std::min<uint64_t>(op.length, data_len - op.tag);
-        std::memcpy(slot_buf, base + op.tag, have);
-        if (have < op.length) std::memset(slot_buf + have, 0, op.length - have);
-        return 0;
-      };
-      // The checksums are taken from the bytes that went to the store.
-      IoDone done = [&](const IoOp& op, const char* data) -> int {
-        for (uint64_t b = 0; b * bs < op.length; ++b)
-          (*sums)[op.tag / bs + b] = BlockSum(data + b * bs, bs);
-        bytes_written.fetch_add(op.length, std::memory_order_relaxed);
-        return 0;
-      };
-      uint64_t completed = 0;
-      {
-        Phase phase("write", rel, reserve_len);
-        rc = RunIo(ops, queue_depth.load(), static_cast<uint32_t>(chunk), fill, done, &completed);
-      }
-      ios.fetch_add(completed, std::memory_order_relaxed);
+      Latch hashed;
+      if (checksums) HashStep(pool.get(), base, data_len, sums.get(), &hashed);  // else unused
+      rc = WriteStep(rel, current, base, data_len, reserve_len, chunk);
+      hashed.Wait();  // the tasks use this frame, even after an error
       if (rc != 0) return settle_all(rc);
+      ControlChannel* channel = txn[slot].get();
       const uint64_t size = pos + data_len;
-      pending[slot] =
-          std::async(std::launch::async, [this, channel, rel, pos, reserve_len, size, sums]() {
-            Phase phase("commit", rel, reserve_len);
-            std::string reply;
-            json result;
-            int r = channel->RequestText(CommitText(rel, pos, reserve_len, size, *sums), "commit",
-                                         &reply);
-            if (r == 0) r = channel->ParseReply("commit", reply, &result);
-            return Outcome{r, r == 0 ? std::string() : LastError()};
-          });
+      const uint64_t next_len = step_len(k + 2);
+      pending[slot] = std::async(std::launch::async, [=, this] {
+        return CommitStep(channel, rel, pos, reserve_len, size, *sums, next_len);
+      });
     }
     return settle_all(0);
+  }
+
+  // Writes one step's bytes (`data_len` at `base`, padded with zeros to
+  // `reserve_len`) into the space of `r`, in I/Os of `chunk` bytes.
+  int WriteStep(const std::string& rel, const Reservation& r, const char* base, uint64_t data_len,
+                uint64_t reserve_len, uint64_t chunk) {
+    std::vector<IoOp> ops;
+    uint64_t at = 0;  // offset in this step
+    for (auto [off, n] : r.space) {
+      for (uint64_t done = 0; done < n; done += chunk) {
+        IoOp op;
+        op.fd = r.fd;
+        op.write = true;
+        op.offset = off + done;
+        op.length = static_cast<uint32_t>(std::min(chunk, n - done));
+        op.tag = at;
+        if (at + op.length <= data_len && Aligned(base + at))
+          op.buffer = const_cast<char*>(base + at);
+        ops.push_back(op);
+        at += op.length;
+      }
+    }
+    IoFill fill = [&](const IoOp& op, char* slot_buf) -> int {
+      uint64_t have = std::min<uint64_t>(op.length, data_len - op.tag);
+      std::memcpy(slot_buf, base + op.tag, have);
+      if (have < op.length) std::memset(slot_buf + have, 0, op.length - have);
+      return 0;
+    };
+    IoDone done = [&](const IoOp& op, const char*) -> int {
+      bytes_written.fetch_add(op.length, std::memory_order_relaxed);
+      return 0;
+    };
+    uint64_t completed = 0;
+    int rc;
+    {
+      Phase phase("write", rel, reserve_len);
+      rc = RunIo(ops, queue_depth.load(), static_cast<uint32_t>(chunk), fill, done, &completed);
+    }
+    ios.fetch_add(completed, std::memory_order_relaxed);
+    return rc;
   }
 
   // ---- spill_read_rows ----
@@ -849,6 +941,9 @@ int spill_client_set(spill_client* client, const char* key, uint64_t value) {
       return Fail(EINVAL, "commit_bytes must be a multiple of the block size, at most 4 GiB");
     }
     client->commit_bytes = value;
+  } else if (k == "checksum_threads") {
+    if (value > 64) return Fail(EINVAL, "checksum_threads must be 0..64");
+    client->checksum_threads = static_cast<unsigned>(value);
   } else if (k == "lease_ms") {
     client->lease_ms = value;
   } else if (k == "verify") {

@@ -5,11 +5,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "error.h"
+#include "task_pool.h"
 
 namespace spillfs::client {
 
@@ -102,10 +106,54 @@ std::string Describe(const IoOp& op, uint32_t done) {
          " bytes at offset " + std::to_string(op.offset + done) + " of the backing store";
 }
 
+// The flights whose callbacks run on a pool. A flight with a buffer of its
+// own is free again as soon as its callback is queued; a bounce flight comes
+// back here once its callback has seen the slot.
+class PoolCallbacks {
+ public:
+  PoolCallbacks(TaskPool* pool, const IoDone& done) : pool_(pool), done_(done) {}
+
+  void Dispatch(InFlight* f) {
+    latch_.Add();
+    const IoOp* op = f->op;
+    const char* data = f->data;
+    const bool bounce = f->op->buffer == nullptr;
+    pool_->Submit([this, f, op, data, bounce] {
+      int rc = done_(*op, data);
+      if (bounce) {
+        std::lock_guard lock(mu_);
+        back_.push_back(f);
+        cv_.notify_one();
+      }
+      latch_.Done(rc);  // last: once the latch is down, RunIo may return
+    });
+  }
+
+  // Moves the bounce flights whose callbacks ran to `idle`; with `wait`,
+  // first waits for at least one.
+  void Reclaim(std::vector<InFlight*>* idle, bool wait) {
+    std::unique_lock lock(mu_);
+    if (wait) cv_.wait(lock, [this] { return !back_.empty(); });
+    idle->insert(idle->end(), back_.begin(), back_.end());
+    back_.clear();
+  }
+
+  int error() { return latch_.error(); }
+  int Wait() { return latch_.Wait(); }
+
+ private:
+  TaskPool* pool_;
+  const IoDone& done_;
+  Latch latch_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<InFlight*> back_;
+};
+
 }  // namespace
 
 int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const IoFill& fill,
-          const IoDone& done, uint64_t* completed) {
+          const IoDone& done, uint64_t* completed, TaskPool* pool) {
   if (ops.empty()) return 0;
   ThreadRing& thread_ring = CurrentRing();
   io_uring* ring = thread_ring.ring();
@@ -128,6 +176,9 @@ int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const 
     if (slots == nullptr) return Fail(ENOMEM, "cannot allocate bounce buffers");
   }
   const bool fixed = bounce && thread_ring.registered();
+  std::unique_ptr<PoolCallbacks> offload;
+  if (pool != nullptr && pool->size() > 0 && done)
+    offload = std::make_unique<PoolCallbacks>(pool, done);
 
   std::vector<InFlight> flights(queue_depth);
   std::vector<InFlight*> idle;
@@ -143,6 +194,10 @@ int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const 
   uint64_t count = 0;
 
   while (true) {
+    if (offload) {
+      offload->Reclaim(&idle, false);
+      if (error == 0) error = offload->error();
+    }
     // Submit what fits.
     while (error == 0 && (!retry.empty() || (next < ops.size() && !idle.empty()))) {
       io_uring_sqe* sqe = io_uring_get_sqe(ring);
@@ -176,11 +231,20 @@ int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const 
       Prepare(sqe, f, fixed);
       ++inflight;
     }
-    if (inflight == 0) break;
+    if (inflight == 0) {
+      // Every flight may be out with a callback that still reads its slot.
+      if (offload && error == 0 && next < ops.size()) {
+        offload->Reclaim(&idle, true);
+        continue;
+      }
+      break;
+    }
     int ret = io_uring_submit_and_wait(ring, 1);
     if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
       // Nothing more can be reaped reliably; the ring is reset by the kernel
       // only at exit, so report and leave (in-flight buffers are ours).
+      // Callbacks already queued must finish: they use this frame.
+      if (offload) offload->Wait();
       return Fail(-ret, WithErrno("io_uring submit failed", -ret));
     }
     io_uring_cqe* cqe;
@@ -212,7 +276,10 @@ int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const 
         continue;
       }
       ++count;
-      if (error == 0 && done) {
+      if (error == 0 && offload) {
+        offload->Dispatch(f);
+        if (f->op->buffer == nullptr) continue;  // back once its callback ran
+      } else if (error == 0 && done) {
         int rc = done(*f->op, f->data);
         if (rc != 0) error = rc;
       }
@@ -222,6 +289,16 @@ int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const 
     if (error != 0) {
       for (InFlight* f : retry) idle.push_back(f);
       retry.clear();
+    }
+  }
+  if (offload) {
+    // An I/O error of this thread is reported before a callback's.
+    std::string message = LastError();
+    int rc = offload->Wait();
+    if (error != 0 && error != rc) {
+      Fail(-error, message);
+    } else if (error == 0) {
+      error = rc;
     }
   }
   if (completed != nullptr) *completed += count;

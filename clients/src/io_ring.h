@@ -6,7 +6,9 @@
 // buffer of its own (aligned by the caller) transfers straight into or out of
 // it; one without borrows a slot: `fill` copies the data of a write into the
 // slot before submission, and `done` sees the data of a read (or the bytes of
-// a write) after completion, in completion order, on the calling thread.
+// a write) after completion: in completion order on the calling thread, or,
+// given a TaskPool, on its threads, concurrently and in any order (so a hash
+// of one completion never holds back the submission of the next I/O).
 #pragma once
 
 #include <cstddef>
@@ -15,6 +17,8 @@
 #include <span>
 
 namespace spillfs::client {
+
+class TaskPool;
 
 inline constexpr uint64_t kDirectAlignment = 4096;
 
@@ -28,12 +32,12 @@ struct IoOp {
 };
 
 // Returns 0 or -errno; a callback's non-zero return stops the run (in-flight
-// operations are drained) and is returned as is. The error message is set
+// operations and callbacks are drained) and is returned as is. The error message is set
 // (spill_last_error) for I/O errors; callbacks set their own.
 using IoFill = std::function<int(const IoOp&, char* slot)>;
 using IoDone = std::function<int(const IoOp&, const char* data)>;
 int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const IoFill& fill,
-          const IoDone& done, uint64_t* completed);
+          const IoDone& done, uint64_t* completed, TaskPool* pool = nullptr);
 
 // Largest queue depth RunIo honours.
 inline constexpr unsigned kMaxQueueDepth = 256;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
 
@@ -15,9 +16,7 @@ Entry ControlPlane::MakeEntry(InodeNumber ino) const {
   entry.generation = 1;
   struct stat& st = entry.attr;
   st.st_ino = ino;
-  st.st_mode = ino == kDirIno       ? (S_IFDIR | 0755)
-               : ino == kControlIno ? (S_IFREG | 0600)
-                                    : (S_IFREG | 0444);
+  st.st_mode = ino == kDirIno ? (S_IFDIR | 0755) : ino == kControlIno ? (S_IFREG | 0600) : (S_IFREG | 0444);
   st.st_nlink = ino == kDirIno ? 2 : 1;
   st.st_blksize = 4096;
   return entry;
@@ -47,8 +46,7 @@ Result<std::vector<DirEntry>> ControlPlane::ReadDir(InodeNumber ino) const {
 
 Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uint32_t uid) {
   if (ino == kDirIno) return Status::Error(EISDIR, "is a directory");
-  if (ino == kStatsIno && (flags & O_ACCMODE) != O_RDONLY)
-    return Status::Error(EACCES, "stats is read-only");
+  if (ino == kStatsIno && (flags & O_ACCMODE) != O_RDONLY) return Status::Error(EACCES, "stats is read-only");
   if (ino == kControlIno && uid != 0) return Status::Error(EACCES, "the control file is for root");
   return new Handle{ino, {}, std::nullopt, nullptr, {}};
 }
@@ -67,8 +65,7 @@ namespace {
 
 // JSON numbers arrive as any type; converting a float or a negative number
 // to an unsigned integer is undefined, so every field is checked first.
-Result<uint64_t> UnsignedField(const nlohmann::json& request, const char* key,
-                               std::optional<uint64_t> fallback) {
+Result<uint64_t> UnsignedField(const nlohmann::json& request, const char* key, std::optional<uint64_t> fallback) {
   if (!request.contains(key)) {
     if (fallback) return *fallback;
     return Status::Error(EINVAL, fmt::format("request lacks \"{}\"", key));
@@ -88,11 +85,36 @@ Result<std::vector<uint32_t>> ChecksumsField(const nlohmann::json& request) {
   out.reserve(value.size());
   for (const nlohmann::json& sum : value) {
     if (!sum.is_number_unsigned() || sum.get<uint64_t>() > UINT32_MAX) {
-      return Status::Error(EINVAL,
-                           "\"block_checksums\" holds a value that is not a 32-bit checksum");
+      return Status::Error(EINVAL, "\"block_checksums\" holds a value that is not a 32-bit checksum");
     }
     out.push_back(static_cast<uint32_t>(sum.get<uint64_t>()));
   }
+  return out;
+}
+
+}  // namespace
+
+namespace {
+
+// The layout reply, written directly: a big file's layout holds one checksum
+// per block (262,144 a GiB), and building it as a json document and then
+// serialising it took ~17 ms a GiB, ~4% of a direct read of the file.
+std::string LayoutReply(const DirectLayout& layout, const Superblock& sb, const std::string& data_path) {
+  std::string out = fmt::format(R"({{"ok":true,"result":{{"ino":{},"size":{},"block_size":{},"data_path":{},)"
+                                R"("checksums":{},"extents":[)",
+                                layout.ino, layout.size, sb.block_size, nlohmann::json(data_path).dump(),
+                                sb.checksums ? "true" : "false");
+  auto back = std::back_inserter(out);
+  bool first = true;
+  for (const auto& [offset, e] : layout.extents) {
+    fmt::format_to(back,
+                   R"({}{{"file_offset":{},"physical_offset":{},"length":{},"unwritten":{},)"
+                   R"("block_checksums":[{}]}})",
+                   first ? "" : ",", offset, e.physical, e.length, e.unwritten() ? "true" : "false",
+                   fmt::join(e.block_checksums, ","));
+    first = false;
+  }
+  out += "]}}";
   return out;
 }
 
@@ -102,8 +124,7 @@ std::optional<std::string> ControlPlane::AnswerDirect(Handle& handle, const nloh
                                                       const Inspector& inspector) {
   using nlohmann::json;
   // value() throws on a non-string "op": a bad request must never stop the daemon.
-  std::string op =
-      request.contains("op") && request["op"].is_string() ? request["op"].get<std::string>() : "";
+  std::string op = request.contains("op") && request["op"].is_string() ? request["op"].get<std::string>() : "";
   if (op != "layout" && op != "reserve" && op != "commit") return std::nullopt;
   auto fail = [](const Status& s) { return Inspector::ErrorReply(s).dump(); };
   const Superblock& sb = fs_->volume().superblock();
@@ -115,50 +136,30 @@ std::optional<std::string> ControlPlane::AnswerDirect(Handle& handle, const nloh
       auto space = fs_->DirectReserve(*length);
       if (!space.ok()) return fail(space.status());
       json extents = json::array();
-      for (const PhysicalExtent& e : *space)
-        extents.push_back({{"physical_offset", e.offset}, {"length", e.length}});
+      for (const PhysicalExtent& e : *space) extents.push_back({{"physical_offset", e.offset}, {"length", e.length}});
       handle.reserved.insert(handle.reserved.end(), space->begin(), space->end());
-      return Inspector::OkReply(
-                 {{"extents", extents}, {"data_path", data_path}, {"block_size", sb.block_size}})
-          .dump();
+      return Inspector::OkReply({{"extents", extents}, {"data_path", data_path}, {"block_size", sb.block_size}}).dump();
     }
     auto ino = inspector.ResolvePath(request.at("path").get<std::string>());
     if (!ino.ok()) return fail(ino.status());
     if (op == "layout") {
-      if (!handle.pin)
-        handle.pin = fs_->PinBlocks();  // before the lookup: no block of it can be reused
+      if (!handle.pin) handle.pin = fs_->PinBlocks();  // before the lookup: no block of it can be reused
       auto layout = fs_->GetDirectLayout(*ino);
       if (!layout.ok()) return fail(layout.status());
-      json extents = json::array();
-      for (const auto& [offset, e] : layout->extents) {
-        extents.push_back({{"file_offset", offset},
-                           {"physical_offset", e.physical},
-                           {"length", e.length},
-                           {"unwritten", e.unwritten()},
-                           {"block_checksums", e.block_checksums}});
-      }
-      return Inspector::OkReply({{"ino", *ino},
-                                 {"size", layout->size},
-                                 {"block_size", sb.block_size},
-                                 {"data_path", data_path},
-                                 {"checksums", sb.checksums},
-                                 {"extents", extents}})
-          .dump();
+      return LayoutReply(*layout, sb, data_path);
     }
     auto length_field = UnsignedField(request, "length", std::nullopt);
     auto file_offset = UnsignedField(request, "file_offset", std::nullopt);
     auto size = UnsignedField(request, "size", uint64_t{0});
     auto checksums = ChecksumsField(request);
-    for (const Status& s :
-         {length_field.status(), file_offset.status(), size.status(), checksums.status()}) {
+    for (const Status& s : {length_field.status(), file_offset.status(), size.status(), checksums.status()}) {
       if (!s.ok()) return fail(s);
     }
     uint64_t length = *length_field;
     uint64_t reserved = 0;
     for (const PhysicalExtent& e : handle.reserved) reserved += e.length;
     if (length != reserved) {
-      return fail(
-          Status::Error(EINVAL, fmt::format("commit length {} != reserved {}", length, reserved)));
+      return fail(Status::Error(EINVAL, fmt::format("commit length {} != reserved {}", length, reserved)));
     }
     Status committed = fs_->DirectCommit(*ino, *file_offset, handle.reserved, *checksums, *size);
     if (!committed.ok()) return fail(committed);
@@ -177,8 +178,7 @@ std::string ControlPlane::Answer(Handle& handle) {
   RuntimeStats runtime = Runtime();
   if (handle.ino == kStatsIno) {
     auto stat = inspector.Stat(runtime);
-    return stat.ok() ? PrometheusText(*stat)
-                     : fmt::format("# error: {}\n", stat.status().ToString());
+    return stat.ok() ? PrometheusText(*stat) : fmt::format("# error: {}\n", stat.status().ToString());
   }
   auto request = nlohmann::json::parse(handle.request, nullptr, /*allow_exceptions=*/false);
   if (request.is_object()) {
@@ -224,8 +224,7 @@ RuntimeStats ControlPlane::Runtime() const {
   r.bytes_read = c.bytes_read.load();
   r.writes = c.writes.load();
   r.reads = c.reads.load();
-  r.uptime_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  r.uptime_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   return r;
 }
 

@@ -771,6 +771,33 @@ TEST_F(DataTest, MmapConsistentWithReadWrite) {
   ASSERT_EQ(munmap(p, size), 0) << Errno();
 }
 
+// Write-only handles bypass the page cache (direct_io); what other handles
+// and mappings have cached of the file must not hide their writes.
+TEST_F(DataTest, WriteOnlyHandleWritesAreSeenByCachedReadersAndMappings) {
+  const size_t size = 2 * kMiB;
+  std::string path = Path("cached");
+  ASSERT_TRUE(WritePatternFile(path, 70, size, 65536));
+  std::vector<char> model = PatternVector(70, 0, size);
+  Fd reader(open(path.c_str(), O_RDONLY));
+  ASSERT_GE(reader.get(), 0) << Errno();
+  std::vector<char> buf(size);
+  ASSERT_TRUE(PreadExact(reader.get(), buf.data(), size, 0));  // now in the page cache
+  void* p = mmap(nullptr, size, PROT_READ, MAP_SHARED, reader.get(), 0);
+  ASSERT_NE(p, MAP_FAILED) << Errno();
+  const char* map = static_cast<const char*>(p);
+  EXPECT_TRUE(SameBytes("mapping before", 0, map, model.data(), size));
+
+  Fd writer(open(path.c_str(), O_WRONLY));
+  ASSERT_GE(writer.get(), 0) << Errno();
+  std::vector<char> w = PatternVector(71, 5000, 300000);
+  ASSERT_TRUE(PwriteAll(writer.get(), w.data(), w.size(), 5000));
+  memcpy(model.data() + 5000, w.data(), w.size());
+  ASSERT_TRUE(PreadExact(reader.get(), buf.data(), size, 0));
+  EXPECT_TRUE(SameBytes("cached reader after a write-only handle's write", 0, buf.data(), model.data(), size));
+  EXPECT_TRUE(SameBytes("mapping after a write-only handle's write", 0, map, model.data(), size));
+  ASSERT_EQ(munmap(p, size), 0) << Errno();
+}
+
 // ---------------------------------------------------------------------------
 // Concurrency: 8 threads.
 

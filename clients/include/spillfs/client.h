@@ -56,6 +56,9 @@ SPILL_API int spill_client_close(spill_client* client);
  *                       at most 4 GiB; a step's commit overlaps the next step's
  *                       writes)
  *   "verify"            verify block checksums on read (1)
+ *   "checksum_threads"  threads that take and verify the block checksums of
+ *                       spill_write / spill_read while the I/O goes on (half
+ *                       the cores, 1..4; 0 = on the calling thread)
  *   "layout_cache"      paths whose layout spill_read_rows keeps (16; 0 = none)
  *   "lease_ms"          age after which a kept layout is taken anew (10000; 0 =
  *                       never). A kept layout's lease holds back the reuse of
