@@ -170,31 +170,6 @@ void OnLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* n
   ReplyEntry(req, Fs(req).Link(ino, new_parent, new_name));
 }
 
-// A handle that can only write (torch.save, np.save, an activation spill)
-// skips the page cache: its write()s reach the daemon as they are, without
-// the kernel first copying them into page-cache pages (on our VMs that copy
-// made buffered writes half as fast as O_DIRECT ones). Nothing is lost: a
-// write-only handle neither reads nor maps, and the RAM tier is the cache.
-// The kernel drops cached pages of the range it writes directly.
-bool IsWriteOnly(const fuse_file_info* fi) { return (fi->flags & O_ACCMODE) == O_WRONLY; }
-void SetWriteOnlyDirect(fuse_file_info* fi) {
-  if (IsWriteOnly(fi)) fi->direct_io = 1;
-}
-
-// A write by a user without CAP_FSETID drops set-user-ID (and set-group-ID
-// of a group-executable file), as ext4 does. The kernel does it for writes
-// through the page cache; for direct_io handles it leaves it to us.
-Status DropSetIdBits(Filesystem& fs, fuse_ino_t ino) {
-  auto entry = fs.GetAttr(ino);
-  if (!entry.ok()) return entry.status();
-  mode_t mode = entry->attr.st_mode;
-  mode_t drop = (mode & S_ISUID) | ((mode & S_IXGRP) ? (mode & S_ISGID) : 0);
-  if (drop == 0) return Status::OK();
-  SetAttrRequest request;
-  request.mode = mode & 07777 & ~drop;
-  return fs.SetAttr(ino, request).status();
-}
-
 void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (ControlPlane::Owns(ino)) {
     auto handle = Control(req).Open(ino, fi->flags, fuse_req_ctx(req)->uid);
@@ -218,7 +193,6 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Status s = Fs(req).Open(ino);
   if (!s.ok()) return ReplyError(req, s);
   fi->keep_cache = 1;  // every change goes through this mount, so the page cache stays valid
-  SetWriteOnlyDirect(fi);
   if (fuse_reply_open(req, fi) == -ENOENT) (void)Fs(req).Release(ino);
 }
 
@@ -229,7 +203,6 @@ void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, 
   Status s = Fs(req).Open(entry->ino);
   if (!s.ok()) return ReplyError(req, s);
   fi->keep_cache = 1;
-  SetWriteOnlyDirect(fi);
   fuse_entry_param param{};
   param.ino = entry->ino;
   param.generation = entry->generation;
@@ -263,10 +236,6 @@ void OnWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t
     if (!n.ok()) return ReplyError(req, n.status());
     fuse_reply_write(req, *n);
     return;
-  }
-  if (IsWriteOnly(fi) && fuse_req_ctx(req)->uid != 0) {  // a direct_io handle (SetWriteOnlyDirect)
-    Status dropped = DropSetIdBits(Fs(req), ino);
-    if (!dropped.ok()) return ReplyError(req, dropped);
   }
   // Answered as soon as the write cannot fail (before the RAM tier's copy),
   // so the kernel sends the next request while this thread copies.

@@ -771,8 +771,9 @@ TEST_F(DataTest, MmapConsistentWithReadWrite) {
   ASSERT_EQ(munmap(p, size), 0) << Errno();
 }
 
-// Write-only handles bypass the page cache (direct_io); what other handles
-// and mappings have cached of the file must not hide their writes.
+// What other handles and mappings have cached of a file must not hide the
+// writes of a write-only handle (also the guard for handing such handles
+// direct_io one day: tools/bench/RESULTS.md says why they are not).
 TEST_F(DataTest, WriteOnlyHandleWritesAreSeenByCachedReadersAndMappings) {
   const size_t size = 2 * kMiB;
   std::string path = Path("cached");
