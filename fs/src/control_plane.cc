@@ -92,10 +92,6 @@ Result<std::vector<uint32_t>> ChecksumsField(const nlohmann::json& request) {
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 // The layout reply, written directly: a big file's layout holds one checksum
 // per block (262,144 a GiB), and building it as a json document and then
 // serialising it took ~17 ms a GiB, ~4% of a direct read of the file.

@@ -25,9 +25,10 @@ ReadAhead::~ReadAhead() {
   for (std::thread& t : workers_) t.join();
 }
 
-ReadAhead::Stream& ReadAhead::StreamFor(InodeNumber ino) {
-  auto [it, fresh] = streams_.try_emplace(ino);
-  if (fresh) {
+ReadAhead::Stream& ReadAhead::StreamFor(InodeNumber ino, bool* fresh) {
+  auto [it, created] = streams_.try_emplace(ino);
+  *fresh = created;
+  if (created) {
     lru_.push_front(ino);
     it->second.lru = lru_.begin();
     if (streams_.size() > options_.max_streams) {
@@ -68,8 +69,8 @@ bool ReadAhead::Serve(InodeNumber ino, uint64_t offset, uint64_t length, char* o
 
 void ReadAhead::Advance(InodeNumber ino, uint64_t offset, uint64_t end, uint64_t file_end) {
   std::lock_guard lock(mu_);
-  bool fresh = streams_.find(ino) == streams_.end();
-  Stream& stream = StreamFor(ino);
+  bool fresh = false;
+  Stream& stream = StreamFor(ino, &fresh);
   bool continues =
       fresh ? offset == 0 : offset + kSequentialSlack >= stream.next && offset <= stream.next + kSequentialSlack;
   if (!continues) {

@@ -43,29 +43,32 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
   }
   SPILLFS_RETURN_IF_ERROR(allocator_.Hold(new_blocks * block_size_));
   cache_.AddHold(*file, new_blocks * block_size_);
-  // Everything that can fail first: chunks, and the old bytes of partly
-  // written blocks touched for the first time.
-  for (uint64_t block : {first_block, last_block - 1}) {
-    WriteBackCache::Chunk& chunk = cache_.ChunkFor(*file, block);
+  // Everything that can fail first: the chunks, and the old bytes of an edge
+  // block that is only partly written and touched for the first time.
+  const uint64_t first_chunk = first_block / per_chunk;
+  const uint64_t last_chunk = (last_block - 1) / per_chunk;
+  for (uint64_t chunk = first_chunk; chunk <= last_chunk; ++chunk) cache_.ChunkFor(*file, chunk * per_chunk);
+  auto prime_edge = [&](uint64_t block) -> Status {
     uint64_t block_start = block * block_size_;
-    bool partial = offset > block_start || end < block_start + block_size_;
-    if (partial && !chunk.valid[block % per_chunk]) {
-      SPILLFS_RETURN_IF_ERROR(ReadBlocks(ino, block, 1, chunk.data.data() + (block % per_chunk) * block_size_));
-    }
-  }
-  for (uint64_t block = first_block; block < last_block; ++block) cache_.ChunkFor(*file, block);
+    WriteBackCache::Chunk& chunk = cache_.ChunkFor(*file, block);
+    if (offset <= block_start && end >= block_start + block_size_) return Status::OK();  // wholly written
+    if (chunk.valid[block % per_chunk]) return Status::OK();
+    return ReadBlocks(ino, block, 1, chunk.data.data() + (block % per_chunk) * block_size_);
+  };
+  SPILLFS_RETURN_IF_ERROR(prime_edge(first_block));
+  if (last_block - 1 != first_block) SPILLFS_RETURN_IF_ERROR(prime_edge(last_block - 1));
   cache_.MarkValid(*file, first_block, last_block - first_block);
   cache_.NoteWrite(*file, end, NowNs());
   // The write cannot fail now: let the caller answer it, and copy while the
   // next request is on its way. Readers and the flusher wait for the I/O
   // lock, so nobody sees the blocks before the copy is done.
   if (accepted != nullptr) (*accepted)(size);
-  for (uint64_t block = first_block; block < last_block; ++block) {
-    char* dst = cache_.ChunkFor(*file, block).data.data() + (block % per_chunk) * block_size_;
-    uint64_t block_start = block * block_size_;
-    uint64_t from = std::max(offset, block_start);
-    uint64_t to = std::min(end, block_start + block_size_);
-    std::memcpy(dst + (from - block_start), data + (from - offset), to - from);
+  for (uint64_t chunk = first_chunk; chunk <= last_chunk; ++chunk) {
+    uint64_t chunk_start = chunk * WriteBackCache::kChunkBytes;
+    uint64_t from = std::max(offset, chunk_start);
+    uint64_t to = std::min(end, chunk_start + WriteBackCache::kChunkBytes);
+    char* dst = cache_.ChunkFor(*file, chunk * per_chunk).data.data();
+    std::memcpy(dst + (from - chunk_start), data + (from - offset), to - from);
   }
   counters_.bytes_written.fetch_add(size, std::memory_order_relaxed);
   counters_.writes.fetch_add(1, std::memory_order_relaxed);

@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -1344,25 +1343,37 @@ TEST_P(FilesystemDataTest, DataSurvivesReopen) {
 
 // ---- read-ahead ----
 
-// Reads [0, size) in 1 MiB requests and compares each with `expected`.
-void ExpectSequentialReads(const std::function<Result<std::string>(uint64_t, size_t)>& read,
-                           const std::string& expected, uint64_t from, uint64_t to) {
-  for (uint64_t at = from; at < to; at += 1 << 20) {
-    auto got = read(at, 1 << 20);
-    ASSERT_TRUE(got.ok()) << at << ": " << got.status().ToString();
-    ASSERT_TRUE(*got == expected.substr(at, 1 << 20)) << "wrong bytes in the MiB at " << at;
+class ReadAheadTest : public FilesystemDataTest {
+ protected:
+  // A 24 MiB file "seq" of seeded bytes (`*data`), flushed to the SSD.
+  InodeNumber MakeFlushedFile(uint64_t seed, std::string* data) {
+    std::mt19937_64 rng(seed);
+    *data = RandomBytes(24 << 20, &rng);
+    StampBlocks(data, seed);
+    InodeNumber ino = MakeFile(kRootInode, "seq");
+    WriteAt(ino, 0, *data);
+    FlushAll();
+    return ino;
   }
-}
+  // Reads [from, to) in 1 MiB requests and compares each with `expected`.
+  void ExpectSequentialReads(InodeNumber ino, const std::string& expected, uint64_t from, uint64_t to) {
+    for (uint64_t at = from; at < to; at += 1 << 20) {
+      auto got = ReadAt(ino, at, 1 << 20);
+      ASSERT_TRUE(got.ok()) << at << ": " << got.status().ToString();
+      ASSERT_TRUE(*got == expected.substr(at, 1 << 20)) << "wrong bytes in the MiB at " << at;
+    }
+  }
+};
 
-TEST_P(FilesystemDataTest, SequentialReadsAreServedByReadAhead) {
-  std::mt19937_64 rng(41);
-  std::string data = RandomBytes(24 << 20, &rng);
-  StampBlocks(&data, 41);
-  InodeNumber ino = MakeFile(kRootInode, "seq");
-  WriteAt(ino, 0, data);
-  FlushAll();
-  auto read = [&](uint64_t at, size_t n) { return ReadAt(ino, at, n); };
-  ExpectSequentialReads(read, data, 0, data.size());
+INSTANTIATE_TEST_SUITE_P(Tiers, ReadAheadTest, ::testing::Values(uint64_t{0}, uint64_t{32} << 20),
+                         [](const ::testing::TestParamInfo<uint64_t>& info) {
+                           return info.param == 0 ? std::string("WriteThrough") : std::string("RamTier");
+                         });
+
+TEST_P(ReadAheadTest, SequentialReadsAreServedByReadAhead) {
+  std::string data;
+  InodeNumber ino = MakeFlushedFile(41, &data);
+  ExpectSequentialReads(ino, data, 0, data.size());
   ReadAhead::Stats stats = fs_->read_ahead_stats();
   EXPECT_GT(stats.windows_started, 0u);
   // Only the first MiB or so cannot come from a window.
@@ -1379,30 +1390,26 @@ TEST_P(FilesystemDataTest, SequentialReadsAreServedByReadAhead) {
 
 // Windows fetched before a write, truncate or hole punch never answer a read
 // after it.
-TEST_P(FilesystemDataTest, ReadAheadNeverServesBytesOlderThanAChange) {
-  std::mt19937_64 rng(42);
-  std::string data = RandomBytes(24 << 20, &rng);
-  StampBlocks(&data, 42);
-  InodeNumber ino = MakeFile(kRootInode, "seq");
-  WriteAt(ino, 0, data);
-  FlushAll();
-  auto read = [&](uint64_t at, size_t n) { return ReadAt(ino, at, n); };
-  ExpectSequentialReads(read, data, 0, 2 << 20);  // windows up to ~18 MiB start
+TEST_P(ReadAheadTest, ReadAheadNeverServesBytesOlderThanAChange) {
+  std::string data;
+  InodeNumber ino = MakeFlushedFile(42, &data);
+  ExpectSequentialReads(ino, data, 0, 2 << 20);  // windows up to ~18 MiB start
+  std::mt19937_64 rng(43);
 
   std::string patch = RandomBytes(1 << 20, &rng);
   StampBlocks(&patch, 43);
   WriteAt(ino, 5 << 20, patch);  // ahead of the reader, inside a window
   data.replace(5 << 20, patch.size(), patch);
-  ExpectSequentialReads(read, data, 2 << 20, 8 << 20);
+  ExpectSequentialReads(ino, data, 2 << 20, 8 << 20);
 
   ASSERT_TRUE(fs_->Fallocate(ino, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 10 << 20, 1 << 20).ok());
   std::fill(data.begin() + (10 << 20), data.begin() + (11 << 20), '\0');
-  ExpectSequentialReads(read, data, 8 << 20, 12 << 20);
+  ExpectSequentialReads(ino, data, 8 << 20, 12 << 20);
 
   ASSERT_TRUE(Truncate(ino, 14 << 20).ok());
   ASSERT_TRUE(Truncate(ino, 24 << 20).ok());
   std::fill(data.begin() + (14 << 20), data.end(), '\0');
-  ExpectSequentialReads(read, data, 12 << 20, data.size());
+  ExpectSequentialReads(ino, data, 12 << 20, data.size());
   EXPECT_GT(fs_->read_ahead_stats().windows_dropped_stale, 0u);
   EXPECT_GT(fs_->read_ahead_stats().bytes_served, 0u);
 }

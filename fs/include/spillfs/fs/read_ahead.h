@@ -91,7 +91,8 @@ class ReadAhead {
     std::shared_ptr<Window> window;
   };
 
-  Stream& StreamFor(InodeNumber ino);  // mu_ held
+  // The stream of `ino`, made (`*fresh`) if there was none; mu_ held.
+  Stream& StreamFor(InodeNumber ino, bool* fresh);
   void StartWindowsLocked(InodeNumber ino, Stream* stream, uint64_t file_end);
   void TrimLocked(Stream* stream);
   AlignedBuffer TakeBufferLocked();
