@@ -102,8 +102,8 @@ void Prepare(io_uring_sqe* sqe, InFlight* f, bool fixed) {
 }
 
 std::string Describe(const IoOp& op, uint32_t done) {
-  return std::string(op.write ? "write" : "read") + " of " + std::to_string(op.length - done) +
-         " bytes at offset " + std::to_string(op.offset + done) + " of the backing store";
+  return std::string(op.write ? "write" : "read") + " of " + std::to_string(op.length - done) + " bytes at offset " +
+         std::to_string(op.offset + done) + " of the backing store";
 }
 
 // The flights whose callbacks run on a pool. A flight with a buffer of its
@@ -152,8 +152,8 @@ class PoolCallbacks {
 
 }  // namespace
 
-int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const IoFill& fill,
-          const IoDone& done, uint64_t* completed, TaskPool* pool) {
+int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const IoFill& fill, const IoDone& done,
+          uint64_t* completed, TaskPool* pool) {
   if (ops.empty()) return 0;
   ThreadRing& thread_ring = CurrentRing();
   io_uring* ring = thread_ring.ring();
@@ -170,36 +170,37 @@ int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const 
       bounce = true;
     }
   }
+  std::unique_ptr<PoolCallbacks> offload;
+  if (pool != nullptr && pool->size() > 0 && done) offload = std::make_unique<PoolCallbacks>(pool, done);
+  // Read callbacks that run here run after the next I/Os are submitted, so a
+  // completed slot's copy never holds back the queue: twice the flights
+  // (and slots) as may be in flight, so refills need not wait for them.
+  const bool defer = !offload && done && !fill;
+  const unsigned flight_count = defer ? 2 * queue_depth : queue_depth;
   char* slots = nullptr;
   if (bounce) {
-    slots = thread_ring.Slots(static_cast<size_t>(queue_depth) * slot_bytes);
+    slots = thread_ring.Slots(static_cast<size_t>(flight_count) * slot_bytes);
     if (slots == nullptr) return Fail(ENOMEM, "cannot allocate bounce buffers");
   }
   const bool fixed = bounce && thread_ring.registered();
-  std::unique_ptr<PoolCallbacks> offload;
-  if (pool != nullptr && pool->size() > 0 && done)
-    offload = std::make_unique<PoolCallbacks>(pool, done);
 
-  std::vector<InFlight> flights(queue_depth);
+  std::vector<InFlight> flights(flight_count);
   std::vector<InFlight*> idle;
-  idle.reserve(queue_depth);
-  for (unsigned i = 0; i < queue_depth; ++i) {
+  idle.reserve(flight_count);
+  for (unsigned i = 0; i < flight_count; ++i) {
     flights[i].slot = static_cast<int>(i);
     idle.push_back(&flights[i]);
   }
   std::vector<InFlight*> retry;
+  std::vector<InFlight*> ready;  // completed, callback still to run here
   size_t next = 0;
   unsigned inflight = 0;
   int error = 0;
   uint64_t count = 0;
 
-  while (true) {
-    if (offload) {
-      offload->Reclaim(&idle, false);
-      if (error == 0) error = offload->error();
-    }
-    // Submit what fits.
-    while (error == 0 && (!retry.empty() || (next < ops.size() && !idle.empty()))) {
+  // Prepares SQEs for retries and new operations, up to queue_depth in flight.
+  auto submit_what_fits = [&] {
+    while (error == 0 && inflight < queue_depth && (!retry.empty() || (next < ops.size() && !idle.empty()))) {
       io_uring_sqe* sqe = io_uring_get_sqe(ring);
       if (sqe == nullptr) break;
       InFlight* f;
@@ -231,6 +232,14 @@ int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const 
       Prepare(sqe, f, fixed);
       ++inflight;
     }
+  };
+
+  while (true) {
+    if (offload) {
+      offload->Reclaim(&idle, false);
+      if (error == 0) error = offload->error();
+    }
+    submit_what_fits();
     if (inflight == 0) {
       // Every flight may be out with a callback that still reads its slot.
       if (offload && error == 0 && next < ops.size()) {
@@ -279,6 +288,9 @@ int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const 
       if (error == 0 && offload) {
         offload->Dispatch(f);
         if (f->op->buffer == nullptr) continue;  // back once its callback ran
+      } else if (error == 0 && defer) {
+        ready.push_back(f);
+        continue;
       } else if (error == 0 && done) {
         int rc = done(*f->op, f->data);
         if (rc != 0) error = rc;
@@ -286,6 +298,19 @@ int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const 
       idle.push_back(f);
     }
     io_uring_cq_advance(ring, seen);
+    if (!ready.empty()) {
+      // Refill first: the disk works while the callbacks copy.
+      submit_what_fits();
+      if (inflight > 0) io_uring_submit(ring);
+      for (InFlight* f : ready) {
+        if (error == 0) {
+          int rc = done(*f->op, f->data);
+          if (rc != 0) error = rc;
+        }
+        idle.push_back(f);
+      }
+      ready.clear();
+    }
     if (error != 0) {
       for (InFlight* f : retry) idle.push_back(f);
       retry.clear();

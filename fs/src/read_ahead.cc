@@ -9,6 +9,8 @@ namespace {
 // A read this close to where the stream is expected still continues it:
 // the kernel's own read-ahead sends neighbouring requests out of order.
 constexpr uint64_t kSequentialSlack = 4u << 20;
+// Reads in a row, each where the last ended, before a stream is fetched for.
+constexpr unsigned kReadsToStart = 2;
 
 }  // namespace
 
@@ -71,16 +73,24 @@ void ReadAhead::Advance(InodeNumber ino, uint64_t offset, uint64_t end, uint64_t
   std::lock_guard lock(mu_);
   bool fresh = false;
   Stream& stream = StreamFor(ino, &fresh);
-  bool continues =
-      fresh ? offset == 0 : offset + kSequentialSlack >= stream.next && offset <= stream.next + kSequentialSlack;
+  // A stream is believed only after kReadsToStart reads each starting exactly
+  // where the last ended: random readers whose reads happen to land close
+  // together fetch nothing. Once it runs, the kernel's out-of-order requests
+  // near the expected place still continue it.
+  const bool running = stream.sequential_reads >= kReadsToStart;
+  bool continues = running ? offset + kSequentialSlack >= stream.next && offset <= stream.next + kSequentialSlack
+                           : offset == stream.next && (!fresh || offset == 0);
   if (!continues) {
     // A jump: follow from here; what was fetched for the old place is dropped.
     for (auto& w : stream.windows) ReturnBufferLocked(std::move(w));
     stream.windows.clear();
     stream.next = stream.fetched_to = end;
+    stream.sequential_reads = 1;
     return;
   }
   stream.next = std::max(stream.next, end);
+  if (stream.sequential_reads < kReadsToStart) ++stream.sequential_reads;
+  if (stream.sequential_reads < kReadsToStart) return;
   TrimLocked(&stream);
   StartWindowsLocked(ino, &stream, file_end);
 }

@@ -86,8 +86,7 @@ Volume::CreateOptions SizedOptions(uint64_t size, bool force = false) {
   size_t i = 0;
   while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
   std::ostringstream message;
-  message << "got " << got.size() << " bytes, want " << want.size()
-          << "; first difference at offset " << i;
+  message << "got " << got.size() << " bytes, want " << want.size() << "; first difference at offset " << i;
   if (i < got.size() && i < want.size()) {
     message << std::hex << " (got 0x" << (static_cast<unsigned>(got[i]) & 0xff) << ", want 0x"
             << (static_cast<unsigned>(want[i]) & 0xff) << ")";
@@ -133,8 +132,7 @@ class TemplateVolume : public ::testing::Environment {
  private:
   static inline std::unique_ptr<TempDir> dir_;
 };
-::testing::Environment* const kTemplateVolume =
-    ::testing::AddGlobalTestEnvironment(new TemplateVolume);
+::testing::Environment* const kTemplateVolume = ::testing::AddGlobalTestEnvironment(new TemplateVolume);
 
 // A fresh 64 MiB volume in a temporary directory, opened as a Filesystem.
 // RamTier() sizes the write-back RAM tier (0: every write goes straight to
@@ -188,14 +186,11 @@ class FilesystemTestBase : public ::testing::Test {
     auto e = fs_->Lookup(parent, name);
     return e.ok() ? e->ino : 0;
   }
-  int LookupErr(InodeNumber parent, std::string_view name) {
-    return fs_->Lookup(parent, name).status().code();
-  }
+  int LookupErr(InodeNumber parent, std::string_view name) { return fs_->Lookup(parent, name).status().code(); }
 
   void WriteAt(InodeNumber ino, uint64_t offset, const std::string& data) {
     auto n = fs_->Write(ino, offset, data.data(), data.size());
-    ASSERT_TRUE(n.ok()) << "write " << offset << "+" << data.size() << ": "
-                        << n.status().ToString();
+    ASSERT_TRUE(n.ok()) << "write " << offset << "+" << data.size() << ": " << n.status().ToString();
     ASSERT_EQ(*n, data.size());
   }
   Result<std::string> ReadAt(InodeNumber ino, uint64_t offset, size_t size) {
@@ -263,8 +258,7 @@ class FilesystemTestBase : public ::testing::Test {
       EXPECT_GE(offset, prev_end) << "extents overlap at file offset " << offset;
       if (!record.unwritten()) {
         EXPECT_LT(offset, RoundUp(size, kBlock))
-            << "written extent at file offset " << offset << " lies past the end of a " << size
-            << "-byte file";
+            << "written extent at file offset " << offset << " lies past the end of a " << size << "-byte file";
         EXPECT_EQ(record.block_checksums.size(), record.length / kBlock);
       }
       EXPECT_GE(record.physical, Volume::kDataOffset);
@@ -272,8 +266,7 @@ class FilesystemTestBase : public ::testing::Test {
       prev_end = offset + record.length;
       mapped += record.length;
     }
-    EXPECT_EQ(static_cast<uint64_t>(attr->attr.st_blocks) * 512, mapped)
-        << "st_blocks disagrees with the extent map";
+    EXPECT_EQ(static_cast<uint64_t>(attr->attr.st_blocks) * 512, mapped) << "st_blocks disagrees with the extent map";
   }
 
   // No physical block is mapped twice, over all files, and mapped + free
@@ -292,8 +285,7 @@ class FilesystemTestBase : public ::testing::Test {
       ASSERT_TRUE(record.ok());
       ASSERT_GE(record->physical, Volume::kDataOffset);
       ASSERT_LE(record->physical + record->length, kVolumeSize);
-      for (uint64_t b = block_of(record->physical); b < block_of(record->physical + record->length);
-           ++b) {
+      for (uint64_t b = block_of(record->physical); b < block_of(record->physical + record->length); ++b) {
         ++mapped[b];
         if (record->blob_id == 0) ++unshared[b];
       }
@@ -313,8 +305,8 @@ class FilesystemTestBase : public ::testing::Test {
       uint64_t physical = Volume::kDataOffset + b * kBlock;
       bool ok = free[b] + (mapped[b] > 0 ? 1 : 0) == 1 && (mapped[b] <= 1 || unshared[b] == 0);
       if (!ok) {
-        ADD_FAILURE() << "block at " << physical << ": free " << free[b] << " times, mapped "
-                      << mapped[b] << " times (" << unshared[b] << " not by a dedup blob)";
+        ADD_FAILURE() << "block at " << physical << ": free " << free[b] << " times, mapped " << mapped[b] << " times ("
+                      << unshared[b] << " not by a dedup blob)";
         ++reported;
       }
     }
@@ -332,17 +324,14 @@ class FilesystemTest : public FilesystemTestBase {};
 
 // Data tests run twice: writing straight through, and through a 32 MiB RAM
 // tier (smaller than the volume, so memory pressure forces flushes too).
-class FilesystemDataTest : public FilesystemTestBase,
-                           public ::testing::WithParamInterface<uint64_t> {
+class FilesystemDataTest : public FilesystemTestBase, public ::testing::WithParamInterface<uint64_t> {
  protected:
   uint64_t RamTier() const override { return GetParam(); }
 };
 
-INSTANTIATE_TEST_SUITE_P(Tiers, FilesystemDataTest,
-                         ::testing::Values(uint64_t{0}, uint64_t{32} << 20),
+INSTANTIATE_TEST_SUITE_P(Tiers, FilesystemDataTest, ::testing::Values(uint64_t{0}, uint64_t{32} << 20),
                          [](const ::testing::TestParamInfo<uint64_t>& info) {
-                           return info.param == 0 ? std::string("WriteThrough")
-                                                  : std::string("RamTier");
+                           return info.param == 0 ? std::string("WriteThrough") : std::string("RamTier");
                          });
 
 // ---- namespace ----
@@ -385,8 +374,7 @@ TEST_F(FilesystemTest, CreateLookupAndReadDir) {
 
   EXPECT_EQ(fs_->MakeNode(kRootInode, "a", S_IFREG | 0644, 0, caller_).status().code(), EEXIST);
   EXPECT_EQ(fs_->MakeDir(kRootInode, "d", 0755, caller_).status().code(), EEXIST);
-  EXPECT_EQ(fs_->MakeNode(kRootInode, long_name + "n", S_IFREG | 0644, 0, caller_).status().code(),
-            ENAMETOOLONG);
+  EXPECT_EQ(fs_->MakeNode(kRootInode, long_name + "n", S_IFREG | 0644, 0, caller_).status().code(), ENAMETOOLONG);
   EXPECT_EQ(fs_->MakeNode(a->ino, "x", S_IFREG | 0644, 0, caller_).status().code(), ENOTDIR);
   EXPECT_EQ(fs_->MakeNode(kRootInode, "", S_IFREG | 0644, 0, caller_).status().code(), ENOENT);
 
@@ -414,12 +402,9 @@ TEST_F(FilesystemTest, CreateLookupAndReadDir) {
     EXPECT_EQ((*entries)[0].ino, kRootInode);
     EXPECT_EQ((*entries)[1].name, "..");
     std::map<std::string, std::pair<InodeNumber, uint32_t>> got;
-    for (size_t i = 2; i < entries->size(); ++i)
-      got[(*entries)[i].name] = {(*entries)[i].ino, (*entries)[i].type};
-    std::map<std::string, std::pair<InodeNumber, uint32_t>> want = {{"a", {a->ino, S_IFREG}},
-                                                                    {"d", {d, S_IFDIR}},
-                                                                    {long_name, {longest, S_IFREG}},
-                                                                    {"s", {link->ino, S_IFLNK}}};
+    for (size_t i = 2; i < entries->size(); ++i) got[(*entries)[i].name] = {(*entries)[i].ino, (*entries)[i].type};
+    std::map<std::string, std::pair<InodeNumber, uint32_t>> want = {
+        {"a", {a->ino, S_IFREG}}, {"d", {d, S_IFDIR}}, {long_name, {longest, S_IFREG}}, {"s", {link->ino, S_IFLNK}}};
     EXPECT_EQ(got, want);
     auto sub = fs_->ReadDir(d);
     ASSERT_TRUE(sub.ok());
@@ -460,9 +445,8 @@ TEST_P(FilesystemDataTest, UnalignedWritesAcrossBlockBoundaries) {
   InodeNumber ino = MakeFile(kRootInode, "f");
   std::string model;
   const std::pair<uint64_t, size_t> writes[] = {
-      {0, 1},           {4095, 2},      {4096, 4096}, {8191, 4098},     {12289, 1},
-      {1, 4094},        {20000, 12288}, {4000, 200},  {100000, 1},      {65535, 65538},
-      {3 * 4096, 4096}, {50000, 100},   {99999, 3},   {0, 4096 * 5 + 7}};
+      {0, 1},      {4095, 2},   {4096, 4096},   {8191, 4098},     {12289, 1},   {1, 4094},  {20000, 12288},
+      {4000, 200}, {100000, 1}, {65535, 65538}, {3 * 4096, 4096}, {50000, 100}, {99999, 3}, {0, 4096 * 5 + 7}};
   for (auto [offset, length] : writes) {
     std::string data = RandomBytes(length, &rng);
     WriteAt(ino, offset, data);
@@ -538,8 +522,7 @@ TEST_P(FilesystemDataTest, TruncateDownMidBlockThenUpReadsZeros) {
   EXPECT_TRUE(SameBytes(ReadAll(ino), data.substr(0, 5000)));
   // Nothing of the old data may stay mapped past the new end.
   for (const auto& [offset, record] : Extents(ino)) {
-    EXPECT_LT(offset, 8192u) << "extent at file offset " << offset
-                             << " still mapped after truncate to 5000";
+    EXPECT_LT(offset, 8192u) << "extent at file offset " << offset << " still mapped after truncate to 5000";
   }
   ExpectExtentMapSane(ino);
   ExpectSpaceAccountedFor();
@@ -547,8 +530,7 @@ TEST_P(FilesystemDataTest, TruncateDownMidBlockThenUpReadsZeros) {
   ASSERT_TRUE(Truncate(ino, 16384).ok());
   EXPECT_EQ(Size(ino), 16384u);
   std::string expected = data.substr(0, 5000) + std::string(16384 - 5000, '\0');
-  EXPECT_TRUE(SameBytes(ReadAll(ino), expected))
-      << "bytes past the truncation point did not read as zeros";
+  EXPECT_TRUE(SameBytes(ReadAll(ino), expected)) << "bytes past the truncation point did not read as zeros";
   ExpectExtentMapSane(ino);
 
   // Truncating to a block boundary and to zero, then growing, also reads zeros.
@@ -730,11 +712,8 @@ TEST_F(FilesystemTest, RenameWithinAndAcrossDirectories) {
   // Errors change nothing.
   EXPECT_EQ(fs_->Rename(kRootInode, "nope", kRootInode, "x", 0).code(), ENOENT);
   EXPECT_EQ(fs_->Rename(kRootInode, "moved", f, "x", 0).code(), ENOTDIR);
-  EXPECT_EQ(
-      fs_->Rename(kRootInode, "moved", kRootInode, "x", RENAME_NOREPLACE | RENAME_EXCHANGE).code(),
-      EINVAL);
-  EXPECT_EQ(fs_->Rename(kRootInode, "moved", kRootInode, std::string(256, 'x'), 0).code(),
-            ENAMETOOLONG);
+  EXPECT_EQ(fs_->Rename(kRootInode, "moved", kRootInode, "x", RENAME_NOREPLACE | RENAME_EXCHANGE).code(), EINVAL);
+  EXPECT_EQ(fs_->Rename(kRootInode, "moved", kRootInode, std::string(256, 'x'), 0).code(), ENAMETOOLONG);
   EXPECT_EQ(LookupIno(kRootInode, "moved"), sub);
 
   // Renaming onto itself, or onto another link of the same inode, does nothing.
@@ -984,26 +963,20 @@ TEST_P(FilesystemDataTest, DeletingEverythingReturnsAllSpace) {
         ASSERT_TRUE(Truncate(ino, rng() % 150000).ok());
         break;
       case 4:
-        ASSERT_TRUE(fs_->Fallocate(ino, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, rng() % 150000,
-                                   1 + rng() % 50000)
-                        .ok());
+        ASSERT_TRUE(
+            fs_->Fallocate(ino, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, rng() % 150000, 1 + rng() % 50000).ok());
         break;
       case 5:
-        ASSERT_TRUE(fs_->Fallocate(ino, rng() % 2 ? 0 : FALLOC_FL_KEEP_SIZE, rng() % 150000,
-                                   1 + rng() % 30000)
-                        .ok());
+        ASSERT_TRUE(fs_->Fallocate(ino, rng() % 2 ? 0 : FALLOC_FL_KEEP_SIZE, rng() % 150000, 1 + rng() % 30000).ok());
         break;
       case 6:
-        ASSERT_TRUE(
-            fs_->Fallocate(ino, FALLOC_FL_ZERO_RANGE, rng() % 150000, 1 + rng() % 30000).ok());
+        ASSERT_TRUE(fs_->Fallocate(ino, FALLOC_FL_ZERO_RANGE, rng() % 150000, 1 + rng() % 30000).ok());
         break;
       default: {
         // Replace one file by another through rename.
         size_t from = rng() % names.size(), to = rng() % names.size();
         if (from == to) break;
-        ASSERT_TRUE(
-            fs_->Rename(names[from].first, names[from].second, names[to].first, names[to].second, 0)
-                .ok());
+        ASSERT_TRUE(fs_->Rename(names[from].first, names[from].second, names[to].first, names[to].second, 0).ok());
         InodeNumber moved = files[from];
         names.erase(names.begin() + static_cast<long>(from));
         files.erase(files.begin() + static_cast<long>(from));
@@ -1079,9 +1052,7 @@ TEST_P(FilesystemDataTest, ErrorsOfTheDataPath) {
   EXPECT_EQ(fs_->Write(ino, 10, "", 0).status().code(), 0);
   EXPECT_EQ(fs_->GetAttr(999999).status().code(), ENOENT);
   EXPECT_EQ(fs_->Open(999999).code(), ENOENT);
-  EXPECT_EQ(fs_->Symlink(kRootInode, "long", std::string(Filesystem::kSymlinkMax + 1, 's'), caller_)
-                .status()
-                .code(),
+  EXPECT_EQ(fs_->Symlink(kRootInode, "long", std::string(Filesystem::kSymlinkMax + 1, 's'), caller_).status().code(),
             ENAMETOOLONG);
   EXPECT_EQ(Size(ino), 3u);
   EXPECT_TRUE(SameBytes(ReadAll(ino), "abc"));
@@ -1215,8 +1186,7 @@ TEST_P(FilesystemDataTest, FreedSpaceIsReusedOnlyOnceItsBatchIsDurable) {
   std::mt19937_64 rng(21);
   auto physical = [&](InodeNumber ino) {
     std::vector<PhysicalExtent> out;
-    for (const auto& [offset, record] : Extents(ino))
-      out.push_back({record.physical, record.length});
+    for (const auto& [offset, record] : Extents(ino)) out.push_back({record.physical, record.length});
     return out;
   };
   auto overlaps = [](const std::vector<PhysicalExtent>& a, const std::vector<PhysicalExtent>& b) {
@@ -1386,6 +1356,14 @@ TEST_P(ReadAheadTest, SequentialReadsAreServedByReadAhead) {
     EXPECT_TRUE(*got == data.substr(at, 4096));
   }
   EXPECT_EQ(fs_->read_ahead_stats().windows_started, started);
+  // Nor does one whose small reads land close together but never where the
+  // last ended (a random reader of a hot region).
+  for (uint64_t at : {10u << 20, (10u << 20) + 65536, (10u << 20) + 8192, (10u << 20) + 200704, 10u << 20}) {
+    auto got = ReadAt(ino, at, 4096);
+    ASSERT_TRUE(got.ok());
+    EXPECT_TRUE(*got == data.substr(at, 4096));
+  }
+  EXPECT_EQ(fs_->read_ahead_stats().windows_started, started);
 }
 
 // Windows fetched before a write, truncate or hole punch never answer a read
@@ -1490,8 +1468,7 @@ TEST_F(FilesystemTest, VolumeOpenRefusesIndexAndDataOfDifferentVolumes) {
     auto mixed = Volume::Open(a, {});
     ASSERT_FALSE(mixed.ok()) << "a volume opened with another volume's data area";
     EXPECT_EQ(mixed.status().code(), EUCLEAN) << mixed.status().ToString();
-    EXPECT_NE(mixed.status().message().find("different volumes"), std::string::npos)
-        << mixed.status().ToString();
+    EXPECT_NE(mixed.status().message().find("different volumes"), std::string::npos) << mixed.status().ToString();
   }
   // With its own data area back, a opens again: the refusal left no lock behind.
   std::filesystem::copy_file(dir_.path() + "/a-data.img", Volume::ImagePath(a), copy);

@@ -59,9 +59,7 @@ struct Error : std::runtime_error {
 [[noreturn]] void Die(const std::string& what) { throw Error(what); }
 [[noreturn]] void DieErrno(const std::string& what) { Die(what + ": " + std::strerror(errno)); }
 
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 uint64_t ParseSize(const std::string& text) {
   size_t pos = 0;
@@ -208,6 +206,8 @@ struct Options {
   unsigned repeat = 1;         // rounds of the seq and random figures (the median is reported)
   std::string ram_tier_large;  // default: files * file_size * 4/3 + 256M
   std::string ram_tier_small = "64M";
+  std::string mount_args;  // appended to every `spillfs mount`
+  size_t rows_batch = 0;   // rows per spill_read_rows call (0: max(1024, 16 x QD))
   std::string spillfs_bin;
   std::string python;  // default: /usr/bin/python3 or python3, whichever imports torch
   std::string torch_script;
@@ -257,8 +257,7 @@ class Bench {
 
   // Measurements.
   double UringSequential(const std::string& path, bool write, uint64_t size, char* buf);
-  double PosixSequential(const std::string& path, bool write, bool direct, uint64_t size,
-                         char* buf);
+  double PosixSequential(const std::string& path, bool write, bool direct, uint64_t size, char* buf);
   double UringRandom(const std::string& path, uint64_t size, unsigned qd);
   double ThreadsRandom(const std::string& path, uint64_t size, unsigned threads);
   double RowsRandom(const std::string& rel, uint64_t size, unsigned qd);
@@ -305,19 +304,16 @@ void Bench::Setup() {
   if (size_ == 0 || file_size_ == 0 || rand_size_ == 0) Die("sizes must be at least 1M");
   if (o_.spillfs_bin.empty()) {
     // build/bin/spillfs-bench -> build/bin/spillfs
-    o_.spillfs_bin =
-        (stdfs::path(stdfs::read_symlink("/proc/self/exe")).parent_path() / "spillfs").string();
+    o_.spillfs_bin = (stdfs::path(stdfs::read_symlink("/proc/self/exe")).parent_path() / "spillfs").string();
   }
-  if (!stdfs::exists(o_.spillfs_bin))
-    Die("no spillfs binary at " + o_.spillfs_bin + " (--spillfs)");
+  if (!stdfs::exists(o_.spillfs_bin)) Die("no spillfs binary at " + o_.spillfs_bin + " (--spillfs)");
   if (o_.torch_script.empty()) {
     // build/bin/spillfs-bench -> tools/bench/torch_bench.py of the same tree,
     // else the source tree this was built from, else ./tools/bench.
     stdfs::path exe = stdfs::read_symlink("/proc/self/exe");
-    for (stdfs::path candidate :
-         {exe.parent_path().parent_path().parent_path() / "tools/bench/torch_bench.py",
-          stdfs::path(__FILE__).parent_path() / "torch_bench.py",
-          stdfs::current_path() / "tools/bench/torch_bench.py"}) {
+    for (stdfs::path candidate : {exe.parent_path().parent_path().parent_path() / "tools/bench/torch_bench.py",
+                                  stdfs::path(__FILE__).parent_path() / "torch_bench.py",
+                                  stdfs::current_path() / "tools/bench/torch_bench.py"}) {
       if (stdfs::exists(candidate)) {
         o_.torch_script = candidate.string();
         break;
@@ -339,8 +335,8 @@ void Bench::Setup() {
 
 void Bench::Mkfs() {
   // Sparse: only what is written takes space. Room for every phase at once.
-  uint64_t volume = 3 * size_ + rand_size_ + static_cast<uint64_t>(o_.files) * file_size_ +
-                    ParseSize(o_.torch_size) + (2ull << 30);
+  uint64_t volume =
+      3 * size_ + rand_size_ + static_cast<uint64_t>(o_.files) * file_size_ + ParseSize(o_.torch_size) + (2ull << 30);
   Run(fmt::format("{} mkfs {} --size {}M", Quote(o_.spillfs_bin), Quote(vol_), volume / kMiB));
 }
 
@@ -348,6 +344,7 @@ void Bench::Mount(const std::string& ram_tier) {
   std::string args;
   if (!ram_tier.empty()) args += " --ram-tier " + ram_tier;
   if (o_.mount_threads > 0) args += fmt::format(" --threads {}", o_.mount_threads);
+  if (!o_.mount_args.empty()) args += " " + o_.mount_args;
   Run(fmt::format("{} mount {} {}{}", Quote(o_.spillfs_bin), Quote(vol_), Quote(mnt_), args));
   mounted_ = true;
 }
@@ -398,8 +395,7 @@ double Bench::UringSequential(const std::string& path, bool write, uint64_t size
   if (write && ftruncate(fd.get(), static_cast<off_t>(size)) != 0) DieErrno("ftruncate " + path);
   io_uring ring;
   unsigned qd = std::max(1u, std::min(o_.qd, 256u));
-  if (int rc = io_uring_queue_init(qd, &ring, 0); rc < 0)
-    Die(std::string("io_uring: ") + strerror(-rc));
+  if (int rc = io_uring_queue_init(qd, &ring, 0); rc < 0) Die(std::string("io_uring: ") + strerror(-rc));
   const uint64_t chunks = size / kMiB;
   uint64_t next = 0, done = 0;
   unsigned inflight = 0;
@@ -438,8 +434,7 @@ double Bench::UringSequential(const std::string& path, bool write, uint64_t size
 }
 
 // write()/read() of 1 MiB; writes end with fsync.
-double Bench::PosixSequential(const std::string& path, bool write, bool direct, uint64_t size,
-                              char* buf) {
+double Bench::PosixSequential(const std::string& path, bool write, bool direct, uint64_t size, char* buf) {
   int flags = (direct ? O_DIRECT : 0) | (write ? (O_WRONLY | O_CREAT | O_TRUNC) : O_RDONLY);
   auto t0 = Clock::now();
   {
@@ -460,8 +455,7 @@ double Bench::PosixSequential(const std::string& path, bool write, bool direct, 
 double Bench::UringRandom(const std::string& path, uint64_t size, unsigned qd) {
   Fd fd(path, O_RDONLY | O_DIRECT);
   io_uring ring;
-  if (int rc = io_uring_queue_init(std::max(qd, 1u), &ring, 0); rc < 0)
-    Die(std::string("io_uring: ") + strerror(-rc));
+  if (int rc = io_uring_queue_init(std::max(qd, 1u), &ring, 0); rc < 0) Die(std::string("io_uring: ") + strerror(-rc));
   Buffer bufs(static_cast<size_t>(qd) * kBlock);
   Rng rng(qd);
   const uint64_t blocks = size / kBlock;
@@ -478,8 +472,7 @@ double Bench::UringRandom(const std::string& path, uint64_t size, unsigned qd) {
       if (sqe == nullptr) break;
       unsigned slot = free_slots.back();
       free_slots.pop_back();
-      io_uring_prep_read(sqe, fd.get(), bufs.data + slot * kBlock, kBlock,
-                         (rng.Next() % blocks) * kBlock);
+      io_uring_prep_read(sqe, fd.get(), bufs.data + slot * kBlock, kBlock, (rng.Next() % blocks) * kBlock);
       io_uring_sqe_set_data64(sqe, slot);
       ++inflight;
     }
@@ -537,22 +530,23 @@ double Bench::ThreadsRandom(const std::string& path, uint64_t size, unsigned thr
   return static_cast<double>(ops.load()) / s;
 }
 
-// Rows per spill_read_rows call (a training batch's worth).
-size_t RowsBatch(unsigned qd) { return std::max<size_t>(1024, 16 * static_cast<size_t>(qd)); }
+// Rows per spill_read_rows call (a training batch's worth), unless --rows-batch.
+size_t RowsBatch(unsigned qd, size_t fixed) {
+  return fixed > 0 ? fixed : std::max<size_t>(1024, 16 * static_cast<size_t>(qd));
+}
 
 // spill_read_rows of 4 KiB rows, `qd` I/Os in flight within each batch.
 double Bench::RowsRandom(const std::string& rel, uint64_t size, unsigned qd) {
   spill_client* c = Client();
   if (spill_client_set(c, "rows_queue_depth", qd) != 0) Die(spill_last_error());
-  const size_t batch = RowsBatch(qd);
+  const size_t batch = RowsBatch(qd, o_.rows_batch);
   const uint64_t rows_in_file = size / kBlock;
   std::vector<uint64_t> rows(batch);
   Buffer out(batch * kBlock);
   Rng rng(7 + qd);
   uint64_t first = 0;
   if (spill_read_rows(c, rel.c_str(), kBlock, &first, 1, out.data) != 0) {
-    Die(std::string("spill_read_rows: ") +
-        spill_last_error());  // takes the layout, outside the timing
+    Die(std::string("spill_read_rows: ") + spill_last_error());  // takes the layout, outside the timing
   }
   uint64_t ops = 0;
   auto t0 = Clock::now();
@@ -576,8 +570,8 @@ double Median(std::vector<double> v) {
 }
 
 void Bench::Sequential() {
-  fmt::print("sequential, {} per file, 1 MiB requests (raw: io_uring QD {}), {} round(s):\n",
-             HumanSize(size_), o_.qd, o_.repeat);
+  fmt::print("sequential, {} per file, 1 MiB requests (raw: io_uring QD {}), {} round(s):\n", HumanSize(size_), o_.qd,
+             o_.repeat);
   Buffer buf(size_);
   Buffer expect(size_);
   uint64_t seed = 1;
@@ -585,8 +579,7 @@ void Bench::Sequential() {
   std::vector<std::pair<std::string, std::string>> order;  // (name, op)
   std::map<std::pair<std::string, std::string>, std::vector<double>> samples;
   std::map<std::pair<std::string, std::string>, std::string> notes;
-  auto sample = [&](const std::string& name, const std::string& op, double v,
-                    const std::string& note) {
+  auto sample = [&](const std::string& name, const std::string& op, double v, const std::string& note) {
     auto key = std::make_pair(name, op);
     if (!samples.count(key)) order.push_back(key);
     samples[key].push_back(v);
@@ -598,15 +591,14 @@ void Bench::Sequential() {
     if (o_.repeat > 1) fmt::print("  round {} (load {})\n", round + 1, LoadAverage());
     // Writes (each with its own bytes, so dedup shares nothing).
     FillRandom(buf.data, size_, seed++);
-    sample("raw io_uring O_DIRECT", "write",
-           UringSequential(work_ + "/raw.bin", true, size_, buf.data),
+    sample("raw io_uring O_DIRECT", "write", UringSequential(work_ + "/raw.bin", true, size_, buf.data),
            "the limit: a file on the filesystem that holds the volume");
     FillRandom(buf.data, size_, seed++);
-    sample("host fs O_DIRECT write()", "write",
-           PosixSequential(host_ + "/direct.bin", true, true, size_, buf.data), "+ fsync");
+    sample("host fs O_DIRECT write()", "write", PosixSequential(host_ + "/direct.bin", true, true, size_, buf.data),
+           "+ fsync");
     FillRandom(buf.data, size_, seed++);
-    sample("host fs buffered write()", "write",
-           PosixSequential(host_ + "/buffered.bin", true, false, size_, buf.data), "+ fsync");
+    sample("host fs buffered write()", "write", PosixSequential(host_ + "/buffered.bin", true, false, size_, buf.data),
+           "+ fsync");
     FillRandom(buf.data, size_, seed++);
     sample("spillfs mount buffered write()", "write",
            PosixSequential(mnt_ + "/buffered.bin", true, false, size_, buf.data), "+ fsync");
@@ -618,47 +610,40 @@ void Bench::Sequential() {
     {
       spill_client* c = Client();
       auto t0 = Clock::now();
-      if (spill_write(c, "/client.bin", buf.data, size_) != 0)
-        Die(std::string("spill_write: ") + spill_last_error());
+      if (spill_write(c, "/client.bin", buf.data, size_) != 0) Die(std::string("spill_write: ") + spill_last_error());
       Fd fd(mnt_ + "/client.bin", O_RDONLY);
       fd.Fsync();  // the daemon syncs the data area and its index
-      sample("spillfs direct path spill_write", "write", MBps(size_, Seconds(t0, Clock::now())),
-             "+ fsync");
+      sample("spillfs direct path spill_write", "write", MBps(size_, Seconds(t0, Clock::now())), "+ fsync");
     }
     // Reads, cold: the volume remounted, page cache dropped before each.
     Remount();
     DropCaches();
-    sample("raw io_uring O_DIRECT", "read",
-           UringSequential(work_ + "/raw.bin", false, size_, buf.data), "");
+    sample("raw io_uring O_DIRECT", "read", UringSequential(work_ + "/raw.bin", false, size_, buf.data), "");
     DropCaches();
-    sample("host fs O_DIRECT read()", "read",
-           PosixSequential(host_ + "/direct.bin", false, true, size_, buf.data), "");
+    sample("host fs O_DIRECT read()", "read", PosixSequential(host_ + "/direct.bin", false, true, size_, buf.data), "");
     DropCaches();
-    sample("host fs buffered read()", "read",
-           PosixSequential(host_ + "/buffered.bin", false, false, size_, buf.data), "");
+    sample("host fs buffered read()", "read", PosixSequential(host_ + "/buffered.bin", false, false, size_, buf.data),
+           "");
     DropCaches();
     sample("spillfs mount buffered read()", "read",
            PosixSequential(mnt_ + "/buffered.bin", false, false, size_, buf.data), "");
     DropCaches();
-    sample("spillfs mount O_DIRECT read()", "read",
-           PosixSequential(mnt_ + "/direct.bin", false, true, size_, buf.data), "");
+    sample("spillfs mount O_DIRECT read()", "read", PosixSequential(mnt_ + "/direct.bin", false, true, size_, buf.data),
+           "");
     DropCaches();
     {
       spill_client* c = Client();
       auto t0 = Clock::now();
       int64_t n = spill_read(c, "/client.bin", buf.data, size_, 0);
       if (n != static_cast<int64_t>(size_)) Die(std::string("spill_read: ") + spill_last_error());
-      sample("spillfs direct path spill_read", "read", MBps(size_, Seconds(t0, Clock::now())),
-             "checksums verified");
+      sample("spillfs direct path spill_read", "read", MBps(size_, Seconds(t0, Clock::now())), "checksums verified");
       // Check what came back (outside the timing).
       FillRandom(expect.data, size_, client_seed);
-      if (std::memcmp(expect.data, buf.data, size_) != 0)
-        Die("spill_read returned other bytes than spill_write wrote");
+      if (std::memcmp(expect.data, buf.data, size_) != 0) Die("spill_read returned other bytes than spill_write wrote");
     }
     unlink((work_ + "/raw.bin").c_str());
     for (const char* f : {"/direct.bin", "/buffered.bin"}) unlink((host_ + f).c_str());
-    for (const char* f : {"/direct.bin", "/buffered.bin", "/client.bin"})
-      unlink((mnt_ + f).c_str());
+    for (const char* f : {"/direct.bin", "/buffered.bin", "/client.bin"}) unlink((mnt_ + f).c_str());
   }
   raw_["write"] = Median(samples[{"raw io_uring O_DIRECT", "write"}]);
   raw_["read"] = Median(samples[{"raw io_uring O_DIRECT", "read"}]);
@@ -693,11 +678,10 @@ void Bench::Torch() {
     extra_["torch"] = "skipped: " + why;
     return;
   }
-  fmt::print("torch.save / torch.load of a {} tensor (+ fsync; load cold):\n",
-             HumanSize(ParseSize(o_.torch_size)));
-  std::string cmd = fmt::format("{} {} --host-dir {} --mount-dir {} --size {} --json{}",
-                                Quote(python), Quote(o_.torch_script), Quote(host_), Quote(mnt_),
-                                o_.torch_size, o_.no_drop_caches ? " --no-drop-caches" : "");
+  fmt::print("torch.save / torch.load of a {} tensor (+ fsync; load cold):\n", HumanSize(ParseSize(o_.torch_size)));
+  std::string cmd =
+      fmt::format("{} {} --host-dir {} --mount-dir {} --size {} --json{}", Quote(python), Quote(o_.torch_script),
+                  Quote(host_), Quote(mnt_), o_.torch_size, o_.no_drop_caches ? " --no-drop-caches" : "");
   std::string out = Run(cmd);
   // The last line is the JSON object.
   std::string last;
@@ -711,14 +695,12 @@ void Bench::Torch() {
   double host_save = r["host"]["save_GBps"], host_load = r["host"]["load_GBps"];
   double m_save = r["mount"]["save_GBps"], m_load = r["mount"]["load_GBps"];
   std::string dev = r.value("device", "cpu");
-  Add({"torch", "torch.save host fs (" + dev + ")", "write", host_save * 1e3, "MB/s", 1.0, "host",
+  Add({"torch", "torch.save host fs (" + dev + ")", "write", host_save * 1e3, "MB/s", 1.0, "host", "+ fsync"});
+  Add({"torch", "torch.save spillfs mount (" + dev + ")", "write", m_save * 1e3, "MB/s", m_save / host_save, "host",
        "+ fsync"});
-  Add({"torch", "torch.save spillfs mount (" + dev + ")", "write", m_save * 1e3, "MB/s",
-       m_save / host_save, "host", "+ fsync"});
-  Add({"torch", "torch.load host fs (" + dev + ")", "read", host_load * 1e3, "MB/s", 1.0, "host",
+  Add({"torch", "torch.load host fs (" + dev + ")", "read", host_load * 1e3, "MB/s", 1.0, "host", ""});
+  Add({"torch", "torch.load spillfs mount (" + dev + ")", "read", m_load * 1e3, "MB/s", m_load / host_load, "host",
        ""});
-  Add({"torch", "torch.load spillfs mount (" + dev + ")", "read", m_load * 1e3, "MB/s",
-       m_load / host_load, "host", ""});
 }
 
 void Bench::Activation() {
@@ -737,8 +719,7 @@ void Bench::Activation() {
   json runs = json::array();
   auto pattern = [&](const std::string& dir, const std::string& label, bool spillfs) {
     stdfs::create_directories(dir);
-    if (spillfs && setxattr(dir.c_str(), "user.spillfs.ephemeral", "1", 1, 0) != 0)
-      DieErrno("setxattr " + dir);
+    if (spillfs && setxattr(dir.c_str(), "user.spillfs.ephemeral", "1", 1, 0) != 0) DieErrno("setxattr " + dir);
     json before = spillfs ? SpillfsStat() : json::object();
     double write_s = 0, read_s = 0;
     for (unsigned i = 0; i < o_.files; ++i) {
@@ -747,8 +728,7 @@ void Bench::Activation() {
       {
         Fd fd(fmt::format("{}/a{}", dir, i), O_WRONLY | O_CREAT | O_TRUNC);
         for (uint64_t at = 0; at < file_size_; at += kMiB) {
-          if (write(fd.get(), buf.data + at, kMiB) != static_cast<ssize_t>(kMiB))
-            DieErrno("write " + dir);
+          if (write(fd.get(), buf.data + at, kMiB) != static_cast<ssize_t>(kMiB)) DieErrno("write " + dir);
         }
       }
       write_s += Seconds(t0, Clock::now());
@@ -759,8 +739,7 @@ void Bench::Activation() {
       {
         Fd fd(path, O_RDONLY);
         for (uint64_t at = 0; at < file_size_; at += kMiB) {
-          if (read(fd.get(), buf.data + at, kMiB) != static_cast<ssize_t>(kMiB))
-            DieErrno("read " + path);
+          if (read(fd.get(), buf.data + at, kMiB) != static_cast<ssize_t>(kMiB)) DieErrno("read " + path);
         }
       }
       if (unlink(path.c_str()) != 0) DieErrno("unlink " + path);
@@ -775,19 +754,17 @@ void Bench::Activation() {
     std::string note;
     if (spillfs) {
       json after = SpillfsStat();
-      uint64_t ssd =
-          after["bytes_written_ssd"].get<uint64_t>() - before["bytes_written_ssd"].get<uint64_t>();
-      uint64_t cancelled =
-          after["bytes_cancelled"].get<uint64_t>() - before["bytes_cancelled"].get<uint64_t>();
+      uint64_t ssd = after["bytes_written_ssd"].get<uint64_t>() - before["bytes_written_ssd"].get<uint64_t>();
+      uint64_t cancelled = after["bytes_cancelled"].get<uint64_t>() - before["bytes_cancelled"].get<uint64_t>();
       run["bytes_written_ssd"] = ssd;
       run["bytes_cancelled"] = cancelled;
       note = fmt::format("ssd written {} MiB, cancelled {} MiB", ssd / kMiB, cancelled / kMiB);
     }
     runs.push_back(run);
-    Add({"activation", label, "write", MBps(total, write_s), "MB/s",
-         MBps(total, write_s) / raw_["write"], "raw", note});
-    Add({"activation", label, "read+unlink", MBps(total, read_s), "MB/s",
-         MBps(total, read_s) / raw_["read"], "raw", ""});
+    Add({"activation", label, "write", MBps(total, write_s), "MB/s", MBps(total, write_s) / raw_["write"], "raw",
+         note});
+    Add({"activation", label, "read+unlink", MBps(total, read_s), "MB/s", MBps(total, read_s) / raw_["read"], "raw",
+         ""});
   };
   if (!raw_.count("write")) {  // no seq section: take the raw figures here
     Buffer raw(file_size_);
@@ -811,8 +788,7 @@ void Bench::Activation() {
 }
 
 void Bench::Random() {
-  fmt::print("4 KiB random reads of a {} file, {:.0f} s per figure:\n", HumanSize(rand_size_),
-             o_.rand_seconds);
+  fmt::print("4 KiB random reads of a {} file, {:.0f} s per figure:\n", HumanSize(rand_size_), o_.rand_seconds);
   {
     Buffer buf(rand_size_);
     FillRandom(buf.data, rand_size_, 42);
@@ -841,12 +817,11 @@ void Bench::Random() {
     };
     double raw = Median(raw_s), mount = Median(mount_s), rows = Median(rows_s);
     raw_["rand" + q] = raw;
-    Add({"random", "raw io_uring O_DIRECT " + q, "randread", raw, "IOPS", 1.0, "raw",
-         range(raw_s, "")});
-    Add({"random", fmt::format("spillfs mount pread x{} threads", qd), "randread", mount, "IOPS",
-         mount / raw, "raw", range(mount_s, "O_DIRECT")});
+    Add({"random", "raw io_uring O_DIRECT " + q, "randread", raw, "IOPS", 1.0, "raw", range(raw_s, "")});
+    Add({"random", fmt::format("spillfs mount pread x{} threads", qd), "randread", mount, "IOPS", mount / raw, "raw",
+         range(mount_s, "O_DIRECT")});
     Add({"random", "spillfs spill_read_rows " + q, "randread", rows, "IOPS", rows / raw, "raw",
-         range(rows_s, fmt::format("batches of {}", RowsBatch(qd)))});
+         range(rows_s, fmt::format("batches of {}", RowsBatch(qd, o_.rows_batch)))});
   }
   unlink((work_ + "/rand.bin").c_str());
   unlink((mnt_ + "/rand.bin").c_str());
@@ -859,11 +834,7 @@ json Bench::Json() const {
   uname(&u);
   json results = json::array();
   for (const Row& r : rows_) {
-    json j = {{"section", r.section},
-              {"name", r.name},
-              {"op", r.op},
-              {"value", r.value},
-              {"unit", r.unit}};
+    json j = {{"section", r.section}, {"name", r.name}, {"op", r.op}, {"value", r.value}, {"unit", r.unit}};
     if (r.ratio) {
       j["ratio"] = *r.ratio;
       j["ratio_to"] = r.vs;
@@ -896,14 +867,13 @@ json Bench::Json() const {
 }
 
 void Bench::Print() const {
-  fmt::print("\n{:<12} {:<38} {:<11} {:>11} {:<5} {:>8}  {}\n", "section", "what", "op", "value",
-             "unit", "ratio", "note");
+  fmt::print("\n{:<12} {:<38} {:<11} {:>11} {:<5} {:>8}  {}\n", "section", "what", "op", "value", "unit", "ratio",
+             "note");
   fmt::print("{}\n", std::string(110, '-'));
   for (const Row& r : rows_) {
-    std::string ratio =
-        r.ratio ? fmt::format("{:.2f}", *r.ratio) + (r.vs == "raw" ? "" : " v" + r.vs) : "";
-    fmt::print("{:<12} {:<38} {:<11} {:>11.1f} {:<5} {:>8}  {}\n", r.section, r.name, r.op, r.value,
-               r.unit, ratio, r.note);
+    std::string ratio = r.ratio ? fmt::format("{:.2f}", *r.ratio) + (r.vs == "raw" ? "" : " v" + r.vs) : "";
+    fmt::print("{:<12} {:<38} {:<11} {:>11.1f} {:<5} {:>8}  {}\n", r.section, r.name, r.op, r.value, r.unit, ratio,
+               r.note);
   }
   fmt::print(
       "ratio: to raw io_uring O_DIRECT on the same filesystem in this run (torch: to the host "
@@ -912,16 +882,15 @@ void Bench::Print() const {
 
 int Bench::Main() {
   load_before_ = LoadAverage();
-  fmt::print("spillfs-bench: load average {} on {} CPUs ({})\n", load_before_,
-             std::thread::hardware_concurrency(), CpuModel());
+  fmt::print("spillfs-bench: load average {} on {} CPUs ({})\n", load_before_, std::thread::hardware_concurrency(),
+             CpuModel());
   std::set<std::string> sections;
   {
     std::stringstream ss(o_.sections);
     for (std::string s; std::getline(ss, s, ',');) sections.insert(s);
   }
   for (const auto& s : sections) {
-    if (s != "seq" && s != "torch" && s != "activation" && s != "random")
-      Die("unknown section " + s);
+    if (s != "seq" && s != "torch" && s != "activation" && s != "random") Die("unknown section " + s);
   }
   int rc = 0;
   try {
@@ -958,23 +927,17 @@ int Bench::Main() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{
-      "spillfs-bench: raw vs host filesystem vs spillfs (mount and direct path), in one run"};
+  CLI::App app{"spillfs-bench: raw vs host filesystem vs spillfs (mount and direct path), in one run"};
   Options o;
-  app.add_option("--dir", o.dir,
-                 "Directory on the filesystem to measure (the volume, raw and host files go here)")
+  app.add_option("--dir", o.dir, "Directory on the filesystem to measure (the volume, raw and host files go here)")
       ->required();
   app.add_option("--size", o.size, "Bytes per sequential test file")->capture_default_str();
   app.add_option("--files", o.files, "Files of the activation pattern")->capture_default_str();
-  app.add_option("--file-size", o.file_size, "Size of each activation file (64M-512M)")
-      ->capture_default_str();
+  app.add_option("--file-size", o.file_size, "Size of each activation file (64M-512M)")->capture_default_str();
   app.add_option("--rand-size", o.rand_size, "Size of the random-read file")->capture_default_str();
-  app.add_option("--rand-seconds", o.rand_seconds, "Seconds per random-read figure")
-      ->capture_default_str();
-  app.add_option("--rand-qd", o.rand_qds, "Queue depths of the random reads")
-      ->capture_default_str();
-  app.add_option("--qd", o.qd, "Queue depth of the raw sequential io_uring runs")
-      ->capture_default_str();
+  app.add_option("--rand-seconds", o.rand_seconds, "Seconds per random-read figure")->capture_default_str();
+  app.add_option("--rand-qd", o.rand_qds, "Queue depths of the random reads")->capture_default_str();
+  app.add_option("--qd", o.qd, "Queue depth of the raw sequential io_uring runs")->capture_default_str();
   app.add_option("--repeat", o.repeat, "Rounds of the seq and random figures (median reported)")
       ->capture_default_str()
       ->check(CLI::Range(1, 20));
@@ -982,15 +945,13 @@ int main(int argc, char** argv) {
                  "Large RAM tier (default: files x file-size x 4/3 + 256M: all below the 3/4 high watermark)");
   app.add_option("--ram-tier-small", o.ram_tier_small, "Capped RAM tier")->capture_default_str();
   app.add_option("--threads", o.mount_threads, "spillfs mount --threads (default: its own)");
+  app.add_option("--rows-batch", o.rows_batch, "Rows per spill_read_rows call (default: max(1024, 16 x QD))");
+  app.add_option("--mount-args", o.mount_args, "Extra arguments of every `spillfs mount`, e.g. \"--dirty-share 0\"");
   app.add_option("--spillfs", o.spillfs_bin, "The spillfs binary (default: beside this one)");
-  app.add_option("--python", o.python, "Python with torch for torch_bench.py")
-      ->capture_default_str();
-  app.add_option("--torch-script", o.torch_script,
-                 "Path of torch_bench.py (default: from the source tree)");
-  app.add_option("--torch-size", o.torch_size, "Tensor size for torch.save/torch.load")
-      ->capture_default_str();
-  app.add_option("--sections", o.sections, "Comma list of seq,random,torch,activation")
-      ->capture_default_str();
+  app.add_option("--python", o.python, "Python with torch for torch_bench.py")->capture_default_str();
+  app.add_option("--torch-script", o.torch_script, "Path of torch_bench.py (default: from the source tree)");
+  app.add_option("--torch-size", o.torch_size, "Tensor size for torch.save/torch.load")->capture_default_str();
+  app.add_option("--sections", o.sections, "Comma list of seq,random,torch,activation")->capture_default_str();
   app.add_option("--json-out", o.json_out, "Write the results as JSON here");
   app.add_flag("--no-drop-caches", o.no_drop_caches, "Do not drop the page cache before reads");
   app.add_flag("--keep", o.keep, "Keep the working directory");

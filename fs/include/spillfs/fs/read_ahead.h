@@ -81,8 +81,9 @@ class ReadAhead {
   };
   struct Stream {
     uint64_t generation = 0;
-    uint64_t next = 0;        // where the reader is expected next
-    uint64_t fetched_to = 0;  // end of the last window started
+    uint64_t next = 0;              // where the reader is expected next
+    uint64_t fetched_to = 0;        // end of the last window started
+    unsigned sequential_reads = 0;  // reads in a row that continued the stream (capped)
     std::deque<std::shared_ptr<Window>> windows;
     std::list<InodeNumber>::iterator lru;
   };
