@@ -1,5 +1,6 @@
 #include "spillfs/fs/buffer_pool.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -79,6 +80,7 @@ bool BufferPool::WantsWarmSlabLocked() const {
 }
 
 void BufferPool::WarmLoop() {
+  pthread_setname_np(pthread_self(), "spillfs-warm");
   std::unique_lock lock(mu_);
   while (true) {
     wake_.wait(lock, [this] { return stopping_ || WantsWarmSlabLocked(); });

@@ -121,7 +121,7 @@ Status Filesystem::ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t co
 
 Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteBlocks(const char* data, uint64_t file_offset,
                                                                                uint64_t length) {
-  return WriteSegments({Segment{file_offset, data, length}}, 0);
+  return WriteSegments({Segment{file_offset, data, length, {}, {}, {}}}, 0);
 }
 
 // Reserves space for all segments at once, writes them in parallel and
@@ -155,7 +155,10 @@ Result<Filesystem::SegmentPlan> Filesystem::PlanSegments(const std::vector<Segme
       uint64_t physical = target.offset + piece_used;
       uint64_t file_offset = segment.file_offset + done;
       plan.slices.push_back(IoSlice{physical, const_cast<char*>(segment.data + done), n});
-      std::vector<uint32_t> sums = Checksums(segment.data + done, n);
+      std::vector<uint32_t> sums = segment.block_sums.empty()
+                                       ? Checksums(segment.data + done, n)
+                                       : std::vector<uint32_t>(segment.block_sums.begin() + done / block_size_,
+                                                               segment.block_sums.begin() + (done + n) / block_size_);
       bool blob = !segment.blob_hash.empty() && n == segment.length;  // only unsplit units become blobs
       auto* last = extents.empty() ? nullptr : &extents.back();
       if (!blob && last && last->second.blob_id == 0 && last->first + last->second.length == file_offset &&

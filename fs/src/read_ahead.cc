@@ -1,5 +1,7 @@
 #include "spillfs/fs/read_ahead.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -168,6 +170,7 @@ void ReadAhead::ReturnBufferLocked(std::shared_ptr<Window> window) {
 }
 
 void ReadAhead::WorkerLoop() {
+  pthread_setname_np(pthread_self(), "spillfs-ahead");
   std::unique_lock lock(mu_);
   while (true) {
     work_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });

@@ -2,6 +2,7 @@
 // and the background flusher.
 #include <fmt/format.h>
 
+#include <pthread.h>
 #include <xxhash.h>
 
 #include <cstring>
@@ -231,7 +232,9 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
     Status committed = commit_pending();
     pending = std::move(batch);
     if (!committed.ok()) {
-      commit_pending();  // the batch just started is written: map it, or give it back
+      // The batch just started is written: map it, or give it back (the
+      // first error is the one reported).
+      static_cast<void>(commit_pending());
       return committed;
     }
   }
@@ -256,7 +259,7 @@ void Filesystem::GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* ba
       while (j < per_chunk && chunk.valid[j]) ++j;
       uint64_t file_offset = (index * per_chunk + i) * block_size_;
       uint64_t length = (j - i) * block_size_;
-      batch->segments.push_back(Segment{file_offset, chunk.data.data() + i * block_size_, length, {}});
+      batch->segments.push_back(Segment{file_offset, chunk.data.data() + i * block_size_, length, {}, {}, {}});
       batch->total += length;
       if (!batch->ranges.empty() && batch->ranges.back().second == file_offset) {
         batch->ranges.back().second += length;
@@ -270,6 +273,7 @@ void Filesystem::GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* ba
 }
 
 Status Filesystem::PlanBatch(FlushBatch* batch, bool dedup) {
+  HashSegments(&batch->segments, dedup);
   if (dedup) Deduplicate(&batch->segments, &batch->shared);
   uint64_t fresh_bytes = batch->total - batch->shared.size() * kDedupUnit;
   batch->reserved_from_hold = std::min(batch->hold, fresh_bytes);
@@ -362,13 +366,43 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
   return Status::OK();
 }
 
+std::string Filesystem::DedupHash(const char* data) {
+  XXH128_hash_t h = XXH3_128bits(data, kDedupUnit);
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+void Filesystem::HashSegments(std::vector<Segment>* segments, bool dedup) const {
+  constexpr unsigned kThreads = 4;
+  constexpr uint64_t kBytesPerThread = 4 << 20;  // less is hashed here
+  auto hash = [&](Segment& segment) {
+    segment.block_sums = Checksums(segment.data, segment.length);
+    if (dedup && segment.length == kDedupUnit && segment.file_offset % kDedupUnit == 0) {
+      segment.content_hash = DedupHash(segment.data);
+    }
+  };
+  uint64_t total = 0;
+  for (const Segment& segment : *segments) total += segment.length;
+  const unsigned helpers = static_cast<unsigned>(std::min<uint64_t>(kThreads, total / kBytesPerThread));
+  if (helpers <= 1) {
+    for (Segment& segment : *segments) hash(segment);
+    return;
+  }
+  // Segments dealt round-robin; this thread takes share 0.
+  auto share = [&](unsigned k) {
+    for (size_t i = k; i < segments->size(); i += helpers) hash((*segments)[i]);
+  };
+  std::vector<std::future<void>> others;
+  for (unsigned k = 1; k < helpers; ++k) others.push_back(std::async(std::launch::async, share, k));
+  share(0);
+  for (auto& f : others) f.get();
+}
+
 void Filesystem::Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* shared) {
   std::vector<Segment> to_write;
   std::set<std::string> new_hashes;  // within one flush, only the first copy becomes a blob
   for (Segment& segment : *segments) {
     if (segment.length == kDedupUnit && segment.file_offset % kDedupUnit == 0) {
-      XXH128_hash_t h = XXH3_128bits(segment.data, segment.length);
-      std::string hash(reinterpret_cast<const char*>(&h), sizeof(h));
+      std::string hash = segment.content_hash.empty() ? DedupHash(segment.data) : segment.content_hash;
       std::string value;
       if (index_.Get(Family::kBlob, keys::BlobByHash(hash), &value).ok() && value.size() == 8) {
         shared->push_back(SharedRef{segment.file_offset, coding::DecodeFixed64BE(value.data()), hash, segment.data});
@@ -376,7 +410,7 @@ void Filesystem::Deduplicate(std::vector<Segment>* segments, std::vector<SharedR
       }
       if (new_hashes.insert(hash).second) segment.blob_hash = hash;
     }
-    to_write.push_back(segment);
+    to_write.push_back(std::move(segment));
   }
   *segments = std::move(to_write);
 }
@@ -397,6 +431,7 @@ Status Filesystem::FlushAll() {
 }
 
 void Filesystem::FlusherLoop() {
+  pthread_setname_np(pthread_self(), "spillfs-flush");
   const int64_t max_age_ns = options_.flush_age_ms * 1000000;
   while (!stopping_) {
     cache_.WaitForWork(std::chrono::milliseconds(200));
