@@ -48,13 +48,14 @@ Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uin
   if (ino == kDirIno) return Status::Error(EISDIR, "is a directory");
   if (ino == kStatsIno && (flags & O_ACCMODE) != O_RDONLY) return Status::Error(EACCES, "stats is read-only");
   if (ino == kControlIno && uid != 0) return Status::Error(EACCES, "the control file is for root");
-  return new Handle{ino, {}, std::nullopt, nullptr, {}};
+  return new Handle{ino, {}, nullptr, nullptr, {}, {}};
 }
 
 Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_view data) {
   if (handle->ino != kControlIno) return Status::Error(EBADF, "not writable");
   constexpr uint64_t kMaxRequest = 16 << 20;
   if (offset + data.size() > kMaxRequest) return Status::Error(EFBIG, "control request too large");
+  std::lock_guard lock(handle->mu);
   if (handle->request.size() < offset + data.size()) handle->request.resize(offset + data.size());
   handle->request.replace(offset, data.size(), data);
   handle->reply.reset();  // a new request gets a new answer
@@ -189,11 +190,16 @@ std::string ControlPlane::Answer(Handle& handle) {
   return inspector.HandleControl(handle.request, runtime);
 }
 
-std::string_view ControlPlane::Read(Handle* handle, uint64_t offset, size_t size) {
-  if (!handle->reply) handle->reply = Answer(*handle);
-  const std::string& reply = *handle->reply;
-  if (offset >= reply.size()) return {};
-  return std::string_view(reply).substr(offset, size);
+ControlPlane::ReplyBytes ControlPlane::Read(Handle* handle, uint64_t offset, size_t size) {
+  std::shared_ptr<const std::string> reply;
+  {
+    std::lock_guard lock(handle->mu);
+    if (!handle->reply) handle->reply = std::make_shared<const std::string>(Answer(*handle));
+    reply = handle->reply;
+  }
+  if (offset >= reply->size()) return {std::move(reply), {}};
+  std::string_view bytes = std::string_view(*reply).substr(offset, size);
+  return {std::move(reply), bytes};
 }
 
 void ControlPlane::Release(Handle* handle) {

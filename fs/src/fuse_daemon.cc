@@ -219,8 +219,8 @@ ControlPlane::Handle* ControlHandle(fuse_file_info* fi) { return reinterpret_cas
 
 void OnRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file_info* fi) {
   if (ControlPlane::Owns(ino)) {
-    std::string_view bytes = Control(req).Read(ControlHandle(fi), static_cast<uint64_t>(offset), size);
-    fuse_reply_buf(req, bytes.data(), bytes.size());
+    ControlPlane::ReplyBytes reply = Control(req).Read(ControlHandle(fi), static_cast<uint64_t>(offset), size);
+    fuse_reply_buf(req, reply.bytes.data(), reply.bytes.size());
     return;
   }
   thread_local AlignedBuffer scratch;

@@ -75,14 +75,11 @@ void CheckVolume(const std::string& after) {
 nlohmann::json CheckReply(const std::string& reply) {
   auto json = nlohmann::json::parse(reply, nullptr, /*allow_exceptions=*/false);
   FUZZ_CHECK(json.is_object(), "reply is not a JSON object: " + reply.substr(0, 200));
-  FUZZ_CHECK(json.contains("ok") && json["ok"].is_boolean(),
-             "reply without \"ok\": " + reply.substr(0, 200));
+  FUZZ_CHECK(json.contains("ok") && json["ok"].is_boolean(), "reply without \"ok\": " + reply.substr(0, 200));
   if (!json["ok"].get<bool>()) {
-    FUZZ_CHECK(
-        json.contains("errno") && json["errno"].is_number_integer() && json["errno"].get<int>() > 0,
-        "refusal without errno: " + reply.substr(0, 200));
-    FUZZ_CHECK(json.contains("error") && json["error"].is_string(),
-               "refusal without error: " + reply.substr(0, 200));
+    FUZZ_CHECK(json.contains("errno") && json["errno"].is_number_integer() && json["errno"].get<int>() > 0,
+               "refusal without errno: " + reply.substr(0, 200));
+    FUZZ_CHECK(json.contains("error") && json["error"].is_string(), "refusal without error: " + reply.substr(0, 200));
   }
   return json;
 }
@@ -118,8 +115,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ControlPlane::Handle* handle = *opened;
   bool committed = false;
   size_t previous = 0;
-  for (std::string_view piece :
-       Split(std::string_view(reinterpret_cast<const char*>(data), size))) {
+  for (std::string_view piece : Split(std::string_view(reinterpret_cast<const char*>(data), size))) {
     std::string request(piece);
     if (request.size() < previous) request.resize(previous, ' ');
     previous = request.size();
@@ -128,12 +124,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Read in pieces of an odd size, as the kernel may.
     std::string reply;
     for (;;) {
-      std::string_view chunk = control.Read(handle, reply.size(), 1000);
+      std::string_view chunk = control.Read(handle, reply.size(), 1000).bytes;
       if (chunk.empty()) break;
       reply.append(chunk);
     }
-    FUZZ_CHECK(std::string(control.Read(handle, 0, reply.size() + 1)) == reply,
-               "reply changes between reads");
+    FUZZ_CHECK(std::string(control.Read(handle, 0, reply.size() + 1).bytes) == reply, "reply changes between reads");
     if (verbose) fprintf(stderr, "request: %s\nreply: %s\n", request.c_str(), reply.c_str());
     nlohmann::json json = CheckReply(reply);
     if (json["ok"].get<bool>() && request.find("commit") != std::string::npos) committed = true;
@@ -143,8 +138,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (committed) CheckVolume("a commit");
   if (!committed) {
     FUZZ_CHECK(world->fs->free_bytes() == free_before,
-               "free space changed by requests that committed nothing: " +
-                   std::to_string(free_before) + " -> " + std::to_string(world->fs->free_bytes()));
+               "free space changed by requests that committed nothing: " + std::to_string(free_before) + " -> " +
+                   std::to_string(world->fs->free_bytes()));
   }
   return 0;
 }

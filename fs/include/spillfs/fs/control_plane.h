@@ -11,9 +11,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
-#include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -48,16 +48,26 @@ class ControlPlane {
   struct Handle {
     InodeNumber ino;
     std::string request;
-    std::optional<std::string> reply;
+    // Shared with reads still sending it: the client may close the handle or
+    // write its next request as soon as the kernel has copied the bytes, on
+    // another thread, before the sending thread is done with them.
+    std::shared_ptr<const std::string> reply;
     std::unique_ptr<ReclaimGate::Reader> pin;
     std::vector<PhysicalExtent> reserved;
+    std::mutex mu;  // request and reply
+  };
+  // Part of a reply, with what keeps it alive while it is sent.
+  struct ReplyBytes {
+    std::shared_ptr<const std::string> owner;
+    std::string_view bytes;
   };
   // Called after a direct commit changed a file behind the kernel's back.
   void SetInvalidator(std::function<void(InodeNumber)> invalidate) { invalidate_ = std::move(invalidate); }
   Result<Handle*> Open(InodeNumber ino, int flags, uint32_t uid);
   Result<size_t> Write(Handle* handle, uint64_t offset, std::string_view data);
-  // Bytes of the reply at [offset, offset + size).
-  std::string_view Read(Handle* handle, uint64_t offset, size_t size);
+  // Bytes of the reply at [offset, offset + size) (the reply is worked out at
+  // the first read after a request).
+  ReplyBytes Read(Handle* handle, uint64_t offset, size_t size);
   void Release(Handle* handle);
 
   RuntimeStats Runtime() const;
