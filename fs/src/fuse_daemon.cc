@@ -62,6 +62,7 @@ DirHandle* Dir(fuse_file_info* fi) { return reinterpret_cast<DirHandle*>(fi->fh)
 // ---- operations ----
 
 void OnInit(void* userdata, fuse_conn_info* conn) {
+  const FuseOptions& options = static_cast<FuseDaemon*>(userdata)->options();
   conn->max_write = kMaxWrite;
   conn->max_readahead = kMaxWrite;
   // Read-ahead and background writes run as "background" requests; the
@@ -69,6 +70,7 @@ void OnInit(void* userdata, fuse_conn_info* conn) {
   conn->max_background = kMaxBackground;
   conn->congestion_threshold = kMaxBackground * 3 / 4;
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+  if (options.writeback_cache && (conn->capable & FUSE_CAP_WRITEBACK_CACHE)) conn->want |= FUSE_CAP_WRITEBACK_CACHE;
   conn->want &= ~FUSE_CAP_HANDLE_KILLPRIV;  // the kernel clears suid/sgid on write and chown
 }
 

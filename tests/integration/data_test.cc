@@ -28,6 +28,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "mounted_volume.h"
 
 namespace spillfs::testing {
@@ -1046,6 +1048,75 @@ TEST_F(SmallVolumeTest, WriteUntilEnospcThenFreeSpace) {
   EXPECT_TRUE(VerifyPatternFile(next, 73, again, 65536)) << "after remount";
   struct stat st {};
   EXPECT_EQ(stat(fill.c_str(), &st), -1) << "deleted file is back after remount";
+}
+
+// ---------------------------------------------------------------------------
+// --writeback-cache: the kernel caches writes and sends them back merged.
+
+uint64_t WriteRequests(const MountedVolume& volume) {
+  std::string output;
+  if (RunSpillfs("stat --json " + volume.mountpoint(), &output) != 0) return UINT64_MAX;
+  return nlohmann::json::parse(output)["writes"].get<uint64_t>();
+}
+
+class WritebackCacheTest : public DataTest {
+ protected:
+  MountedVolume::Options VolumeOptions() override {
+    MountedVolume::Options options;
+    options.size = "64M";
+    options.mount_args = {"--writeback-cache"};
+    return options;
+  }
+};
+
+TEST_F(WritebackCacheTest, SmallWritesReachTheDaemonMergedAndReadBack) {
+  const uint64_t kSize = 8 * kMiB;
+  const uint64_t before = WriteRequests(*volume_);
+  ASSERT_NE(before, UINT64_MAX);
+  ASSERT_TRUE(WritePatternFile(Path("small"), 81, kSize, 4096));  // 2048 write() calls
+  {
+    Fd fd(open(Path("small").c_str(), O_RDONLY));
+    ASSERT_GE(fd.get(), 0) << Errno();
+    ASSERT_EQ(fsync(fd.get()), 0) << Errno();
+  }
+  const uint64_t requests = WriteRequests(*volume_) - before;
+  // Without the writeback cache each write() is one request (2048 here).
+  EXPECT_LT(requests, kSize / 4096 / 4) << "write requests the daemon saw for 2048 writes of 4 KiB";
+  ASSERT_TRUE(WritePatternFile(Path("random"), 82, 3 * kMiB + 12345, 0));  // chunks of 1 B..4 MiB
+  Remount();
+  EXPECT_TRUE(VerifyPatternFile(Path("small"), 81, kSize, 65536));
+  EXPECT_TRUE(VerifyPatternFile(Path("random"), 82, 3 * kMiB + 12345, 0));
+}
+
+// Writes past the end of the space are never lost silently: with the
+// writeback cache write() may accept them, but fsync (or close) says ENOSPC,
+// and data made durable before is intact.
+TEST_F(WritebackCacheTest, FullVolumeIsReportedByFsyncAndLosesNothingElse) {
+  const uint64_t kVolume = 64 * kMiB;
+  const uint64_t kKeep = 8 * kMiB;
+  ASSERT_TRUE(WritePatternFile(Path("keep"), 83, kKeep, kMiB));
+  {
+    Fd fd(open(Path("keep").c_str(), O_RDONLY));
+    ASSERT_GE(fd.get(), 0) << Errno();
+    ASSERT_EQ(fsync(fd.get()), 0) << Errno();
+  }
+  Fd fd(open(Path("fill").c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644));
+  ASSERT_GE(fd.get(), 0) << Errno();
+  std::vector<char> buf(kMiB);
+  int error = 0;
+  for (uint64_t written = 0; written <= 2 * kVolume && error == 0;) {
+    Pattern(84, written, buf.data(), buf.size());
+    ssize_t w = write(fd.get(), buf.data(), buf.size());
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) error = errno;
+    if (w > 0) written += static_cast<uint64_t>(w);
+  }
+  if (error == 0 && fsync(fd.get()) != 0) error = errno;
+  EXPECT_EQ(error, ENOSPC) << "filling the volume ended with errno " << ErrnoText(error);
+  fd.Close();
+  ASSERT_EQ(unlink(Path("fill").c_str()), 0) << Errno();
+  Remount();
+  EXPECT_TRUE(VerifyPatternFile(Path("keep"), 83, kKeep, 65536)) << "after remount";
 }
 
 }  // namespace

@@ -100,7 +100,7 @@ TEST(DedupTest, ChangesToOneCopyLeaveTheOthersIntact) {
 }
 
 TEST(DedupTest, VolumeMadeWithoutDedupStoresEveryCopy) {
-  MountedVolume volume(MountedVolume::Options{.size = "1G", .mkfs_args = "--no-dedup", .mount_options = ""});
+  MountedVolume volume(MountedVolume::Options{.size = "1G", .mkfs_args = "--no-dedup", .mount_options = "", .mount_args = {}});
   const std::string data = RandomBytes(kFileBytes, 4);
   for (const char* name : {"x", "y"}) WriteFile(volume.Path(name), data);
   EXPECT_EQ(Stat(volume)["physical_bytes"].get<uint64_t>(), 2 * kFileBytes);

@@ -19,7 +19,8 @@ namespace spillfs::testing {
 namespace {
 
 bool IsMountPoint(const std::string& path) {
-  struct stat self{}, parent{};
+  struct stat self {
+  }, parent{};
   if (stat(path.c_str(), &self) != 0) return false;
   if (stat((path + "/..").c_str(), &parent) != 0) return false;
   return self.st_dev != parent.st_dev;
@@ -68,13 +69,16 @@ bool MountedVolume::Mount(std::string* error) {
   if (pid == 0) {
     int devnull = open("/dev/null", O_RDONLY);
     dup2(devnull, STDIN_FILENO);
-    if (options_.mount_options.empty()) {
-      execl(SpillfsBinary(), "spillfs", "mount", volume_.c_str(), mountpoint_.c_str(), "-f",
-            static_cast<char*>(nullptr));
-    } else {
-      execl(SpillfsBinary(), "spillfs", "mount", volume_.c_str(), mountpoint_.c_str(), "-f", "-o",
-            options_.mount_options.c_str(), static_cast<char*>(nullptr));
+    std::vector<std::string> args = {"spillfs", "mount", volume_, mountpoint_, "-f"};
+    if (!options_.mount_options.empty()) {
+      args.push_back("-o");
+      args.push_back(options_.mount_options);
     }
+    args.insert(args.end(), options_.mount_args.begin(), options_.mount_args.end());
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    execv(SpillfsBinary(), argv.data());
     _exit(127);
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -122,8 +126,6 @@ void MountedVolume::Kill() {
   umount2(mountpoint_.c_str(), MNT_DETACH);
 }
 
-std::string MountedVolume::Path(const std::string& relative) const {
-  return mountpoint_ + "/" + relative;
-}
+std::string MountedVolume::Path(const std::string& relative) const { return mountpoint_ + "/" + relative; }
 
 }  // namespace spillfs::testing

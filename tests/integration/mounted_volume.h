@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 namespace spillfs::testing {
 
@@ -18,9 +19,10 @@ int RunSpillfs(const std::string& args, std::string* output = nullptr);
 class MountedVolume {
  public:
   struct Options {
-    std::string size = "1G";      // passed to mkfs --size
-    std::string mkfs_args;        // extra mkfs arguments
-    std::string mount_options;    // passed as -o when not empty
+    std::string size = "1G";              // passed to mkfs --size
+    std::string mkfs_args;                // extra mkfs arguments
+    std::string mount_options;            // passed as -o when not empty
+    std::vector<std::string> mount_args;  // more `spillfs mount` arguments
   };
 
   MountedVolume() : MountedVolume(Options()) {}
@@ -40,14 +42,14 @@ class MountedVolume {
 
   bool mounted() const { return daemon_pid_ > 0; }
   pid_t daemon_pid() const { return daemon_pid_; }
-  const std::string& volume() const { return volume_; }        // the volume directory
+  const std::string& volume() const { return volume_; }  // the volume directory
   const std::string& mountpoint() const { return mountpoint_; }
   // mountpoint() + "/" + relative
   std::string Path(const std::string& relative) const;
 
  private:
   Options options_;
-  std::string root_;        // temporary directory holding both
+  std::string root_;  // temporary directory holding both
   std::string volume_;
   std::string mountpoint_;
   pid_t daemon_pid_ = -1;

@@ -21,6 +21,12 @@ struct FuseOptions {
   std::string fsname;         // shown as the mount source (the volume path)
   std::string extra_options;  // comma-separated -o options passed to FUSE (allow_other, ...)
   unsigned max_threads = 16;
+  // Let the kernel cache writes and send them back in large asynchronous
+  // requests (FUSE's writeback cache). Off by default: write() then cannot
+  // report ENOSPC (fsync and close do), the kernel keeps its own file size, so
+  // a size changed by a direct-path commit is not seen through this mount, and
+  // st_blocks lags until the data reaches the daemon.
+  bool writeback_cache = false;
   bool debug = false;
 };
 
@@ -37,6 +43,7 @@ class FuseDaemon {
   Status Run();
 
   Filesystem& fs() { return *fs_; }
+  const FuseOptions& options() const { return options_; }
   ControlPlane& control() { return *control_; }
 
  private:
