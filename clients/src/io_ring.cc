@@ -150,184 +150,226 @@ class PoolCallbacks {
   std::vector<InFlight*> back_;
 };
 
+// One RunIo call: its flights, queues and first error.
+class IoRun {
+ public:
+  IoRun(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const IoFill& fill, const IoDone& done)
+      : ops_(ops), queue_depth_(queue_depth), slot_bytes_(slot_bytes), fill_(fill), done_(done) {}
+
+  // Sets up the flights (and bounce slots); 0 or -errno.
+  int Init(ThreadRing& thread_ring, TaskPool* pool) {
+    ring_ = thread_ring.ring();
+    bool bounce = false;
+    for (const IoOp& op : ops_) {
+      if (op.buffer == nullptr) {
+        if (op.length > slot_bytes_) return Fail(EINVAL, "I/O larger than a bounce slot");
+        bounce = true;
+      }
+    }
+    if (pool != nullptr && pool->size() > 0 && done_) offload_ = std::make_unique<PoolCallbacks>(pool, done_);
+    // Read callbacks that run here run after the next I/Os are submitted, so
+    // a completed slot's copy never holds back the queue: twice the flights
+    // (and slots) as may be in flight, so refills need not wait for them.
+    defer_ = !offload_ && done_ && !fill_;
+    const unsigned flight_count = defer_ ? 2 * queue_depth_ : queue_depth_;
+    if (bounce) {
+      slots_ = thread_ring.Slots(static_cast<size_t>(flight_count) * slot_bytes_);
+      if (slots_ == nullptr) return Fail(ENOMEM, "cannot allocate bounce buffers");
+    }
+    fixed_ = bounce && thread_ring.registered();
+    flights_.resize(flight_count);
+    idle_.reserve(flight_count);
+    for (unsigned i = 0; i < flight_count; ++i) {
+      flights_[i].slot = static_cast<int>(i);
+      idle_.push_back(&flights_[i]);
+    }
+    return 0;
+  }
+
+  // Runs every operation (or stops at the first error); 0 or the error.
+  int Run(uint64_t* completed) {
+    while (true) {
+      if (offload_) {
+        offload_->Reclaim(&idle_, false);
+        if (error_ == 0) error_ = offload_->error();
+      }
+      SubmitWhatFits();
+      if (inflight_ == 0) {
+        // Every flight may be out with a callback that still reads its slot.
+        if (offload_ && error_ == 0 && next_ < ops_.size()) {
+          offload_->Reclaim(&idle_, true);
+          continue;
+        }
+        break;
+      }
+      int ret = io_uring_submit_and_wait(ring_, 1);
+      if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
+        // Nothing more can be reaped reliably; the ring is reset by the
+        // kernel only at exit, so report and leave (in-flight buffers are
+        // ours). Callbacks already queued must finish: they use this frame.
+        if (offload_) offload_->Wait();
+        return Fail(-ret, WithErrno("io_uring submit failed", -ret));
+      }
+      Reap();
+      RunDeferred();
+      if (error_ != 0) {
+        for (InFlight* f : retry_) idle_.push_back(f);
+        retry_.clear();
+      }
+    }
+    Settle();
+    if (completed != nullptr) *completed += count_;
+    return error_;
+  }
+
+ private:
+  // Prepares SQEs for retries and new operations, up to queue_depth in flight.
+  void SubmitWhatFits() {
+    while (error_ == 0 && inflight_ < queue_depth_ && (!retry_.empty() || (next_ < ops_.size() && !idle_.empty()))) {
+      io_uring_sqe* sqe = io_uring_get_sqe(ring_);
+      if (sqe == nullptr) break;
+      InFlight* f;
+      if (!retry_.empty()) {
+        f = retry_.back();
+        retry_.pop_back();
+      } else {
+        f = idle_.back();
+        idle_.pop_back();
+        if (!Start(f)) {
+          idle_.push_back(f);
+          io_uring_prep_nop(sqe);  // the sqe is taken; let it complete harmlessly
+          io_uring_sqe_set_data(sqe, nullptr);
+          ++inflight_;
+          break;
+        }
+      }
+      Prepare(sqe, f, fixed_);
+      ++inflight_;
+    }
+  }
+
+  // Gives the next operation to `f`; false (error_ set) when its fill failed.
+  bool Start(InFlight* f) {
+    f->op = &ops_[next_++];
+    f->done = 0;
+    if (f->op->buffer != nullptr) {
+      f->data = f->op->buffer;
+      return true;
+    }
+    f->data = slots_ + static_cast<size_t>(f->slot) * slot_bytes_;
+    if (f->op->write && fill_) {
+      int rc = fill_(*f->op, f->data);
+      if (rc != 0) error_ = rc;
+    }
+    return error_ == 0;
+  }
+
+  // Takes every completion the ring holds.
+  void Reap() {
+    io_uring_cqe* cqe;
+    unsigned head;
+    unsigned seen = 0;
+    io_uring_for_each_cqe(ring_, head, cqe) {
+      ++seen;
+      --inflight_;
+      auto* f = static_cast<InFlight*>(io_uring_cqe_get_data(cqe));
+      if (f != nullptr) Complete(f, cqe->res);  // null: a nop
+    }
+    io_uring_cq_advance(ring_, seen);
+  }
+
+  void Complete(InFlight* f, int res) {
+    if (res == -EAGAIN || res == -EINTR) {
+      retry_.push_back(f);
+      return;
+    }
+    if (res < 0 && error_ == 0) error_ = Fail(-res, WithErrno(Describe(*f->op, f->done) + " failed", -res));
+    if (res == 0 && error_ == 0) error_ = Fail(EIO, Describe(*f->op, f->done) + " hit the end of the store");
+    if (res <= 0) {
+      idle_.push_back(f);
+      return;
+    }
+    f->done += static_cast<uint32_t>(res);
+    if (f->done < f->op->length) {
+      retry_.push_back(f);
+      return;
+    }
+    ++count_;
+    if (error_ == 0 && offload_) {
+      offload_->Dispatch(f);
+      if (f->op->buffer == nullptr) return;  // back once its callback ran
+    } else if (error_ == 0 && defer_) {
+      ready_.push_back(f);
+      return;
+    } else if (error_ == 0 && done_) {
+      int rc = done_(*f->op, f->data);
+      if (rc != 0) error_ = rc;
+    }
+    idle_.push_back(f);
+  }
+
+  // Refills the queue first, so the disk works while the callbacks copy.
+  void RunDeferred() {
+    if (ready_.empty()) return;
+    SubmitWhatFits();
+    if (inflight_ > 0) io_uring_submit(ring_);
+    for (InFlight* f : ready_) {
+      if (error_ == 0) {
+        int rc = done_(*f->op, f->data);
+        if (rc != 0) error_ = rc;
+      }
+      idle_.push_back(f);
+    }
+    ready_.clear();
+  }
+
+  // Waits for pool callbacks; an I/O error of this thread is reported before
+  // a callback's.
+  void Settle() {
+    if (!offload_) return;
+    std::string message = LastError();
+    int rc = offload_->Wait();
+    if (error_ != 0 && error_ != rc) {
+      Fail(-error_, message);
+    } else if (error_ == 0) {
+      error_ = rc;
+    }
+  }
+
+  const std::span<IoOp> ops_;
+  const unsigned queue_depth_;
+  const uint32_t slot_bytes_;
+  const IoFill& fill_;
+  const IoDone& done_;
+  io_uring* ring_ = nullptr;
+  std::unique_ptr<PoolCallbacks> offload_;
+  bool defer_ = false;
+  bool fixed_ = false;
+  char* slots_ = nullptr;
+  std::vector<InFlight> flights_;
+  std::vector<InFlight*> idle_;
+  std::vector<InFlight*> retry_;
+  std::vector<InFlight*> ready_;  // completed, callback still to run here
+  size_t next_ = 0;
+  unsigned inflight_ = 0;
+  int error_ = 0;
+  uint64_t count_ = 0;
+};
+
 }  // namespace
 
 int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const IoFill& fill, const IoDone& done,
           uint64_t* completed, TaskPool* pool) {
   if (ops.empty()) return 0;
   ThreadRing& thread_ring = CurrentRing();
-  io_uring* ring = thread_ring.ring();
-  if (ring == nullptr) {
+  if (thread_ring.ring() == nullptr) {
     return Fail(-thread_ring.status(), WithErrno("io_uring setup failed", -thread_ring.status()));
   }
   queue_depth = std::clamp(queue_depth, 1u, kMaxQueueDepth);
   queue_depth = static_cast<unsigned>(std::min<size_t>(queue_depth, ops.size()));
-
-  bool bounce = false;
-  for (const IoOp& op : ops) {
-    if (op.buffer == nullptr) {
-      if (op.length > slot_bytes) return Fail(EINVAL, "I/O larger than a bounce slot");
-      bounce = true;
-    }
-  }
-  std::unique_ptr<PoolCallbacks> offload;
-  if (pool != nullptr && pool->size() > 0 && done) offload = std::make_unique<PoolCallbacks>(pool, done);
-  // Read callbacks that run here run after the next I/Os are submitted, so a
-  // completed slot's copy never holds back the queue: twice the flights
-  // (and slots) as may be in flight, so refills need not wait for them.
-  const bool defer = !offload && done && !fill;
-  const unsigned flight_count = defer ? 2 * queue_depth : queue_depth;
-  char* slots = nullptr;
-  if (bounce) {
-    slots = thread_ring.Slots(static_cast<size_t>(flight_count) * slot_bytes);
-    if (slots == nullptr) return Fail(ENOMEM, "cannot allocate bounce buffers");
-  }
-  const bool fixed = bounce && thread_ring.registered();
-
-  std::vector<InFlight> flights(flight_count);
-  std::vector<InFlight*> idle;
-  idle.reserve(flight_count);
-  for (unsigned i = 0; i < flight_count; ++i) {
-    flights[i].slot = static_cast<int>(i);
-    idle.push_back(&flights[i]);
-  }
-  std::vector<InFlight*> retry;
-  std::vector<InFlight*> ready;  // completed, callback still to run here
-  size_t next = 0;
-  unsigned inflight = 0;
-  int error = 0;
-  uint64_t count = 0;
-
-  // Prepares SQEs for retries and new operations, up to queue_depth in flight.
-  auto submit_what_fits = [&] {
-    while (error == 0 && inflight < queue_depth && (!retry.empty() || (next < ops.size() && !idle.empty()))) {
-      io_uring_sqe* sqe = io_uring_get_sqe(ring);
-      if (sqe == nullptr) break;
-      InFlight* f;
-      if (!retry.empty()) {
-        f = retry.back();
-        retry.pop_back();
-      } else {
-        f = idle.back();
-        idle.pop_back();
-        f->op = &ops[next++];
-        f->done = 0;
-        if (f->op->buffer != nullptr) {
-          f->data = f->op->buffer;
-        } else {
-          f->data = slots + static_cast<size_t>(f->slot) * slot_bytes;
-          if (f->op->write && fill) {
-            int rc = fill(*f->op, f->data);
-            if (rc != 0) {
-              error = rc;
-              idle.push_back(f);
-              io_uring_prep_nop(sqe);  // the sqe is taken; let it complete harmlessly
-              io_uring_sqe_set_data(sqe, nullptr);
-              ++inflight;
-              break;
-            }
-          }
-        }
-      }
-      Prepare(sqe, f, fixed);
-      ++inflight;
-    }
-  };
-
-  while (true) {
-    if (offload) {
-      offload->Reclaim(&idle, false);
-      if (error == 0) error = offload->error();
-    }
-    submit_what_fits();
-    if (inflight == 0) {
-      // Every flight may be out with a callback that still reads its slot.
-      if (offload && error == 0 && next < ops.size()) {
-        offload->Reclaim(&idle, true);
-        continue;
-      }
-      break;
-    }
-    int ret = io_uring_submit_and_wait(ring, 1);
-    if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
-      // Nothing more can be reaped reliably; the ring is reset by the kernel
-      // only at exit, so report and leave (in-flight buffers are ours).
-      // Callbacks already queued must finish: they use this frame.
-      if (offload) offload->Wait();
-      return Fail(-ret, WithErrno("io_uring submit failed", -ret));
-    }
-    io_uring_cqe* cqe;
-    unsigned head;
-    unsigned seen = 0;
-    io_uring_for_each_cqe(ring, head, cqe) {
-      ++seen;
-      --inflight;
-      auto* f = static_cast<InFlight*>(io_uring_cqe_get_data(cqe));
-      if (f == nullptr) continue;  // a nop
-      int res = cqe->res;
-      if (res == -EAGAIN || res == -EINTR) {
-        retry.push_back(f);
-        continue;
-      }
-      if (res < 0) {
-        if (error == 0) error = Fail(-res, WithErrno(Describe(*f->op, f->done) + " failed", -res));
-        idle.push_back(f);
-        continue;
-      }
-      if (res == 0) {
-        if (error == 0) error = Fail(EIO, Describe(*f->op, f->done) + " hit the end of the store");
-        idle.push_back(f);
-        continue;
-      }
-      f->done += static_cast<uint32_t>(res);
-      if (f->done < f->op->length) {
-        retry.push_back(f);
-        continue;
-      }
-      ++count;
-      if (error == 0 && offload) {
-        offload->Dispatch(f);
-        if (f->op->buffer == nullptr) continue;  // back once its callback ran
-      } else if (error == 0 && defer) {
-        ready.push_back(f);
-        continue;
-      } else if (error == 0 && done) {
-        int rc = done(*f->op, f->data);
-        if (rc != 0) error = rc;
-      }
-      idle.push_back(f);
-    }
-    io_uring_cq_advance(ring, seen);
-    if (!ready.empty()) {
-      // Refill first: the disk works while the callbacks copy.
-      submit_what_fits();
-      if (inflight > 0) io_uring_submit(ring);
-      for (InFlight* f : ready) {
-        if (error == 0) {
-          int rc = done(*f->op, f->data);
-          if (rc != 0) error = rc;
-        }
-        idle.push_back(f);
-      }
-      ready.clear();
-    }
-    if (error != 0) {
-      for (InFlight* f : retry) idle.push_back(f);
-      retry.clear();
-    }
-  }
-  if (offload) {
-    // An I/O error of this thread is reported before a callback's.
-    std::string message = LastError();
-    int rc = offload->Wait();
-    if (error != 0 && error != rc) {
-      Fail(-error, message);
-    } else if (error == 0) {
-      error = rc;
-    }
-  }
-  if (completed != nullptr) *completed += count;
-  return error;
+  IoRun run(ops, queue_depth, slot_bytes, fill, done);
+  if (int rc = run.Init(thread_ring, pool); rc != 0) return rc;
+  return run.Run(completed);
 }
 
 }  // namespace spillfs::client
