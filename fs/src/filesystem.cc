@@ -255,7 +255,24 @@ Status Filesystem::CommitTxn(Txn* txn) {
 
 void Filesystem::CountLookup(InodeNumber ino) { ++inodes_[ino].lookups; }
 
-Entry Filesystem::MakeEntry(InodeNumber ino, const InodeRecord& r) const {
+Entry Filesystem::MakeEntry(InodeNumber ino, const InodeRecord& loaded) const {
+  // The RAM tier's overlay first, then, when there is none, the record again:
+  // a flush commits a file's size and only then drops its overlay, so a
+  // record loaded before that commit must not be shown without the overlay
+  // (getattr answered size 0 for a file just written: stress_test).
+  std::optional<WriteBackCache::Overlay> overlay;
+  InodeRecord reloaded;
+  const InodeRecord* current = &loaded;
+  if (S_ISREG(loaded.mode)) {
+    overlay = cache_.GetOverlay(ino);
+    if (!overlay) {
+      if (auto again = index_.GetInode(ino); again.ok()) {
+        reloaded = std::move(*again);
+        current = &reloaded;
+      }
+    }
+  }
+  const InodeRecord& r = *current;
   Entry entry;
   entry.ino = ino;
   entry.generation = r.generation;
@@ -272,7 +289,7 @@ Entry Filesystem::MakeEntry(InodeNumber ino, const InodeRecord& r) const {
   st.st_atim = ToTimespec(r.atime_ns);
   st.st_mtim = ToTimespec(r.mtime_ns);
   st.st_ctim = ToTimespec(r.ctime_ns);
-  ApplyOverlay(ino, &entry);
+  if (overlay) ApplyOverlay(*overlay, &entry);
   return entry;
 }
 

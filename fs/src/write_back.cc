@@ -443,15 +443,13 @@ void Filesystem::FlusherLoop() {
   }
 }
 
-void Filesystem::ApplyOverlay(InodeNumber ino, Entry* entry) const {
-  auto overlay = cache_.GetOverlay(ino);
-  if (!overlay) return;
+void Filesystem::ApplyOverlay(const WriteBackCache::Overlay& overlay, Entry* entry) {
   struct stat& st = entry->attr;
-  st.st_size = static_cast<off_t>(overlay->size);
-  st.st_mtim.tv_sec = overlay->mtime_ns / 1000000000;
-  st.st_mtim.tv_nsec = overlay->mtime_ns % 1000000000;
-  if (overlay->mtime_ns > st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec) st.st_ctim = st.st_mtim;
-  st.st_blocks += static_cast<blkcnt_t>(overlay->dirty_bytes / 512);
+  st.st_size = static_cast<off_t>(overlay.size);
+  st.st_mtim.tv_sec = overlay.mtime_ns / 1000000000;
+  st.st_mtim.tv_nsec = overlay.mtime_ns % 1000000000;
+  if (overlay.mtime_ns > st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec) st.st_ctim = st.st_mtim;
+  st.st_blocks += static_cast<blkcnt_t>(overlay.dirty_bytes / 512);
 }
 
 }  // namespace spillfs

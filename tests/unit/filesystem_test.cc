@@ -1394,6 +1394,34 @@ TEST_P(ReadAheadTest, ReadAheadNeverServesBytesOlderThanAChange) {
 
 // chmod, chown and utimens change attributes only: data not yet flushed
 // from the RAM tier keeps its size and bytes.
+// A getattr racing with the flush that commits a file's size and drops its
+// RAM-tier overlay never shows a size older than a write that had returned.
+TEST_P(FilesystemDataTest, GetAttrDuringFlushNeverShowsAnOlderSize) {
+  InodeNumber ino = MakeFile(kRootInode, "growing");
+  std::atomic<uint64_t> written{0};
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> stale{0};
+  std::string last_stale;
+  std::thread reader([&] {
+    while (!done.load()) {
+      uint64_t at_least = written.load();
+      auto attr = fs_->GetAttr(ino);
+      if (attr.ok() && static_cast<uint64_t>(attr->attr.st_size) < at_least && stale.fetch_add(1) == 0) {
+        last_stale = std::to_string(attr->attr.st_size) + " < " + std::to_string(at_least);
+      }
+    }
+  });
+  const std::string block(4096, 'g');
+  for (uint64_t i = 0; i < 2000; ++i) {
+    WriteAt(ino, i * block.size(), block);
+    written.store((i + 1) * block.size());
+    ASSERT_TRUE(fs_->Flush(ino).ok());
+  }
+  done.store(true);
+  reader.join();
+  EXPECT_EQ(stale.load(), 0u) << "getattr answers older than a finished write, first: " << last_stale;
+}
+
 TEST_P(FilesystemDataTest, AttributeChangesKeepUnflushedData) {
   std::mt19937_64 rng(17);
   InodeNumber ino = MakeFile(kRootInode, "attrs");

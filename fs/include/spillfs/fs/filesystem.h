@@ -328,7 +328,7 @@ class Filesystem {
   static std::string DedupHash(const char* data);
   Status ApplyBlobRefs(Txn* txn);
   void FlusherLoop();
-  void ApplyOverlay(InodeNumber ino, Entry* entry) const;
+  static void ApplyOverlay(const WriteBackCache::Overlay& overlay, Entry* entry);
   // Unmaps [start, end) (block aligned; end may be UINT64_MAX) into txn.
   Status UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_t end, uint64_t* unmapped_bytes);
   // Unmaps several sorted, disjoint ranges in one pass.
