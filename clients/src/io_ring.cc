@@ -171,7 +171,8 @@ class IoRun {
     // a completed slot's copy never holds back the queue: twice the flights
     // (and slots) as may be in flight, so refills need not wait for them.
     defer_ = !offload_ && done_ && !fill_;
-    const unsigned flight_count = defer_ ? 2 * queue_depth_ : queue_depth_;
+    const unsigned flight_count =
+        defer_ ? static_cast<unsigned>(std::min<size_t>(2 * queue_depth_, ops_.size())) : queue_depth_;
     if (bounce) {
       slots_ = thread_ring.Slots(static_cast<size_t>(flight_count) * slot_bytes_);
       if (slots_ == nullptr) return Fail(ENOMEM, "cannot allocate bounce buffers");

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
+#include <utility>
 
 namespace spillfs {
 
@@ -48,7 +49,7 @@ Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uin
   if (ino == kDirIno) return Status::Error(EISDIR, "is a directory");
   if (ino == kStatsIno && (flags & O_ACCMODE) != O_RDONLY) return Status::Error(EACCES, "stats is read-only");
   if (ino == kControlIno && uid != 0) return Status::Error(EACCES, "the control file is for root");
-  return new Handle{ino, {}, nullptr, nullptr, {}, {}};
+  return new Handle{ino, {}, nullptr, nullptr, {}, std::nullopt, {}};
 }
 
 Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_view data) {
@@ -161,7 +162,7 @@ std::optional<std::string> ControlPlane::AnswerDirect(Handle& handle, const nloh
     Status committed = fs_->DirectCommit(*ino, *file_offset, handle.reserved, *checksums, *size);
     if (!committed.ok()) return fail(committed);
     handle.reserved.clear();
-    if (invalidate_) invalidate_(*ino);
+    handle.invalidate = *ino;  // by Read, once no lock is held
     return Inspector::OkReply({{"ino", *ino}}).dump();
   } catch (const json::exception& e) {
     return fail(Status::Error(EINVAL, std::string("malformed request: ") + e.what()));
@@ -192,11 +193,17 @@ std::string ControlPlane::Answer(Handle& handle) {
 
 ControlPlane::ReplyBytes ControlPlane::Read(Handle* handle, uint64_t offset, size_t size) {
   std::shared_ptr<const std::string> reply;
+  std::optional<InodeNumber> invalidate;
   {
     std::lock_guard lock(handle->mu);
     if (!handle->reply) handle->reply = std::make_shared<const std::string>(Answer(*handle));
     reply = handle->reply;
+    invalidate = std::exchange(handle->invalidate, std::nullopt);
   }
+  // Before the reply goes out, so the client finds the kernel's cache of the
+  // file dropped; with no lock held, as the kernel may have to write dirty
+  // pages back through other FUSE threads first (--writeback-cache).
+  if (invalidate && invalidate_) invalidate_(*invalidate);
   if (offset >= reply->size()) return {std::move(reply), {}};
   std::string_view bytes = std::string_view(*reply).substr(offset, size);
   return {std::move(reply), bytes};

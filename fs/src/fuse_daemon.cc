@@ -70,7 +70,13 @@ void OnInit(void* userdata, fuse_conn_info* conn) {
   conn->max_background = kMaxBackground;
   conn->congestion_threshold = kMaxBackground * 3 / 4;
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
-  if (options.writeback_cache && (conn->capable & FUSE_CAP_WRITEBACK_CACHE)) conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+  if (options.writeback_cache) {
+    if (conn->capable & FUSE_CAP_WRITEBACK_CACHE) {
+      conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+    } else {
+      fmt::print(stderr, "spillfs: the kernel does not offer FUSE's writeback cache; --writeback-cache ignored\n");
+    }
+  }
   conn->want &= ~FUSE_CAP_HANDLE_KILLPRIV;  // the kernel clears suid/sgid on write and chown
 }
 

@@ -64,20 +64,22 @@ MountedVolume::~MountedVolume() {
 }
 
 bool MountedVolume::Mount(std::string* error) {
+  // The arguments are built before fork: the child of a threaded process may
+  // only call async-signal-safe functions.
+  std::vector<std::string> args = {"spillfs", "mount", volume_, mountpoint_, "-f"};
+  if (!options_.mount_options.empty()) {
+    args.push_back("-o");
+    args.push_back(options_.mount_options);
+  }
+  args.insert(args.end(), options_.mount_args.begin(), options_.mount_args.end());
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
   pid_t pid = fork();
   if (pid < 0) return false;
   if (pid == 0) {
     int devnull = open("/dev/null", O_RDONLY);
     dup2(devnull, STDIN_FILENO);
-    std::vector<std::string> args = {"spillfs", "mount", volume_, mountpoint_, "-f"};
-    if (!options_.mount_options.empty()) {
-      args.push_back("-o");
-      args.push_back(options_.mount_options);
-    }
-    args.insert(args.end(), options_.mount_args.begin(), options_.mount_args.end());
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
     execv(SpillfsBinary(), argv.data());
     _exit(127);
   }

@@ -199,7 +199,7 @@ void RegisterMount(CLI::App& app, int* exit_code) {
   cmd->add_flag("--writeback-cache", args->writeback_cache,
                 "Let the kernel cache writes and send them in large background requests (faster small writes; "
                 "but ENOSPC shows at fsync/close instead of write(), and direct-path size changes are not seen "
-                "through this mount)");
+                "through this mount, and direct-path readers see only data that was fsynced or closed)");
   cmd->add_option("--ram-tier", args->ram_tier,
                   "Write-back RAM tier size, e.g. 4G; 0 writes through (default: 1/4 of RAM, at most 8G)");
   cmd->add_flag(

@@ -54,7 +54,8 @@ class ControlPlane {
     std::shared_ptr<const std::string> reply;
     std::unique_ptr<ReclaimGate::Reader> pin;
     std::vector<PhysicalExtent> reserved;
-    std::mutex mu;  // request and reply
+    std::optional<InodeNumber> invalidate;  // a direct commit changed it: drop the kernel's cache
+    std::mutex mu;                          // request, reply and invalidate
   };
   // Part of a reply, with what keeps it alive while it is sent.
   struct ReplyBytes {

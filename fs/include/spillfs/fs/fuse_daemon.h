@@ -24,8 +24,9 @@ struct FuseOptions {
   // Let the kernel cache writes and send them back in large asynchronous
   // requests (FUSE's writeback cache). Off by default: write() then cannot
   // report ENOSPC (fsync and close do), the kernel keeps its own file size, so
-  // a size changed by a direct-path commit is not seen through this mount, and
-  // st_blocks lags until the data reaches the daemon.
+  // a size changed by a direct-path commit is not seen through this mount,
+  // direct-path readers miss data still dirty in the kernel (until fsync or
+  // close), and st_blocks lags until the data reaches the daemon.
   bool writeback_cache = false;
   bool debug = false;
 };
