@@ -8,6 +8,7 @@
 #include <cstring>
 #include <future>
 #include <set>
+#include <system_error>
 
 #include "spillfs/fs/clock.h"
 #include "spillfs/fs/filesystem.h"
@@ -392,7 +393,13 @@ void Filesystem::HashSegments(std::vector<Segment>* segments, bool dedup) const 
     for (size_t i = k; i < segments->size(); i += helpers) hash((*segments)[i]);
   };
   std::vector<std::future<void>> others;
-  for (unsigned k = 1; k < helpers; ++k) others.push_back(std::async(std::launch::async, share, k));
+  for (unsigned k = 1; k < helpers; ++k) {
+    try {
+      others.push_back(std::async(std::launch::async, share, k));
+    } catch (const std::system_error&) {
+      share(k);  // no thread to be had: hash that share here
+    }
+  }
   share(0);
   for (auto& f : others) f.get();
 }
