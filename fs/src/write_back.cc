@@ -408,8 +408,8 @@ void Filesystem::Deduplicate(std::vector<Segment>* segments, std::vector<SharedR
   std::vector<Segment> to_write;
   std::set<std::string> new_hashes;  // within one flush, only the first copy becomes a blob
   for (Segment& segment : *segments) {
-    if (segment.length == kDedupUnit && segment.file_offset % kDedupUnit == 0) {
-      std::string hash = segment.content_hash.empty() ? DedupHash(segment.data) : segment.content_hash;
+    if (!segment.content_hash.empty()) {  // a whole dedup unit (HashSegments)
+      const std::string& hash = segment.content_hash;
       std::string value;
       if (index_.Get(Family::kBlob, keys::BlobByHash(hash), &value).ok() && value.size() == 8) {
         shared->push_back(SharedRef{segment.file_offset, coding::DecodeFixed64BE(value.data()), hash, segment.data});

@@ -318,8 +318,9 @@ class Filesystem {
   Status CommitBatch(InodeNumber ino, FlushBatch* batch);
   // Gives back what a batch that will not commit took (I/O lock held).
   void AbandonBatch(FlushBatch* batch);
-  // Splits whole dedup units whose content is already stored out of
-  // `segments` into `shared`, and tags the other whole units as new blobs.
+  // Splits whole dedup units (the segments HashSegments gave a content hash)
+  // whose content is already stored out of `segments` into `shared`, and tags
+  // the other whole units as new blobs.
   void Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* shared);
   // Hashes the segments (block checksums, and dedup hashes with `dedup`) on
   // several threads: one thread hashing a flush kept up with only ~2 GB/s.
