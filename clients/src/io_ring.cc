@@ -303,10 +303,15 @@ class IoRun {
       ready_.push_back(f);
       return;
     } else if (error_ == 0 && done_) {
-      int rc = done_(*f->op, f->data);
-      if (rc != 0) error_ = rc;
+      Callback(f);
     }
     idle_.push_back(f);
+  }
+
+  // Runs the done callback of `f` here; its error becomes the run's.
+  void Callback(InFlight* f) {
+    int rc = done_(*f->op, f->data);
+    if (rc != 0) error_ = rc;
   }
 
   // Refills the queue first, so the disk works while the callbacks copy.
@@ -315,10 +320,7 @@ class IoRun {
     SubmitWhatFits();
     if (inflight_ > 0) io_uring_submit(ring_);
     for (InFlight* f : ready_) {
-      if (error_ == 0) {
-        int rc = done_(*f->op, f->data);
-        if (rc != 0) error_ = rc;
-      }
+      if (error_ == 0) Callback(f);
       idle_.push_back(f);
     }
     ready_.clear();
