@@ -243,23 +243,33 @@ void Filesystem::MapExtents(Txn* txn, InodeNumber ino, const std::vector<std::pa
 // ---- read and write ----
 
 Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, AlignedBuffer* scratch,
-                                const char** data) {
+                                const ReadSink& sink) {
   std::shared_lock io_lock(IoLock(ino));
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (S_ISDIR(record.mode)) return Status::Error(EISDIR, "read of a directory");
   if (auto overlay = cache_.GetOverlay(ino)) record.size = overlay->size;
-  if (offset >= record.size || size == 0) return size_t{0};
+  if (offset >= record.size || size == 0) {
+    sink(nullptr, 0);
+    return size_t{0};
+  }
   uint64_t end = std::min<uint64_t>(record.size, offset + size);
   uint64_t first = RoundDown(offset, block_size_);
   uint64_t last = RoundUp(end, block_size_);
-  scratch->Resize(last - first);
-  // A window holds the SSD's bytes: not for blocks the RAM tier may hold.
+  // Where the bytes are: RAM-tier chunks, a read-ahead window (which holds the
+  // SSD's bytes: never for blocks the RAM tier may hold), or read here.
+  std::vector<iovec> pieces;
+  std::optional<ReadAhead::View> window;
   bool in_ram_tier = FindCachedChunk(ino, first / block_size_, last / block_size_, /*flushing_only=*/false);
-  if (in_ram_tier || !read_ahead_.Serve(ino, first, last - first, scratch->data())) {
+  if (in_ram_tier && CachedPieces(ino, offset, end, &pieces)) {
+    // pieces point into the chunks; io_lock keeps them in place
+  } else if (!in_ram_tier && (window = read_ahead_.Serve(ino, first, last - first))) {
+    pieces.push_back(iovec{const_cast<char*>(window->data + (offset - first)), end - offset});
+  } else {
+    scratch->Resize(last - first);
     SPILLFS_RETURN_IF_ERROR(ReadBlocksCached(ino, first / block_size_, (last - first) / block_size_, scratch->data()));
+    pieces.push_back(iovec{scratch->data() + (offset - first), end - offset});
   }
   read_ahead_.Advance(ino, first, last, RoundUp(record.size, block_size_));
-  *data = scratch->data() + (offset - first);
   counters_.bytes_read.fetch_add(end - offset, std::memory_order_relaxed);
   counters_.reads.fetch_add(1, std::memory_order_relaxed);
   // relatime: record an access only when it is newer information.
@@ -274,6 +284,7 @@ Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, A
       SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
     }
   }
+  sink(pieces.data(), static_cast<int>(pieces.size()));
   return static_cast<size_t>(end - offset);
 }
 

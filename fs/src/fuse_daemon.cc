@@ -232,10 +232,12 @@ void OnRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file
     return;
   }
   thread_local AlignedBuffer scratch;
-  const char* data = nullptr;
-  auto n = Fs(req).Read(ino, static_cast<uint64_t>(offset), size, &scratch, &data);
-  if (!n.ok()) return ReplyError(req, n.status());
-  fuse_reply_buf(req, data, *n);
+  // The kernel has copied the bytes into the reader's pages when the reply returns.
+  auto n = Fs(req).Read(ino, static_cast<uint64_t>(offset), size, &scratch, [req](const iovec* pieces, int count) {
+    if (count == 0) return static_cast<void>(fuse_reply_buf(req, nullptr, 0));
+    fuse_reply_iov(req, pieces, count);
+  });
+  if (!n.ok()) ReplyError(req, n.status());
 }
 
 void OnWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t offset, fuse_file_info* fi) {

@@ -48,10 +48,10 @@ ReadAhead::Stream& ReadAhead::StreamFor(InodeNumber ino, bool* fresh) {
   return it->second;
 }
 
-bool ReadAhead::Serve(InodeNumber ino, uint64_t offset, uint64_t length, char* out) {
+std::optional<ReadAhead::View> ReadAhead::Serve(InodeNumber ino, uint64_t offset, uint64_t length) {
   std::unique_lock lock(mu_);
   auto it = streams_.find(ino);
-  if (it == streams_.end()) return false;
+  if (it == streams_.end()) return std::nullopt;
   const uint64_t generation = it->second.generation;
   for (const std::shared_ptr<Window>& candidate : it->second.windows) {
     if (candidate->generation != generation || offset < candidate->offset ||
@@ -63,12 +63,13 @@ bool ReadAhead::Serve(InodeNumber ino, uint64_t offset, uint64_t length, char* o
     // Invalidated while we waited: the bytes may be older than a change the
     // caller's I/O lock already lets it see; read them again.
     auto now = streams_.find(ino);
-    if (!window->status.ok() || now == streams_.end() || now->second.generation != generation) return false;
-    std::memcpy(out, window->data.data() + (offset - window->offset), length);
+    if (!window->status.ok() || now == streams_.end() || now->second.generation != generation) return std::nullopt;
     stats_.bytes_served += length;
-    return true;
+    // A pinned window is never recycled (ReturnBufferLocked) nor written again.
+    const char* data = window->data.data() + (offset - window->offset);
+    return View{std::move(window), data};
   }
-  return false;
+  return std::nullopt;
 }
 
 void ReadAhead::Advance(InodeNumber ino, uint64_t offset, uint64_t end, uint64_t file_end) {

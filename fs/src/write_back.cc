@@ -89,6 +89,33 @@ bool Filesystem::FindCachedChunk(InodeNumber ino, uint64_t first_block, uint64_t
   return false;
 }
 
+bool Filesystem::CachedPieces(InodeNumber ino, uint64_t offset, uint64_t end, std::vector<iovec>* pieces) {
+  pieces->clear();
+  auto file = cache_.Find(ino);
+  if (!file) return false;
+  const uint64_t per_chunk = cache_.blocks_per_chunk();
+  uint64_t blocks = 0;
+  for (uint64_t block = offset / block_size_; block * block_size_ < end; ++block, ++blocks) {
+    auto it = file->chunks.find(block / per_chunk);
+    if (it == file->chunks.end() || !it->second.valid[block % per_chunk]) {
+      pieces->clear();
+      return false;
+    }
+    const uint64_t block_start = block * block_size_;
+    const uint64_t from = std::max(offset, block_start);
+    const uint64_t to = std::min(end, block_start + block_size_);
+    char* bytes = it->second.data.data() + (block % per_chunk) * block_size_ + (from - block_start);
+    iovec* last = pieces->empty() ? nullptr : &pieces->back();
+    if (last != nullptr && static_cast<char*>(last->iov_base) + last->iov_len == bytes) {
+      last->iov_len += to - from;
+    } else {
+      pieces->push_back(iovec{bytes, to - from});
+    }
+  }
+  counters_.ram_tier_hits.fetch_add(blocks, std::memory_order_relaxed);
+  return true;
+}
+
 Status Filesystem::ReadBlocksCached(InodeNumber ino, uint64_t first_block, uint64_t count, char* out) {
   auto file = cache_.Find(ino);
   if (!file) return ReadBlocks(ino, first_block, count, out);

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "read_bytes.h"
 #include "spillfs/fs/volume.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
@@ -194,11 +195,7 @@ class FilesystemTestBase : public ::testing::Test {
     ASSERT_EQ(*n, data.size());
   }
   Result<std::string> ReadAt(InodeNumber ino, uint64_t offset, size_t size) {
-    AlignedBuffer scratch;
-    const char* data = nullptr;
-    auto n = fs_->Read(ino, offset, size, &scratch, &data);
-    if (!n.ok()) return n.status();
-    return std::string(data, *n);
+    return ReadBytes(*fs_, ino, offset, size);
   }
   std::string ReadAll(InodeNumber ino) {
     auto attr = fs_->GetAttr(ino);
@@ -1117,15 +1114,14 @@ TEST_P(FilesystemDataTest, ConcurrentOverwritesNeverLeakIntoReaders) {
       }
     });
     threads.emplace_back([&, f] {  // reader
-      AlignedBuffer scratch;
       while (!done.load()) {
-        const char* data = nullptr;
-        auto n = fs_->Read(files[f], 0, kFileBytes, &scratch, &data);
+        auto n = ReadBytes(*fs_, files[f], 0, kFileBytes);
         ++reads;
-        if (!n.ok() || *n != kFileBytes) {
+        if (!n.ok() || n->size() != kFileBytes) {
           note_error(n.ok() ? Status::IOError("short read") : n.status());
           continue;
         }
+        const char* data = n->data();
         for (size_t b = 0; b < kFileBytes; b += kBlock) {
           unsigned char v = static_cast<unsigned char>(data[b]);
           bool mine = f ? v >= 0x81 : (v >= 0x01 && v <= 0x7f);
@@ -1390,6 +1386,71 @@ TEST_P(ReadAheadTest, ReadAheadNeverServesBytesOlderThanAChange) {
   ExpectSequentialReads(ino, data, 12 << 20, data.size());
   EXPECT_GT(fs_->read_ahead_stats().windows_dropped_stale, 0u);
   EXPECT_GT(fs_->read_ahead_stats().bytes_served, 0u);
+}
+
+// Reads served by read-ahead reach the sink straight from the window (no
+// copy into the caller's scratch), and still never show bytes older than a
+// write.
+TEST_P(ReadAheadTest, WindowBytesReachTheSinkWithoutACopy) {
+  std::string data;
+  InodeNumber ino = MakeFlushedFile(44, &data);
+  ExpectSequentialReads(ino, data, 0, 2 << 20);  // the stream runs: windows from 2 MiB on
+  for (uint64_t at = 2 << 20; at < (6u << 20); at += 1 << 20) {
+    AlignedBuffer scratch;
+    std::string got;
+    auto n = fs_->Read(ino, at, 1 << 20, &scratch, [&](const iovec* pieces, int count) {
+      ASSERT_EQ(count, 1);
+      got.assign(static_cast<const char*>(pieces[0].iov_base), pieces[0].iov_len);
+    });
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    EXPECT_EQ(scratch.size(), 0u) << "the MiB at " << at << " was copied, not served from a window";
+    EXPECT_TRUE(got == std::string_view(data).substr(at, 1 << 20)) << "wrong bytes in the MiB at " << at;
+  }
+  std::mt19937_64 rng(45);
+  std::string patch = RandomBytes(1 << 20, &rng);
+  StampBlocks(&patch, 45);
+  WriteAt(ino, 6 << 20, patch);  // inside a window already fetched
+  if (GetParam() != 0) FlushAll();
+  data.replace(6 << 20, patch.size(), patch);
+  ExpectSequentialReads(ino, data, 6 << 20, 10 << 20);
+}
+
+// Reads of data still in the RAM tier reach the sink straight from its chunks
+// (no copy); unaligned edges are cut exactly.
+TEST_P(FilesystemDataTest, RamTierReadsPointIntoTheChunks) {
+  std::mt19937_64 rng(46);
+  std::string data = RandomBytes((3 << 20) + 1234, &rng);
+  InodeNumber ino = MakeFile(kRootInode, "cached");
+  WriteAt(ino, 0, data);
+  for (auto [offset, size] : {std::pair<uint64_t, size_t>{0, 1 << 20}, {4095, 600001}, {(1 << 20) + 7, 2 << 20}}) {
+    AlignedBuffer scratch;
+    std::string got;
+    int pieces_seen = 0;
+    auto n = fs_->Read(ino, offset, size, &scratch, [&](const iovec* pieces, int count) {
+      pieces_seen = count;
+      for (int i = 0; i < count; ++i) got.append(static_cast<const char*>(pieces[i].iov_base), pieces[i].iov_len);
+    });
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    uint64_t expected = std::min<uint64_t>(size, data.size() - offset);
+    ASSERT_EQ(*n, expected);
+    EXPECT_TRUE(got == std::string_view(data).substr(offset, expected)) << "at " << offset;
+    // A RAM tier holds the bytes in chunks (one piece per 256 KiB chunk at
+    // most); without one they are read into the scratch buffer.
+    if (GetParam() != 0) {
+      EXPECT_EQ(scratch.size(), 0u) << "at " << offset;
+      EXPECT_GE(pieces_seen, 1);
+      EXPECT_LE(static_cast<uint64_t>(pieces_seen), expected / (256 << 10) + 2) << "at " << offset;
+    } else {
+      EXPECT_GT(scratch.size(), 0u) << "at " << offset;
+    }
+  }
+  // Released, the file takes writes again and reads show them.
+  std::string patch = RandomBytes(8192, &rng);
+  WriteAt(ino, 4096, patch);
+  data.replace(4096, patch.size(), patch);
+  auto got = ReadAt(ino, 0, data.size());
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(*got == data);
 }
 
 // chmod, chown and utimens change attributes only: data not yet flushed

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "read_bytes.h"
 #include "spillfs/fs/aligned_buffer.h"
 #include "spillfs/fs/filesystem.h"
 #include "spillfs/kvindex/coding.h"
@@ -38,11 +39,10 @@ std::string Bytes(size_t n, uint64_t seed) {
 }
 
 std::string Describe(const Report& report) {
-  std::string text = std::to_string(report.problems_found) + " problems, " +
-                     std::to_string(report.problems_remaining) + " remaining:";
+  std::string text =
+      std::to_string(report.problems_found) + " problems, " + std::to_string(report.problems_remaining) + " remaining:";
   for (const Problem& p : report.problems) {
-    text += std::string("\n  ") + fsck::ProblemKindName(p.kind) + ": " + p.message +
-            (p.repaired ? " [repaired]" : "");
+    text += std::string("\n  ") + fsck::ProblemKindName(p.kind) + ": " + p.message + (p.repaired ? " [repaired]" : "");
   }
   return text;
 }
@@ -155,11 +155,9 @@ class FsckTest : public ::testing::Test {
     EXPECT_EQ(report.problems_found, 0u) << Describe(report);
     std::string data = Bytes(8 << 20, 99);
     InodeNumber ino = MakeFile(kRootInode, "after-repair", data);
-    AlignedBuffer scratch;
-    const char* out = nullptr;
-    auto read = Fs().Read(ino, 0, data.size(), &scratch, &out);
+    auto read = ReadBytes(Fs(), ino, 0, data.size());
     ASSERT_TRUE(read.ok()) << read.status().ToString();
-    EXPECT_EQ(std::string(out, *read), data);
+    EXPECT_EQ(*read, data);
     report = Check();
     EXPECT_EQ(report.problems_found, 0u) << Describe(report);
   }
@@ -359,8 +357,7 @@ TEST_F(FsckTest, OrphanIsReportedAndReclaimed) {
 
 TEST_F(FsckTest, NamelessInodeGoesToLostAndFound) {
   Populate();
-  Damage(
-      [&](Index&, Index::Batch& batch) { batch.Delete(Family::kDirent, keys::Dirent(d_, "b")); });
+  Damage([&](Index&, Index::Batch& batch) { batch.Delete(Family::kDirent, keys::Dirent(d_, "b")); });
   Report report = Check();
   EXPECT_NE(Find(report, ProblemKind::kUnreachable, b_), nullptr) << Describe(report);
   report = Check(true);
@@ -370,11 +367,9 @@ TEST_F(FsckTest, NamelessInodeGoesToLostAndFound) {
   auto found = Fs().Lookup(lf->ino, "#" + std::to_string(b_));
   ASSERT_TRUE(found.ok()) << found.status().ToString();
   EXPECT_EQ(found->ino, b_);
-  AlignedBuffer scratch;
-  const char* out = nullptr;
-  auto read = Fs().Read(b_, 0, 200 * 1024, &scratch, &out);
+  auto read = ReadBytes(Fs(), b_, 0, 200 * 1024);
   ASSERT_TRUE(read.ok());
-  EXPECT_EQ(std::string(out, *read), Bytes(200 * 1024, 2));
+  EXPECT_EQ(*read, Bytes(200 * 1024, 2));
   ExpectCleanAndUsable();
 }
 
@@ -397,8 +392,7 @@ TEST_F(FsckTest, TypeMismatchStaleOrphanAndStrayRecordsAreRepaired) {
   EXPECT_NE(Find(report, ProblemKind::kStaleOrphan, 777), nullptr) << Describe(report);
   EXPECT_NE(Find(report, ProblemKind::kStrayXattr, 778), nullptr) << Describe(report);
   EXPECT_NE(Find(report, ProblemKind::kStrayExtent, 779), nullptr) << Describe(report);
-  EXPECT_NE(Find(report, ProblemKind::kDoubleUse, 779), nullptr)
-      << Describe(report);  // mapped and free
+  EXPECT_NE(Find(report, ProblemKind::kDoubleUse, 779), nullptr) << Describe(report);  // mapped and free
   report = Check(true);
   EXPECT_TRUE(report.clean()) << Describe(report);
   for (const Problem& p : report.problems) EXPECT_TRUE(p.repaired) << p.message;
@@ -528,12 +522,10 @@ TEST_F(FsckTest, ScrubNamesTheFileAndOffsetOfACorruptBlock) {
   EXPECT_EQ(report.problems_found, 1u) << Describe(report);
   EXPECT_GE(report.bytes_scrubbed, data.size());
   // The filesystem refuses the block too, and serves the others.
-  AlignedBuffer scratch;
-  const char* out = nullptr;
-  EXPECT_EQ(Fs().Read(victim, bad_file_offset, 10, &scratch, &out).status().code(), EIO);
-  auto good = Fs().Read(victim, bad_file_offset + kBlock, kBlock, &scratch, &out);
+  EXPECT_EQ(ReadBytes(Fs(), victim, bad_file_offset, 10).status().code(), EIO);
+  auto good = ReadBytes(Fs(), victim, bad_file_offset + kBlock, kBlock);
   ASSERT_TRUE(good.ok());
-  EXPECT_EQ(std::string(out, kBlock), data.substr(bad_file_offset + kBlock, kBlock));
+  EXPECT_EQ(*good, data.substr(bad_file_offset + kBlock, kBlock));
   // Repair cannot make the bytes right: it stays reported.
   report = Check(true, true);
   EXPECT_FALSE(report.clean());

@@ -10,6 +10,7 @@
 
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 
 #include <array>
 #include <atomic>
@@ -138,8 +139,14 @@ class Filesystem {
   // Counts an open handle; the inode outlives its last link until Release.
   Status Open(InodeNumber ino);
   Status Release(InodeNumber ino);
-  // Reads up to `size` bytes at `offset`; *data points into `scratch`.
-  Result<size_t> Read(InodeNumber ino, uint64_t offset, size_t size, AlignedBuffer* scratch, const char** data);
+  // The bytes of a read, in order, valid only during the call. They may be
+  // RAM-tier chunks, under the file's I/O lock (shared) meanwhile: a sink
+  // must not call back into this Filesystem.
+  using ReadSink = std::function<void(const iovec* pieces, int count)>;
+  // Reads up to `size` bytes at `offset` and hands them to `sink`: once, and
+  // only when the read succeeds. Bytes in the RAM tier or in a read-ahead
+  // window reach the sink without a copy; others are read into `scratch`.
+  Result<size_t> Read(InodeNumber ino, uint64_t offset, size_t size, AlignedBuffer* scratch, const ReadSink& sink);
   // Called at most once, by Write, with the byte count, as soon as the write
   // can no longer fail and before `data` has been copied: the caller may
   // answer its client then, but must keep `data` valid until Write returns.
@@ -292,6 +299,9 @@ class Filesystem {
   Result<size_t> WriteThrough(InodeNumber ino, uint64_t offset, const char* data, size_t size);
   // Reads blocks, preferring cached ones; caller holds the I/O lock shared.
   Status ReadBlocksCached(InodeNumber ino, uint64_t first_block, uint64_t count, char* out);
+  // [offset, end) as pieces of RAM-tier chunks when every block of it is
+  // cached; false otherwise. The caller holds the I/O lock while it uses them.
+  bool CachedPieces(InodeNumber ino, uint64_t offset, uint64_t end, std::vector<iovec>* pieces);
   // How much of a file a flush takes.
   enum class FlushScope {
     kAll,         // every cached block present when the flush starts (fsync, close)

@@ -5,7 +5,7 @@
 // depth 1. ReadAhead notices a reader that continues where it left off and
 // fetches the next windows of the file in the background (several at once,
 // each split into parallel io_uring reads by the block store), so later
-// requests are copies from memory.
+// requests are answered from memory.
 //
 // Staleness: every window is tagged with the file's content generation when
 // it was started. The Filesystem calls Invalidate(ino) after every change of
@@ -20,6 +20,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -53,11 +54,17 @@ class ReadAhead {
   ReadAhead(const ReadAhead&) = delete;
   ReadAhead& operator=(const ReadAhead&) = delete;
 
-  // Copies [offset, offset + length) into `out` when one window of the
-  // current generation holds all of it (waiting for it if in flight);
-  // false otherwise (also when the window's fetch failed: the caller's own
-  // read then reports the error). Offsets are block aligned.
-  bool Serve(InodeNumber ino, uint64_t offset, uint64_t length, char* out);
+  // Bytes of a window, without a copy: `data` stays valid (and unchanged)
+  // while `pin` is held. Hold it only as long as the reply that sends them.
+  struct View {
+    std::shared_ptr<const void> pin;
+    const char* data = nullptr;
+  };
+  // [offset, offset + length) when one window of the current generation
+  // holds all of it (waiting for it if in flight); nullopt otherwise (also
+  // when the window's fetch failed: the caller's own read then reports the
+  // error). Offsets are block aligned.
+  std::optional<View> Serve(InodeNumber ino, uint64_t offset, uint64_t length);
   // Notes that a read of [offset, end) was answered; a reader continuing its
   // stream gets the windows after `end` started, up to `file_end`.
   void Advance(InodeNumber ino, uint64_t offset, uint64_t end, uint64_t file_end);
