@@ -260,8 +260,9 @@ Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, A
   std::vector<iovec> pieces;
   std::optional<ReadAhead::View> window;
   bool in_ram_tier = FindCachedChunk(ino, first / block_size_, last / block_size_, /*flushing_only=*/false);
+  bool chunks_held = false;  // pieces point into RAM-tier chunks, kept in place by io_lock
   if (in_ram_tier && CachedPieces(ino, offset, end, &pieces)) {
-    // pieces point into the chunks; io_lock keeps them in place
+    chunks_held = true;
   } else if (!in_ram_tier && (window = read_ahead_.Serve(ino, first, last - first))) {
     pieces.push_back(iovec{const_cast<char*>(window->data + (offset - first)), end - offset});
   } else {
@@ -284,6 +285,7 @@ Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, A
       SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
     }
   }
+  if (!chunks_held) io_lock.unlock();  // a window is pinned, scratch is the caller's
   sink(pieces.data(), static_cast<int>(pieces.size()));
   return static_cast<size_t>(end - offset);
 }
