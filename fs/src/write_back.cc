@@ -31,7 +31,9 @@ void LockSpinning(std::unique_lock<std::shared_mutex>& lock, std::chrono::micros
     const auto until = std::chrono::steady_clock::now() + limit;
     while (std::chrono::steady_clock::now() < until) {
       if (lock.try_lock()) return;
-      __builtin_ia32_pause();
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();  // let the sibling hyperthread run
+#endif
     }
   }
   lock.lock();
