@@ -1444,7 +1444,7 @@ TEST_P(FilesystemDataTest, RamTierReadsPointIntoTheChunks) {
       EXPECT_GT(scratch.size(), 0u) << "at " << offset;
     }
   }
-  // Released, the file takes writes again and reads show them.
+  // Once those reads are done, writes go through and reads show them.
   std::string patch = RandomBytes(8192, &rng);
   WriteAt(ino, 4096, patch);
   data.replace(4096, patch.size(), patch);
