@@ -118,18 +118,17 @@ bool Filesystem::CachedPieces(InodeNumber ino, uint64_t offset, uint64_t end, st
   pieces->clear();
   auto file = cache_.Find(ino);
   if (!file) return false;
-  const uint64_t per_chunk = cache_.blocks_per_chunk();
   uint64_t blocks = 0;
   for (uint64_t block = offset / block_size_; block * block_size_ < end; ++block, ++blocks) {
-    auto it = file->chunks.find(block / per_chunk);
-    if (it == file->chunks.end() || !it->second.valid[block % per_chunk]) {
+    char* cached = cache_.CachedBlock(*file, block);
+    if (cached == nullptr) {
       pieces->clear();
       return false;
     }
     const uint64_t block_start = block * block_size_;
     const uint64_t from = std::max(offset, block_start);
     const uint64_t to = std::min(end, block_start + block_size_);
-    char* bytes = it->second.data.data() + (block % per_chunk) * block_size_ + (from - block_start);
+    char* bytes = cached + (from - block_start);
     iovec* last = pieces->empty() ? nullptr : &pieces->back();
     if (last != nullptr && static_cast<char*>(last->iov_base) + last->iov_len == bytes) {
       last->iov_len += to - from;
@@ -144,12 +143,6 @@ bool Filesystem::CachedPieces(InodeNumber ino, uint64_t offset, uint64_t end, st
 Status Filesystem::ReadBlocksCached(InodeNumber ino, uint64_t first_block, uint64_t count, char* out) {
   auto file = cache_.Find(ino);
   if (!file) return ReadBlocks(ino, first_block, count, out);
-  const uint64_t per_chunk = cache_.blocks_per_chunk();
-  auto cached = [&](uint64_t block) -> const char* {
-    auto it = file->chunks.find(block / per_chunk);
-    if (it == file->chunks.end() || !it->second.valid[block % per_chunk]) return nullptr;
-    return it->second.data.data() + (block % per_chunk) * block_size_;
-  };
   // Copy cached blocks; read each run of uncached blocks from the SSD.
   uint64_t run_start = 0, run_length = 0;
   auto read_run = [&]() -> Status {
@@ -159,7 +152,7 @@ Status Filesystem::ReadBlocksCached(InodeNumber ino, uint64_t first_block, uint6
     return s;
   };
   for (uint64_t block = first_block; block < first_block + count; ++block) {
-    if (const char* bytes = cached(block)) {
+    if (const char* bytes = cache_.CachedBlock(*file, block)) {
       counters_.ram_tier_hits.fetch_add(1, std::memory_order_relaxed);
       SPILLFS_RETURN_IF_ERROR(read_run());
       std::memcpy(out + (block - first_block) * block_size_, bytes, block_size_);

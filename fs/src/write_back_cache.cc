@@ -55,6 +55,12 @@ WriteBackCache::Chunk& WriteBackCache::ChunkFor(File& file, uint64_t block) {
   return chunk;
 }
 
+char* WriteBackCache::CachedBlock(File& file, uint64_t block) const {
+  auto it = file.chunks.find(block / blocks_per_chunk());
+  if (it == file.chunks.end() || !it->second.valid[block % blocks_per_chunk()]) return nullptr;
+  return it->second.data.data() + (block % blocks_per_chunk()) * block_size_;
+}
+
 void WriteBackCache::MarkValid(File& file, uint64_t block, uint64_t count) {
   uint64_t added = 0;
   for (uint64_t b = block; b < block + count; ++b) {

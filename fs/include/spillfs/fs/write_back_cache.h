@@ -49,18 +49,18 @@ class WriteBackCache {
     std::map<uint64_t, Chunk> chunks;  // chunk index -> chunk
     uint64_t size = 0;                 // logical size including cached data
     int64_t mtime_ns = 0;
-    int64_t first_dirty_ns = 0;        // when the oldest unflushed data arrived
+    int64_t first_dirty_ns = 0;  // when the oldest unflushed data arrived
     bool ephemeral = false;
-    uint64_t dirty_bytes = 0;          // valid bytes held (accounting)
-    uint64_t chunk_count = 0;          // chunks.size(), readable under the cache mutex
-    uint64_t held_bytes = 0;           // space promised by Allocator::Hold for this data
+    uint64_t dirty_bytes = 0;  // valid bytes held (accounting)
+    uint64_t chunk_count = 0;  // chunks.size(), readable under the cache mutex
+    uint64_t held_bytes = 0;   // space promised by Allocator::Hold for this data
   };
 
   struct Stats {
     uint64_t capacity_bytes = 0;
-    uint64_t used_bytes = 0;      // chunk memory held
-    uint64_t dirty_bytes = 0;     // valid bytes awaiting flush
-    uint64_t cancelled_bytes = 0; // dirty bytes dropped by unlink/truncate (never written)
+    uint64_t used_bytes = 0;       // chunk memory held
+    uint64_t dirty_bytes = 0;      // valid bytes awaiting flush
+    uint64_t cancelled_bytes = 0;  // dirty bytes dropped by unlink/truncate (never written)
     uint64_t files = 0;
   };
 
@@ -85,6 +85,9 @@ class WriteBackCache {
   // Chunk for block `block` of `file`, created (all blocks invalid) if absent.
   // Caller holds the inode's I/O lock exclusively.
   Chunk& ChunkFor(File& file, uint64_t block);
+  // The bytes of `block` when `file` holds them (valid), else null. Caller
+  // holds the inode's I/O lock (shared is enough).
+  char* CachedBlock(File& file, uint64_t block) const;
   // Marks `count` blocks from `block` valid and accounts for the new ones.
   void MarkValid(File& file, uint64_t block, uint64_t count);
   // Updates the overlay after a write.
