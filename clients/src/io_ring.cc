@@ -82,12 +82,15 @@ struct InFlight {
   uint32_t done = 0;
 };
 
+// `fixed`: the run's slots are the registered buffer. Only a flight whose
+// data is its slot may name it; the caller's own buffer lies outside it (the
+// kernel would answer EFAULT).
 void Prepare(io_uring_sqe* sqe, InFlight* f, bool fixed) {
   const IoOp& op = *f->op;
   char* buf = f->data + f->done;
   unsigned len = op.length - f->done;
   uint64_t off = op.offset + f->done;
-  if (fixed && f->slot >= 0) {
+  if (fixed && op.buffer == nullptr) {
     if (op.write) {
       io_uring_prep_write_fixed(sqe, op.fd, buf, len, off, 0);
     } else {
