@@ -103,9 +103,7 @@ class Phase {
 
 // Hashing runs at several GB/s a core: a few workers keep up with any one
 // NVMe device, and half the cores leave the rest to the application.
-unsigned DefaultChecksumThreads() {
-  return std::clamp(std::thread::hardware_concurrency() / 2, 1u, 4u);
-}
+unsigned DefaultChecksumThreads() { return std::clamp(std::thread::hardware_concurrency() / 2, 1u, 4u); }
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 uint64_t RoundDown(uint64_t v, uint64_t a) { return v / a * a; }
@@ -167,8 +165,7 @@ struct spill_client {
   uint64_t next_generation = 1;
 
   // Counters.
-  std::atomic<uint64_t> bytes_written{0}, bytes_read{0}, ios{0}, layouts{0}, cache_hits{0},
-      checksum_errors{0};
+  std::atomic<uint64_t> bytes_written{0}, bytes_read{0}, ios{0}, layouts{0}, cache_hits{0}, checksum_errors{0};
 
   ~spill_client() {
     cache.clear();
@@ -213,13 +210,10 @@ struct spill_client {
     return pool;
   }
 
-  int OpenChannel(std::unique_ptr<ControlChannel>* out) const {
-    return ControlChannel::Open(control_path, out);
-  }
+  int OpenChannel(std::unique_ptr<ControlChannel>* out) const { return ControlChannel::Open(control_path, out); }
 
   // Asks for the layout of `rel` on `lease` (which then holds it).
-  int FetchLayout(std::unique_ptr<ControlChannel> lease, const std::string& rel,
-                  std::shared_ptr<Layout>* out) {
+  int FetchLayout(std::unique_ptr<ControlChannel> lease, const std::string& rel, std::shared_ptr<Layout>* out) {
     const json request = {{"op", "layout"}, {"path", rel}};
     std::string text;
     int rc = lease->RequestText(request, &text);
@@ -253,8 +247,7 @@ struct spill_client {
       x.physical = e.physical_offset;
       x.length = e.length;
       x.unwritten = e.unwritten;
-      const std::string where =
-          "layout of " + rel + ": extent at file offset " + std::to_string(e.file_offset);
+      const std::string where = "layout of " + rel + ": extent at file offset " + std::to_string(e.file_offset);
       if (!e.has_file_offset || !e.has_physical_offset || !e.has_length) {
         return Fail(EPROTO, "malformed extent in the " + where);
       }
@@ -302,8 +295,7 @@ struct spill_client {
       x.has_file_offset = GetU64(e, "file_offset", &x.file_offset);
       x.has_physical_offset = GetU64(e, "physical_offset", &x.physical_offset);
       x.has_length = GetU64(e, "length", &x.length);
-      if (auto u = e.find("unwritten"); u != e.end() && u->is_boolean())
-        x.unwritten = u->get<bool>();
+      if (auto u = e.find("unwritten"); u != e.end() && u->is_boolean()) x.unwritten = u->get<bool>();
       if (auto s = e.find("block_checksums"); s != e.end() && s->is_array()) {
         for (const json& v : *s) {
           if (!v.is_number_unsigned() || v.get<uint64_t>() > UINT32_MAX) {
@@ -319,8 +311,7 @@ struct spill_client {
 
   // Verifies the blocks of `data`, which holds the blocks of extent `x`
   // starting at file offset `file_at` (block aligned), `length` bytes.
-  int Verify(const Layout& layout, const Extent& x, uint64_t file_at, const char* data,
-             uint64_t length) {
+  int Verify(const Layout& layout, const Extent& x, uint64_t file_at, const char* data, uint64_t length) {
     if (x.sums.empty() || !verify.load(std::memory_order_relaxed)) return 0;
     const uint64_t bs = layout.block_size;
     const uint64_t first = (file_at - x.file_offset) / bs;
@@ -329,9 +320,8 @@ struct spill_client {
       uint32_t want = x.sums[first + b];
       if (got != want) {
         checksum_errors.fetch_add(1, std::memory_order_relaxed);
-        Fail(EIO, "checksum mismatch in " + layout.path + " at file offset " +
-                      std::to_string(file_at + b * bs) + " (backing store offset " +
-                      std::to_string(x.physical + file_at - x.file_offset + b * bs) +
+        Fail(EIO, "checksum mismatch in " + layout.path + " at file offset " + std::to_string(file_at + b * bs) +
+                      " (backing store offset " + std::to_string(x.physical + file_at - x.file_offset + b * bs) +
                       "): expected " + std::to_string(want) + ", read " + std::to_string(got));
         return -kChecksumMismatch;
       }
@@ -396,8 +386,7 @@ struct spill_client {
     };
     uint64_t completed = 0;
     std::shared_ptr<TaskPool> workers = Pool();
-    int rc = RunIo(ops, queue_depth.load(), static_cast<uint32_t>(chunk), nullptr, done, &completed,
-                   workers.get());
+    int rc = RunIo(ops, queue_depth.load(), static_cast<uint32_t>(chunk), nullptr, done, &completed, workers.get());
     ios.fetch_add(completed, std::memory_order_relaxed);
     return rc;
   }
@@ -453,11 +442,11 @@ struct spill_client {
 
   // The commit request, serialized by hand: a 1 GiB step carries 262144
   // checksums, which a JSON DOM takes tens of milliseconds to build.
-  static std::string CommitText(const std::string& rel, uint64_t file_offset, uint64_t length,
-                                uint64_t size, const std::vector<uint32_t>& sums) {
+  static std::string CommitText(const std::string& rel, uint64_t file_offset, uint64_t length, uint64_t size,
+                                const std::vector<uint32_t>& sums) {
     std::string text = R"({"op":"commit","path":)" + json(rel).dump() + R"(,"file_offset":)" +
-                       std::to_string(file_offset) + R"(,"length":)" + std::to_string(length) +
-                       R"(,"size":)" + std::to_string(size) + R"(,"block_checksums":[)";
+                       std::to_string(file_offset) + R"(,"length":)" + std::to_string(length) + R"(,"size":)" +
+                       std::to_string(size) + R"(,"block_checksums":[)";
     text.reserve(text.size() + sums.size() * 11 + 2);
     char num[16];
     for (size_t i = 0; i < sums.size(); ++i) {
@@ -487,16 +476,16 @@ struct spill_client {
     uint64_t reserved = 0;
     for (const json& e : reply["extents"]) {
       uint64_t off = 0, n = 0;
-      if (!e.is_object() || !GetU64(e, "physical_offset", &off) || !GetU64(e, "length", &n) ||
-          off % bs != 0 || n % bs != 0 || n == 0) {
+      if (!e.is_object() || !GetU64(e, "physical_offset", &off) || !GetU64(e, "length", &n) || off % bs != 0 ||
+          n % bs != 0 || n == 0) {
         return Fail(EPROTO, "malformed reserved extent: " + e.dump());
       }
       space->emplace_back(off, n);
       reserved += n;
     }
     if (reserved != reserve_len) {
-      return Fail(EPROTO, "asked to reserve " + std::to_string(reserve_len) + " bytes, got " +
-                              std::to_string(reserved));
+      return Fail(EPROTO,
+                  "asked to reserve " + std::to_string(reserve_len) + " bytes, got " + std::to_string(reserved));
     }
     return DataFd(reply["data_path"].get<std::string>(), fd);
   }
@@ -518,8 +507,8 @@ struct spill_client {
 
   // Commits the step written at file offset `pos` on `txn` (which reserved
   // it), then reserves the next step of `txn` (`next_len` bytes; none if 0).
-  Reservation CommitStep(ControlChannel* txn, const std::string& rel, uint64_t pos, uint64_t length,
-                         uint64_t size, const std::vector<uint32_t>& sums, uint64_t next_len) {
+  Reservation CommitStep(ControlChannel* txn, const std::string& rel, uint64_t pos, uint64_t length, uint64_t size,
+                         const std::vector<uint32_t>& sums, uint64_t next_len) {
     {
       Phase phase("commit", rel, length);
       std::string reply;
@@ -537,8 +526,7 @@ struct spill_client {
 
   // Queues the block checksums of a step on the pool: `data_len` bytes at
   // `base`, zero padded to `sums->size()` blocks (the bytes the store gets).
-  void HashStep(TaskPool* pool, const char* base, uint64_t data_len, std::vector<uint32_t>* sums,
-                Latch* latch) {
+  void HashStep(TaskPool* pool, const char* base, uint64_t data_len, std::vector<uint32_t>* sums, Latch* latch) {
     const uint64_t bs = block_size;
     const uint64_t per_task = std::max<uint64_t>(1, (1u << 20) / bs);  // blocks
     for (uint64_t first = 0; first < sums->size(); first += per_task) {
@@ -618,17 +606,16 @@ struct spill_client {
       ControlChannel* channel = txn[slot].get();
       const uint64_t size = pos + data_len;
       const uint64_t next_len = step_len(k + 2);
-      pending[slot] = std::async(std::launch::async, [=, this] {
-        return CommitStep(channel, rel, pos, reserve_len, size, *sums, next_len);
-      });
+      pending[slot] = std::async(
+          std::launch::async, [=, this] { return CommitStep(channel, rel, pos, reserve_len, size, *sums, next_len); });
     }
     return settle_all(0);
   }
 
   // Writes one step's bytes (`data_len` at `base`, padded with zeros to
   // `reserve_len`) into the space of `r`, in I/Os of `chunk` bytes.
-  int WriteStep(const std::string& rel, const Reservation& r, const char* base, uint64_t data_len,
-                uint64_t reserve_len, uint64_t chunk) {
+  int WriteStep(const std::string& rel, const Reservation& r, const char* base, uint64_t data_len, uint64_t reserve_len,
+                uint64_t chunk) {
     std::vector<IoOp> ops;
     uint64_t at = 0;  // offset in this step
     for (auto [off, n] : r.space) {
@@ -639,8 +626,7 @@ struct spill_client {
         op.offset = off + done;
         op.length = static_cast<uint32_t>(std::min(chunk, n - done));
         op.tag = at;
-        if (at + op.length <= data_len && Aligned(base + at))
-          op.buffer = const_cast<char*>(base + at);
+        if (at + op.length <= data_len && Aligned(base + at)) op.buffer = const_cast<char*>(base + at);
         ops.push_back(op);
         at += op.length;
       }
@@ -680,8 +666,8 @@ struct spill_client {
       for (auto it = cache.begin(); it != cache.end(); ++it) {
         if ((*it)->path != rel) continue;
         const uint64_t max_age = lease_ms.load();
-        const bool young = max_age == 0 || std::chrono::steady_clock::now() - (*it)->taken <
-                                               std::chrono::milliseconds(max_age);
+        const bool young =
+            max_age == 0 || std::chrono::steady_clock::now() - (*it)->taken < std::chrono::milliseconds(max_age);
         if (!force && young && SameFile((*it)->st, st)) {
           cache_hits.fetch_add(1, std::memory_order_relaxed);
           *out = *it;
@@ -716,15 +702,13 @@ struct spill_client {
     return 0;
   }
 
-  int ReadRowsWith(const Layout& layout, uint64_t row_bytes, const uint64_t* rows, size_t n,
-                   char* out) {
+  int ReadRowsWith(const Layout& layout, uint64_t row_bytes, const uint64_t* rows, size_t n, char* out) {
     const uint64_t bs = layout.block_size;
     const uint64_t max_op = std::max<uint64_t>(bs, RoundDown(rows_io_bytes.load(), bs));
     // Rows by position in the file.
     std::vector<uint32_t> order(n);
     std::iota(order.begin(), order.end(), 0u);
-    std::sort(order.begin(), order.end(),
-              [&](uint32_t a, uint32_t b) { return rows[a] < rows[b]; });
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return rows[a] < rows[b]; });
     std::vector<uint64_t> starts(n);
     for (size_t i = 0; i < n; ++i) starts[i] = rows[order[i]] * row_bytes;
 
@@ -745,8 +729,7 @@ struct spill_client {
       // First row whose end lies past a: start > a - row_bytes.
       size_t i =
           a >= row_bytes
-              ? static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), a - row_bytes) -
-                                    starts.begin())
+              ? static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), a - row_bytes) - starts.begin())
               : 0;
       for (; i < n && starts[i] < b; ++i) f(i);
     };
@@ -773,8 +756,7 @@ struct spill_client {
     const auto& xs = layout.extents;
     for (auto [ra, rb] : runs) {
       uint64_t cursor = ra;
-      auto it = std::upper_bound(xs.begin(), xs.end(), ra,
-                                 [](uint64_t v, const Extent& x) { return v < x.end(); });
+      auto it = std::upper_bound(xs.begin(), xs.end(), ra, [](uint64_t v, const Extent& x) { return v < x.end(); });
       for (; it != xs.end() && it->file_offset < rb; ++it) {
         const Extent& x = *it;
         uint64_t a = std::max(ra, x.file_offset);
@@ -806,8 +788,7 @@ struct spill_client {
       return 0;
     };
     uint64_t completed = 0;
-    int rc = RunIo(ops, rows_queue_depth.load(), static_cast<uint32_t>(max_op), nullptr, done,
-                   &completed);
+    int rc = RunIo(ops, rows_queue_depth.load(), static_cast<uint32_t>(max_op), nullptr, done, &completed);
     ios.fetch_add(completed, std::memory_order_relaxed);
     return rc;
   }
@@ -826,10 +807,9 @@ struct spill_client {
       const uint64_t count = layout->size / row_bytes;  // whole rows in the file
       for (size_t i = 0; i < n; ++i) {
         if (rows[i] >= count) {
-          return Fail(ERANGE, "row " + std::to_string(rows[i]) + " of " +
-                                  std::to_string(row_bytes) + " bytes lies past the end of " + rel +
-                                  " (" + std::to_string(layout->size) + " bytes, " +
-                                  std::to_string(count) + " rows)");
+          return Fail(ERANGE, "row " + std::to_string(rows[i]) + " of " + std::to_string(row_bytes) +
+                                  " bytes lies past the end of " + rel + " (" + std::to_string(layout->size) +
+                                  " bytes, " + std::to_string(count) + " rows)");
         }
       }
       rc = ReadRowsWith(*layout, row_bytes, rows, n, static_cast<char*>(out));
@@ -896,8 +876,7 @@ spill_client* spill_client_open(const char* mountpoint) {
     return fail(Fail(EPROTO, "malformed stat reply from " + client->control_path));
   }
   if (client->block_size == 0 || client->block_size % kDirectAlignment != 0) {
-    return fail(Fail(ENOTSUP, "block size " + std::to_string(client->block_size) +
-                                  " is not a multiple of 4096"));
+    return fail(Fail(ENOTSUP, "block size " + std::to_string(client->block_size) + " is not a multiple of 4096"));
   }
   if (auto c = info.find("checksums"); c != info.end() && c->is_boolean()) {
     client->checksums = c->get<bool>();
@@ -928,8 +907,7 @@ int spill_client_set(spill_client* client, const char* key, uint64_t value) {
     if (value < 1 || value > kMaxQueueDepth) {
       return Fail(EINVAL, k + " must be 1.." + std::to_string(kMaxQueueDepth));
     }
-    (k == "queue_depth" ? client->queue_depth : client->rows_queue_depth) =
-        static_cast<unsigned>(value);
+    (k == "queue_depth" ? client->queue_depth : client->rows_queue_depth) = static_cast<unsigned>(value);
   } else if (k == "io_bytes" || k == "rows_io_bytes") {
     if (value < client->block_size || value % client->block_size != 0 || value > (64u << 20)) {
       return Fail(EINVAL, k + " must be a multiple of the block size, at most 64 MiB");
@@ -970,8 +948,8 @@ int64_t spill_read(spill_client* client, const char* path, void* buf, size_t len
   return client->Read(path, buf, len, offset);
 }
 
-int spill_read_rows(spill_client* client, const char* path, uint64_t row_bytes,
-                    const uint64_t* rows, size_t n, void* out) {
+int spill_read_rows(spill_client* client, const char* path, uint64_t row_bytes, const uint64_t* rows, size_t n,
+                    void* out) {
   ClearError();
   if (client == nullptr) return Fail(EINVAL, "null handle");
   return client->ReadRows(path, row_bytes, rows, n, out);

@@ -21,10 +21,8 @@ std::string Unescape(const std::string& s) {
   out.reserve(s.size());
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '\\' && i + 3 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 1])) &&
-        std::isdigit(static_cast<unsigned char>(s[i + 2])) &&
-        std::isdigit(static_cast<unsigned char>(s[i + 3]))) {
-      out.push_back(
-          static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0')));
+        std::isdigit(static_cast<unsigned char>(s[i + 2])) && std::isdigit(static_cast<unsigned char>(s[i + 3]))) {
+      out.push_back(static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0')));
       i += 3;
     } else {
       out.push_back(s[i]);
@@ -69,9 +67,8 @@ int ControlChannel::Open(const std::string& control_path, std::unique_ptr<Contro
                                " (not a spillfs mount, or a daemon without the control interface)");
     }
     if (e == EACCES || e == EPERM) {
-      return Fail(e, WithErrno("cannot open " + control_path +
-                                   " (the direct path is for root, like the backing store)",
-                               e));
+      return Fail(
+          e, WithErrno("cannot open " + control_path + " (the direct path is for root, like the backing store)", e));
     }
     return Fail(e, WithErrno("cannot open " + control_path, e));
   }
@@ -139,12 +136,10 @@ int ControlChannel::RequestText(std::string text, const std::string& op, std::st
   return 0;
 }
 
-int ControlChannel::ParseReply(const std::string& op, const std::string& reply,
-                               nlohmann::json* result) const {
+int ControlChannel::ParseReply(const std::string& op, const std::string& reply, nlohmann::json* result) const {
   nlohmann::json parsed = nlohmann::json::parse(reply, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded() || !parsed.is_object() || !parsed.contains("ok")) {
-    return Fail(EPROTO, "malformed reply from " + path_ + " (" + std::to_string(reply.size()) +
-                            " bytes) to " + op);
+    return Fail(EPROTO, "malformed reply from " + path_ + " (" + std::to_string(reply.size()) + " bytes) to " + op);
   }
   if (parsed["ok"].is_boolean() && parsed["ok"].get<bool>()) {
     if (!parsed.contains("result")) return Fail(EPROTO, "reply from " + path_ + " has no result");
@@ -152,12 +147,10 @@ int ControlChannel::ParseReply(const std::string& op, const std::string& reply,
     return 0;
   }
   int code = EIO;
-  if (parsed.contains("errno") && parsed["errno"].is_number_integer())
-    code = parsed["errno"].get<int>();
+  if (parsed.contains("errno") && parsed["errno"].is_number_integer()) code = parsed["errno"].get<int>();
   if (code <= 0) code = EIO;
-  std::string message = parsed.contains("error") && parsed["error"].is_string()
-                            ? parsed["error"].get<std::string>()
-                            : std::string(std::strerror(code));
+  std::string message = parsed.contains("error") && parsed["error"].is_string() ? parsed["error"].get<std::string>()
+                                                                                : std::string(std::strerror(code));
   return Fail(code, "spillfs " + op + ": " + message);
 }
 

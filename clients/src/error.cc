@@ -17,8 +17,6 @@ void ClearError() { g_error.clear(); }
 
 const std::string& LastError() { return g_error; }
 
-std::string WithErrno(const std::string& message, int code) {
-  return message + ": " + std::strerror(code);
-}
+std::string WithErrno(const std::string& message, int code) { return message + ": " + std::strerror(code); }
 
 }  // namespace spillfs::client

@@ -36,8 +36,8 @@ struct IoOp {
 // (spill_last_error) for I/O errors; callbacks set their own.
 using IoFill = std::function<int(const IoOp&, char* slot)>;
 using IoDone = std::function<int(const IoOp&, const char* data)>;
-int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const IoFill& fill,
-          const IoDone& done, uint64_t* completed, TaskPool* pool = nullptr);
+int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const IoFill& fill, const IoDone& done,
+          uint64_t* completed, TaskPool* pool = nullptr);
 
 // Largest queue depth RunIo honours.
 inline constexpr unsigned kMaxQueueDepth = 256;

@@ -55,8 +55,7 @@ Status Allocator::Load(const Index& index) {
 
 // Adds [offset, +length) to `map`, merging with neighbours; mirrors the key
 // changes into `batch` when given.
-void Allocator::Insert(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint64_t length,
-                       Index::Batch* batch) {
+void Allocator::Insert(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint64_t length, Index::Batch* batch) {
   auto next = map->lower_bound(offset);
   if (next != map->begin()) {
     auto prev = std::prev(next);
@@ -77,8 +76,7 @@ void Allocator::Insert(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint6
 }
 
 // Removes [offset, +length), which must lie inside one extent of `map`.
-void Allocator::Remove(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint64_t length,
-                       Index::Batch* batch) {
+void Allocator::Remove(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint64_t length, Index::Batch* batch) {
   auto it = map->upper_bound(offset);
   --it;  // the extent containing offset
   uint64_t start = it->first, end = it->first + it->second;
@@ -114,8 +112,7 @@ Result<std::vector<PhysicalExtent>> Allocator::Reserve(uint64_t length, uint64_t
   return TryReserve(length, from_hold, &short_of_parked);
 }
 
-Result<std::vector<PhysicalExtent>> Allocator::TryReserve(uint64_t length, uint64_t from_hold,
-                                                          bool* short_of_parked) {
+Result<std::vector<PhysicalExtent>> Allocator::TryReserve(uint64_t length, uint64_t from_hold, bool* short_of_parked) {
   std::lock_guard lock(mu_);
   if (length == 0 || length % unit_ != 0) {
     return Status::Invalid(fmt::format("allocation of {} bytes is not a positive multiple of {}", length, unit_));
@@ -207,8 +204,7 @@ void Allocator::Durable(uint64_t commit) {
   parked_.erase(parked_.begin(), end);
   if (!parked_.empty()) {
     oldest_parked_ = parked_.begin()->second.since;
-    for (const auto& [number, space] : parked_)
-      oldest_parked_ = std::min(oldest_parked_, space.since);
+    for (const auto& [number, space] : parked_) oldest_parked_ = std::min(oldest_parked_, space.since);
   }
 }
 

@@ -18,7 +18,9 @@
 namespace spillfs {
 namespace {
 
-Status Errno(const std::string& what) { return Status::Error(errno, fmt::format("{}: {}", what, std::strerror(errno))); }
+Status Errno(const std::string& what) {
+  return Status::Error(errno, fmt::format("{}: {}", what, std::strerror(errno)));
+}
 
 }  // namespace
 
@@ -43,7 +45,7 @@ Status BlockStore::CreateImage(const std::string& path, uint64_t size) {
 Result<uint64_t> BlockStore::SizeOf(const std::string& path) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Errno("cannot open " + path);
-  struct stat st{};
+  struct stat st {};
   uint64_t size = 0;
   Status s;
   if (fstat(fd, &st) != 0) {
@@ -74,8 +76,7 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Open(const std::string& path, bo
   if (!read_only && journal != nullptr && *journal != '\0') {
     // Power-cut simulation: nothing written before this open is in doubt.
     store->journal_ = fopen(journal, "we");
-    if (store->journal_ == nullptr)
-      return Errno(fmt::format("cannot create the power-cut journal {}", journal));
+    if (store->journal_ == nullptr) return Errno(fmt::format("cannot create the power-cut journal {}", journal));
   }
   return store;
 }
@@ -90,8 +91,7 @@ Status BlockStore::JournalPreImages(const std::vector<IoSlice>& slices) {
       for (uint64_t got = 0; got < length;) {
         ssize_t n = pread(fd_, old.data() + got, length - got, static_cast<off_t>(offset + got));
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0)
-          return Errno(fmt::format("power-cut journal: pre-image read at {}", offset + got));
+        if (n < 0) return Errno(fmt::format("power-cut journal: pre-image read at {}", offset + got));
         if (n == 0) {  // past the end of the file: reads as zeros
           std::memset(old.data() + got, 0, length - got);
           break;
@@ -102,8 +102,8 @@ Status BlockStore::JournalPreImages(const std::vector<IoSlice>& slices) {
       header.offset = offset;
       header.length = length;
       std::lock_guard lock(journal_mu_);
-      if (fwrite(&header, sizeof(header), 1, journal_) != 1 ||
-          fwrite(old.data(), 1, length, journal_) != length || fflush(journal_) != 0) {
+      if (fwrite(&header, sizeof(header), 1, journal_) != 1 || fwrite(old.data(), 1, length, journal_) != length ||
+          fflush(journal_) != 0) {
         return Errno("power-cut journal: append");
       }
     }
@@ -116,8 +116,8 @@ Status BlockStore::Transfer(const std::vector<IoSlice>& slices, bool write) {
   uint64_t total = 0;
   for (const IoSlice& slice : slices) {
     if (slice.offset + slice.length > size_ || slice.offset + slice.length < slice.offset) {
-      return Status::IOError(fmt::format("extent [{}, +{}) lies outside the store ({} bytes)", slice.offset,
-                                         slice.length, size_));
+      return Status::IOError(
+          fmt::format("extent [{}, +{}) lies outside the store ({} bytes)", slice.offset, slice.length, size_));
     }
     for (uint64_t done = 0; done < slice.length; done += kChunkBytes) {
       uint32_t length = static_cast<uint32_t>(std::min<uint64_t>(kChunkBytes, slice.length - done));
@@ -174,8 +174,7 @@ Status BlockStore::Flush() {
   std::unique_lock durable(durability_mu_);
   if (fdatasync(fd_) != 0) return Errno("fdatasync of " + path_);
   std::lock_guard lock(journal_mu_);
-  if (fflush(journal_) != 0 || ftruncate(fileno(journal_), 0) != 0 ||
-      fseek(journal_, 0, SEEK_SET) != 0) {
+  if (fflush(journal_) != 0 || ftruncate(fileno(journal_), 0) != 0 || fseek(journal_, 0, SEEK_SET) != 0) {
     return Errno("power-cut journal: truncate");
   }
   return Status::OK();

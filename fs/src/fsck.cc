@@ -140,8 +140,7 @@ struct FreeInfo {
 using ProblemKey = std::tuple<int, InodeNumber, uint64_t, uint64_t>;
 
 ProblemKey KeyOf(const Problem& p) {
-  return {static_cast<int>(p.kind), p.ino, p.file_offset.value_or(UINT64_MAX),
-          p.physical.value_or(UINT64_MAX)};
+  return {static_cast<int>(p.kind), p.ino, p.file_offset.value_or(UINT64_MAX), p.physical.value_or(UINT64_MAX)};
 }
 
 // One read of the whole index, with its checks.
@@ -169,7 +168,7 @@ class Pass {
   std::vector<DirentInfo> dirents_;
   std::vector<ExtentInfo> extents_;  // key order: by inode, then file offset
   std::vector<FreeInfo> free_;
-  std::map<uint64_t, BlobRecord> blobs_;  // physical -> record (dedup blobs own their whole range)
+  std::map<uint64_t, BlobRecord> blobs_;    // physical -> record (dedup blobs own their whole range)
   std::vector<std::string> bad_free_keys_;  // undecodable free records (rebuilt by repair)
   std::set<InodeNumber> orphan_keys_;
   std::map<InodeNumber, std::vector<std::string>> stray_xattrs_;  // missing owner -> keys
@@ -181,9 +180,8 @@ class Pass {
   std::string Who(InodeNumber ino);
 
  private:
-  void Add(ProblemKind kind, InodeNumber ino, std::string message,
-           std::optional<uint64_t> file_offset = {}, std::optional<uint64_t> physical = {},
-           std::optional<uint64_t> length = {});
+  void Add(ProblemKind kind, InodeNumber ino, std::string message, std::optional<uint64_t> file_offset = {},
+           std::optional<uint64_t> physical = {}, std::optional<uint64_t> length = {});
   void Progress(std::string_view phase, uint64_t done, uint64_t total = 0) {
     if (options_.progress) options_.progress(phase, done, total);
   }
@@ -199,17 +197,15 @@ class Pass {
   void CheckSpace();
   void CheckNamespace();
   Status Scrub();
-  void ScrubBatch(std::vector<std::pair<ExtentInfo, std::vector<uint32_t>>>* batch,
-                  AlignedBuffer* buffer);
+  void ScrubBatch(std::vector<std::pair<ExtentInfo, std::vector<uint32_t>>>* batch, AlignedBuffer* buffer);
   void VerifyExtent(const ExtentInfo& e, const std::vector<uint32_t>& sums, const char* data);
 
   std::unordered_map<InodeNumber, std::string> dir_paths_;
   std::map<ProblemKind, uint64_t> per_kind_;
 };
 
-void Pass::Add(ProblemKind kind, InodeNumber ino, std::string message,
-               std::optional<uint64_t> file_offset, std::optional<uint64_t> physical,
-               std::optional<uint64_t> length) {
+void Pass::Add(ProblemKind kind, InodeNumber ino, std::string message, std::optional<uint64_t> file_offset,
+               std::optional<uint64_t> physical, std::optional<uint64_t> length) {
   ++report_.problems_found;
   ++report_.problem_counts[ProblemKindName(kind)];
   if (per_kind_[kind]++ >= options_.max_problems_per_kind) return;
@@ -236,8 +232,7 @@ std::string Pass::PathOf(InodeNumber ino) {
       break;
     }
     auto it = inodes_.find(at);
-    if (it == inodes_.end() || it->second.name_parent == 0 || parts.size() > kMaxPathDepth)
-      return "";
+    if (it == inodes_.end() || it->second.name_parent == 0 || parts.size() > kMaxPathDepth) return "";
     parts.push_back(&it->second.name);
     at = it->second.name_parent;
   }
@@ -258,19 +253,17 @@ std::string Pass::Who(InodeNumber ino) {
 }
 
 Status Pass::CheckMeta() {
-  if (sb_.block_size != Volume::kBlockSize || sb_.data_offset < sb_.block_size ||
-      sb_.data_offset >= sb_.data_size) {
+  if (sb_.block_size != Volume::kBlockSize || sb_.data_offset < sb_.block_size || sb_.data_offset >= sb_.data_size) {
     Add(ProblemKind::kSuperblock, 0,
-        fmt::format("superblock geometry is unexpected: block size {}, data area [{}, {})",
-                    sb_.block_size, sb_.data_offset, sb_.data_size));
+        fmt::format("superblock geometry is unexpected: block size {}, data area [{}, {})", sb_.block_size,
+                    sb_.data_offset, sb_.data_size));
   }
   report_.data_area_bytes = sb_.data_size > sb_.data_offset ? sb_.data_size - sb_.data_offset : 0;
   // The copy in block 0 of the data area (Volume::Open compared them too).
   AlignedBuffer block(std::max<uint64_t>(bs_, AlignedBuffer::kAlignment));
   Status read = volume_.store().ReadAt(0, block.data(), block.size());
   if (!read.ok()) {
-    Add(ProblemKind::kSuperblock, 0,
-        fmt::format("cannot read the superblock block: {}", read.ToString()));
+    Add(ProblemKind::kSuperblock, 0, fmt::format("cannot read the superblock block: {}", read.ToString()));
   } else {
     auto on_disk = Superblock::DecodeBlock(std::string_view(block.data(), block.size()));
     if (!on_disk.ok()) {
@@ -284,8 +277,7 @@ Status Pass::CheckMeta() {
   if (next.ok()) {
     next_ino_ = *next;
   } else {
-    Add(ProblemKind::kNextIno, 0,
-        fmt::format("meta next_ino is unreadable: {}", next.status().message()));
+    Add(ProblemKind::kNextIno, 0, fmt::format("meta next_ino is unreadable: {}", next.status().message()));
   }
   return Status::OK();
 }
@@ -296,15 +288,13 @@ Status Pass::ScanInodes() {
   for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
     if (++n % kProgressEvery == 0) Progress("inodes", n);
     if (cursor->key().size() != 8) {
-      Add(ProblemKind::kBadRecord, 0,
-          fmt::format("inode key of {} bytes (8 expected)", cursor->key().size()));
+      Add(ProblemKind::kBadRecord, 0, fmt::format("inode key of {} bytes (8 expected)", cursor->key().size()));
       continue;
     }
     InodeNumber ino = keys::DecodeIno(cursor->key());
     auto record = InodeRecord::Decode(cursor->value());
     if (!record.ok()) {
-      Add(ProblemKind::kBadRecord, ino,
-          fmt::format("inode {}: {}", ino, record.status().message()));
+      Add(ProblemKind::kBadRecord, ino, fmt::format("inode {}: {}", ino, record.status().message()));
       continue;
     }
     if (!KnownType(record->mode)) {
@@ -334,8 +324,7 @@ Status Pass::ScanInodes() {
   SPILLFS_RETURN_IF_ERROR(cursor->status());
   auto root = inodes_.find(kRootInode);
   if (root == inodes_.end() || !IsDirMode(root->second.record.mode)) {
-    Add(ProblemKind::kBadRecord, kRootInode,
-        "the root directory (inode 1) is missing or not a directory");
+    Add(ProblemKind::kBadRecord, kRootInode, "the root directory (inode 1) is missing or not a directory");
   }
   return Status::OK();
 }
@@ -357,8 +346,7 @@ Status Pass::ScanDirents() {
     auto record = DirentRecord::Decode(cursor->value());
     if (!record.ok()) {
       Add(ProblemKind::kBadRecord, d.parent,
-          fmt::format("dirent {:?} in directory {}: {}", d.name, d.parent,
-                      record.status().message()));
+          fmt::format("dirent {:?} in directory {}: {}", d.name, d.parent, record.status().message()));
       continue;
     }
     d.record = *record;
@@ -370,22 +358,21 @@ Status Pass::ScanDirents() {
   for (DirentInfo& d : dirents_) {
     auto parent = inodes_.find(d.parent);
     auto child = inodes_.find(d.record.ino);
-    if (d.name == "." || d.name == ".." || d.name.size() > 255 ||
-        d.name.find('/') != std::string::npos || d.name.find('\0') != std::string::npos) {
+    if (d.name == "." || d.name == ".." || d.name.size() > 255 || d.name.find('/') != std::string::npos ||
+        d.name.find('\0') != std::string::npos) {
       Add(ProblemKind::kBadRecord, d.parent,
           fmt::format("dirent {:?} in directory {} has an invalid name", d.name, d.parent));
       continue;
     }
     if (parent == inodes_.end() || !IsDirMode(parent->second.record.mode)) {
       Add(ProblemKind::kDanglingDirent, d.record.ino,
-          fmt::format("dirent {:?} -> inode {} lies in {} {}, which is not a directory", d.name,
-                      d.record.ino, parent == inodes_.end() ? "missing inode" : "inode", d.parent));
+          fmt::format("dirent {:?} -> inode {} lies in {} {}, which is not a directory", d.name, d.record.ino,
+                      parent == inodes_.end() ? "missing inode" : "inode", d.parent));
       continue;
     }
     if (child == inodes_.end()) {
       Add(ProblemKind::kDanglingDirent, d.record.ino,
-          fmt::format("dirent {:?} in directory {} names missing inode {}", d.name, d.parent,
-                      d.record.ino));
+          fmt::format("dirent {:?} in directory {} names missing inode {}", d.name, d.parent, d.record.ino));
       continue;
     }
     if (d.record.ino == kRootInode) {
@@ -408,8 +395,8 @@ Status Pass::ScanDirents() {
     const InodeInfo& c = inodes_[d.record.ino];
     if ((d.record.type & S_IFMT) != (c.record.mode & S_IFMT)) {
       Add(ProblemKind::kDirentType, d.record.ino,
-          fmt::format("dirent {:?} in {} says {} but {} is a {}", d.name, Who(d.parent),
-                      TypeName(d.record.type), Who(d.record.ino), TypeName(c.record.mode)));
+          fmt::format("dirent {:?} in {} says {} but {} is a {}", d.name, Who(d.parent), TypeName(d.record.type),
+                      Who(d.record.ino), TypeName(c.record.mode)));
     }
   }
   return Status::OK();
@@ -419,8 +406,7 @@ Status Pass::ScanOrphans() {
   auto cursor = index_.NewCursor(Family::kOrphan, "");
   for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
     if (cursor->key().size() != 8) {
-      Add(ProblemKind::kBadRecord, 0,
-          fmt::format("orphan key of {} bytes (8 expected)", cursor->key().size()));
+      Add(ProblemKind::kBadRecord, 0, fmt::format("orphan key of {} bytes (8 expected)", cursor->key().size()));
       continue;
     }
     InodeNumber ino = keys::DecodeIno(cursor->key());
@@ -446,8 +432,7 @@ Status Pass::ScanXattrs() {
   }
   SPILLFS_RETURN_IF_ERROR(cursor->status());
   for (const auto& [ino, keys] : stray_xattrs_) {
-    Add(ProblemKind::kStrayXattr, ino,
-        fmt::format("{} xattr(s) of missing inode {}", keys.size(), ino));
+    Add(ProblemKind::kStrayXattr, ino, fmt::format("{} xattr(s) of missing inode {}", keys.size(), ino));
   }
   return Status::OK();
 }
@@ -465,20 +450,18 @@ Status Pass::ScanExtents() {
     auto it = inodes_.find(stray_ino);
     if (it == inodes_.end()) {
       Add(ProblemKind::kStrayExtent, stray_ino,
-          fmt::format("{} extent(s), {} bytes, belong to missing inode {}", stray_count,
-                      stray_bytes, stray_ino));
+          fmt::format("{} extent(s), {} bytes, belong to missing inode {}", stray_count, stray_bytes, stray_ino));
     } else {
       Add(ProblemKind::kStrayExtent, stray_ino,
-          fmt::format("{} is a {} but maps {} extent(s), {} bytes", Who(stray_ino),
-                      TypeName(it->second.record.mode), stray_count, stray_bytes));
+          fmt::format("{} is a {} but maps {} extent(s), {} bytes", Who(stray_ino), TypeName(it->second.record.mode),
+                      stray_count, stray_bytes));
     }
     stray_count = stray_bytes = 0;
   };
   for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
     if (++n % kProgressEvery == 0) Progress("extents", n);
     if (cursor->key().size() != 16) {
-      Add(ProblemKind::kBadRecord, 0,
-          fmt::format("extent key of {} bytes (16 expected)", cursor->key().size()));
+      Add(ProblemKind::kBadRecord, 0, fmt::format("extent key of {} bytes (16 expected)", cursor->key().size()));
       continue;
     }
     ExtentInfo e;
@@ -487,8 +470,7 @@ Status Pass::ScanExtents() {
     auto record = ExtentRecord::Decode(cursor->value());
     if (!record.ok()) {
       Add(ProblemKind::kBadRecord, e.ino,
-          fmt::format("extent of inode {} at file offset {}: {}", e.ino, e.file_offset,
-                      record.status().message()),
+          fmt::format("extent of inode {} at file offset {}: {}", e.ino, e.file_offset, record.status().message()),
           e.file_offset);
       continue;
     }
@@ -503,27 +485,23 @@ Status Pass::ScanExtents() {
     if (e.length == 0 || e.length % bs_ != 0 || e.physical % bs_ != 0 || e.file_offset % bs_ != 0) {
       e.sane = false;
       Add(ProblemKind::kExtentAlignment, e.ino,
-          fmt::format(
-              "extent of {} at file offset {} -> physical {}, {} bytes, is not block aligned",
-              Who(e.ino), e.file_offset, e.physical, e.length),
+          fmt::format("extent of {} at file offset {} -> physical {}, {} bytes, is not block aligned", Who(e.ino),
+                      e.file_offset, e.physical, e.length),
           e.file_offset, e.physical, e.length);
     }
-    if (e.physical < sb_.data_offset || e.physical + e.length > sb_.data_size ||
-        e.physical + e.length < e.physical) {
+    if (e.physical < sb_.data_offset || e.physical + e.length > sb_.data_size || e.physical + e.length < e.physical) {
       e.sane = false;
       Add(ProblemKind::kExtentRange, e.ino,
           fmt::format("extent of {} at file offset {} -> physical [{}, +{}) lies outside the data "
                       "area [{}, {})",
-                      Who(e.ino), e.file_offset, e.physical, e.length, sb_.data_offset,
-                      sb_.data_size),
+                      Who(e.ino), e.file_offset, e.physical, e.length, sb_.data_offset, sb_.data_size),
           e.file_offset, e.physical, e.length);
     }
     uint64_t expected_sums = (e.unwritten() || !sb_.checksums) ? 0 : e.length / bs_;
     if (e.checksums != expected_sums) {
       Add(ProblemKind::kChecksumCount, e.ino,
-          fmt::format("extent of {} at file offset {}, {} bytes{}, has {} checksums, {} expected",
-                      Who(e.ino), e.file_offset, e.length, e.unwritten() ? " (unwritten)" : "",
-                      e.checksums, expected_sums),
+          fmt::format("extent of {} at file offset {}, {} bytes{}, has {} checksums, {} expected", Who(e.ino),
+                      e.file_offset, e.length, e.unwritten() ? " (unwritten)" : "", e.checksums, expected_sums),
           e.file_offset, e.physical, e.length);
     }
 
@@ -538,16 +516,15 @@ Status Pass::ScanExtents() {
       info.extent_bytes += e.length;
       if (e.ino == last_ino && e.file_offset < last_end) {
         Add(ProblemKind::kExtentOverlap, e.ino,
-            fmt::format("extents of {} overlap at file offset {} (the previous one ends at {})",
-                        Who(e.ino), e.file_offset, last_end),
+            fmt::format("extents of {} overlap at file offset {} (the previous one ends at {})", Who(e.ino),
+                        e.file_offset, last_end),
             e.file_offset, e.physical, e.length);
       }
       uint64_t eof = RoundUp(info.record.size, bs_);
       if (!e.unwritten() && e.file_offset + e.length > eof) {
         Add(ProblemKind::kDataPastEof, e.ino,
-            fmt::format("{} has written data at file offset [{}, {}) past its end ({} bytes)",
-                        Who(e.ino), std::max(e.file_offset, eof), e.file_offset + e.length,
-                        info.record.size),
+            fmt::format("{} has written data at file offset [{}, {}) past its end ({} bytes)", Who(e.ino),
+                        std::max(e.file_offset, eof), e.file_offset + e.length, info.record.size),
             e.file_offset, e.physical, e.length);
       }
       if (options_.list_extents) {
@@ -584,15 +561,14 @@ Status Pass::ScanFree() {
     if (f.length == 0 || f.offset % bs_ != 0 || f.length % bs_ != 0) {
       f.sane = false;
       Add(ProblemKind::kFreeOverlap, 0,
-          fmt::format("free extent [{}, +{}) is empty or not block aligned", f.offset, f.length),
-          {}, f.offset, f.length);
+          fmt::format("free extent [{}, +{}) is empty or not block aligned", f.offset, f.length), {}, f.offset,
+          f.length);
     }
-    if (f.offset < sb_.data_offset || f.offset + f.length > sb_.data_size ||
-        f.offset + f.length < f.offset) {
+    if (f.offset < sb_.data_offset || f.offset + f.length > sb_.data_size || f.offset + f.length < f.offset) {
       f.sane = false;
       Add(ProblemKind::kFreeOverlap, 0,
-          fmt::format("free extent [{}, +{}) lies outside the data area [{}, {})", f.offset,
-                      f.length, sb_.data_offset, sb_.data_size),
+          fmt::format("free extent [{}, +{}) lies outside the data area [{}, {})", f.offset, f.length, sb_.data_offset,
+                      sb_.data_size),
           {}, f.offset, f.length);
     }
     free_.push_back(f);
@@ -634,8 +610,8 @@ Status Pass::ScanBlobs() {
     ++refs[e.blob_id];
     auto it = blobs_.find(e.blob_id);
     if (it == blobs_.end()) {
-      Add(ProblemKind::kBlob, e.ino, fmt::format("extent names blob {} that does not exist", e.blob_id),
-          e.file_offset, e.physical, e.length);
+      Add(ProblemKind::kBlob, e.ino, fmt::format("extent names blob {} that does not exist", e.blob_id), e.file_offset,
+          e.physical, e.length);
     } else if (e.physical < e.blob_id || e.physical + e.length > e.blob_id + it->second.length) {
       Add(ProblemKind::kBlob, e.ino, fmt::format("extent lies outside its blob {}", e.blob_id), e.file_offset,
           e.physical, e.length);
@@ -687,11 +663,9 @@ void Pass::CheckSpace() {
   extents_.insert(extents_.end(), blob_ranges.begin(), blob_ranges.end());
   for (size_t i = blob_base; i < extents_.size(); ++i)
     clip(extents_[i].physical, extents_[i].length, static_cast<int64_t>(i));
-  for (size_t i = 0; i < free_.size(); ++i)
-    clip(free_[i].offset, free_[i].length, -1 - static_cast<int64_t>(i));
-  std::sort(intervals.begin(), intervals.end(), [](const Interval& a, const Interval& b) {
-    return std::tie(a.start, a.end) < std::tie(b.start, b.end);
-  });
+  for (size_t i = 0; i < free_.size(); ++i) clip(free_[i].offset, free_[i].length, -1 - static_cast<int64_t>(i));
+  std::sort(intervals.begin(), intervals.end(),
+            [](const Interval& a, const Interval& b) { return std::tie(a.start, a.end) < std::tie(b.start, b.end); });
 
   auto describe = [&](int64_t source) -> std::string {
     if (source < 0) return "free";
@@ -708,9 +682,8 @@ void Pass::CheckSpace() {
       const Interval& other = intervals[j];
       uint64_t from = cur.start, to = std::min(end, cur.end);
       if (other.source < 0 && cur.source < 0) {
-        Add(ProblemKind::kFreeOverlap, 0,
-            fmt::format("free-list records overlap at physical [{}, {})", from, to), {}, from,
-            to - from);
+        Add(ProblemKind::kFreeOverlap, 0, fmt::format("free-list records overlap at physical [{}, {})", from, to), {},
+            from, to - from);
         continue;
       }
       if (other.source >= 0 && cur.source >= 0) {
@@ -721,14 +694,14 @@ void Pass::CheckSpace() {
       const int64_t mapped = cur.source >= 0 ? cur.source : other.source;
       const ExtentInfo& m = extents_[static_cast<size_t>(mapped)];
       Add(ProblemKind::kDoubleUse, m.ino,
-          fmt::format("physical [{}, {}) is used twice: {} and {}", from, to,
-                      describe(other.source), describe(cur.source)),
+          fmt::format("physical [{}, {}) is used twice: {} and {}", from, to, describe(other.source),
+                      describe(cur.source)),
           m.file_offset + (from - std::min(from, m.physical)), from, to - from);
     }
     if (cur.start > covered) {
       Add(ProblemKind::kLeak, 0,
-          fmt::format("{} bytes at physical [{}, {}) are neither free nor mapped (leaked)",
-                      cur.start - covered, covered, cur.start),
+          fmt::format("{} bytes at physical [{}, {}) are neither free nor mapped (leaked)", cur.start - covered,
+                      covered, cur.start),
           {}, covered, cur.start - covered);
     }
     covered = std::max(covered, cur.end);
@@ -736,8 +709,8 @@ void Pass::CheckSpace() {
   }
   if (covered < sb_.data_size) {
     Add(ProblemKind::kLeak, 0,
-        fmt::format("{} bytes at physical [{}, {}) are neither free nor mapped (leaked)",
-                    sb_.data_size - covered, covered, sb_.data_size),
+        fmt::format("{} bytes at physical [{}, {}) are neither free nor mapped (leaked)", sb_.data_size - covered,
+                    covered, sb_.data_size),
         {}, covered, sb_.data_size - covered);
   }
   extents_.resize(blob_base);  // the blob ranges were only for this check
@@ -777,12 +750,11 @@ void Pass::CheckNamespace() {
     if (ino == kRootInode) {
       if (r.nlink != 2 + info.subdirs) {
         Add(ProblemKind::kNlink, ino,
-            fmt::format("/ (inode 1) has nlink {}, {} expected (2 + {} subdirectories)", r.nlink,
-                        2 + info.subdirs, info.subdirs));
+            fmt::format("/ (inode 1) has nlink {}, {} expected (2 + {} subdirectories)", r.nlink, 2 + info.subdirs,
+                        info.subdirs));
       }
       if (r.parent != kRootInode) {
-        Add(ProblemKind::kParent, ino,
-            fmt::format("/ (inode 1) names parent {}, 1 expected", r.parent));
+        Add(ProblemKind::kParent, ino, fmt::format("/ (inode 1) names parent {}, 1 expected", r.parent));
       }
     } else if (info.links == 0) {
       if (r.nlink == 0 && info.orphan) {
@@ -793,51 +765,46 @@ void Pass::CheckNamespace() {
                         ino, TypeName(r.mode), r.size));
       } else if (r.nlink == 0) {
         Add(ProblemKind::kUnlinkedInode, ino,
-            fmt::format(
-                "inode {} ({}, {} bytes) has nlink 0 and no orphan record: it is never reclaimed",
-                ino, TypeName(r.mode), r.size));
+            fmt::format("inode {} ({}, {} bytes) has nlink 0 and no orphan record: it is never reclaimed", ino,
+                        TypeName(r.mode), r.size));
       } else {
         Add(ProblemKind::kUnreachable, ino,
-            fmt::format("inode {} ({}, {} bytes, nlink {}) has no name: no dirent names it{}", ino,
-                        TypeName(r.mode), r.size, r.nlink,
-                        info.orphan ? " (yet it has an orphan record)" : ""));
+            fmt::format("inode {} ({}, {} bytes, nlink {}) has no name: no dirent names it{}", ino, TypeName(r.mode),
+                        r.size, r.nlink, info.orphan ? " (yet it has an orphan record)" : ""));
       }
     } else {
       if (dir && info.links > 1) {
         Add(ProblemKind::kDirectoryLinks, ino,
-            fmt::format("directory {} has {} names (directories have exactly one)", Who(ino),
-                        info.links));
+            fmt::format("directory {} has {} names (directories have exactly one)", Who(ino), info.links));
       }
       uint32_t expected = dir ? 2 + info.subdirs : info.links;
       if (r.nlink != expected) {
         Add(ProblemKind::kNlink, ino,
-            dir ? fmt::format("{} has nlink {}, {} expected (2 + {} subdirectories)", Who(ino),
-                              r.nlink, expected, info.subdirs)
-                : fmt::format("{} has nlink {}, {} expected ({} dirents name it)", Who(ino),
-                              r.nlink, expected, info.links));
+            dir ? fmt::format("{} has nlink {}, {} expected (2 + {} subdirectories)", Who(ino), r.nlink, expected,
+                              info.subdirs)
+                : fmt::format("{} has nlink {}, {} expected ({} dirents name it)", Who(ino), r.nlink, expected,
+                              info.links));
       }
       if (dir && r.parent != info.name_parent) {
         Add(ProblemKind::kParent, ino,
-            fmt::format("directory {} names parent {}, but it lies in directory {}", Who(ino),
-                        r.parent, info.name_parent));
+            fmt::format("directory {} names parent {}, but it lies in directory {}", Who(ino), r.parent,
+                        info.name_parent));
       }
       if (!info.reachable) {
         Add(ProblemKind::kUnreachable, ino,
-            fmt::format(
-                "inode {} (named {:?} in directory {}) is not reachable from the root (a detached "
-                "directory cycle)",
-                ino, info.name, info.name_parent));
+            fmt::format("inode {} (named {:?} in directory {}) is not reachable from the root (a detached "
+                        "directory cycle)",
+                        ino, info.name, info.name_parent));
       }
       if (info.orphan) {
         Add(ProblemKind::kStaleOrphan, ino,
-            fmt::format("{} is linked but has an orphan record: the next mount would delete it",
-                        Who(ino)));
+            fmt::format("{} is linked but has an orphan record: the next mount would delete it", Who(ino)));
       }
     }
     if (r.allocated_bytes != info.extent_bytes) {
       Add(ProblemKind::kAllocatedBytes, ino,
-          fmt::format("{} has allocated_bytes {}, its extents add up to {}", Who(ino),
-                      r.allocated_bytes, info.extent_bytes));
+          fmt::format("{} has allocated_bytes {}, its extents add up to {}", Who(ino), r.allocated_bytes,
+                      info.extent_bytes));
     }
   }
   for (InodeNumber ino : orphan_keys_) {
@@ -847,8 +814,8 @@ void Pass::CheckNamespace() {
   }
   if (next_ino_ && *next_ino_ <= max_ino_) {
     Add(ProblemKind::kNextIno, 0,
-        fmt::format("meta next_ino is {} but inode {} exists: new files would reuse inode numbers",
-                    *next_ino_, max_ino_));
+        fmt::format("meta next_ino is {} but inode {} exists: new files would reuse inode numbers", *next_ino_,
+                    max_ino_));
   }
 }
 
@@ -863,8 +830,8 @@ void Pass::VerifyExtent(const ExtentInfo& e, const std::vector<uint32_t>& sums, 
     uint64_t file_offset = e.file_offset + run_start * bs_;
     uint64_t physical = e.physical + run_start * bs_;
     Add(ProblemKind::kChecksumMismatch, e.ino,
-        fmt::format("{}: {} bytes at file offset {} do not match their checksums (physical {})",
-                    Who(e.ino), run_blocks * bs_, file_offset, physical),
+        fmt::format("{}: {} bytes at file offset {} do not match their checksums (physical {})", Who(e.ino),
+                    run_blocks * bs_, file_offset, physical),
         file_offset, physical, run_blocks * bs_);
     run_blocks = 0;
   };
@@ -880,8 +847,7 @@ void Pass::VerifyExtent(const ExtentInfo& e, const std::vector<uint32_t>& sums, 
   flush();
 }
 
-void Pass::ScrubBatch(std::vector<std::pair<ExtentInfo, std::vector<uint32_t>>>* batch,
-                      AlignedBuffer* buffer) {
+void Pass::ScrubBatch(std::vector<std::pair<ExtentInfo, std::vector<uint32_t>>>* batch, AlignedBuffer* buffer) {
   if (batch->empty()) return;
   uint64_t total = 0;
   for (const auto& [e, sums] : *batch) total += e.length;
@@ -901,8 +867,8 @@ void Pass::ScrubBatch(std::vector<std::pair<ExtentInfo, std::vector<uint32_t>>>*
       Status one = volume_.store().ReadAt(e.physical, buffer->data() + at, e.length);
       if (!one.ok()) {
         Add(ProblemKind::kReadError, e.ino,
-            fmt::format("{}: cannot read {} bytes at file offset {} (physical {}): {}", Who(e.ino),
-                        e.length, e.file_offset, e.physical, one.ToString()),
+            fmt::format("{}: cannot read {} bytes at file offset {} (physical {}): {}", Who(e.ino), e.length,
+                        e.file_offset, e.physical, one.ToString()),
             e.file_offset, e.physical, e.length);
         at += e.length;
         continue;
@@ -934,9 +900,8 @@ Status Pass::Scrub() {
     e.physical = record->physical;
     e.length = record->length;
     e.flags = record->flags;
-    if (e.length == 0 || e.length % bs_ != 0 || e.physical % bs_ != 0 ||
-        e.physical < sb_.data_offset || e.physical + e.length > sb_.data_size ||
-        e.physical + e.length < e.physical) {
+    if (e.length == 0 || e.length % bs_ != 0 || e.physical % bs_ != 0 || e.physical < sb_.data_offset ||
+        e.physical + e.length > sb_.data_size || e.physical + e.length < e.physical) {
       continue;  // reported already; nothing sane to read
     }
     // Large extents are read in pieces of at most one batch.
@@ -1006,7 +971,7 @@ class Repairer {
   Pass& p_;
   Index::Batch batch_;
   std::unordered_map<InodeNumber, std::vector<size_t>> extents_of_;  // ino -> extents_ indexes
-  std::unordered_set<InodeNumber> changed_;  // inodes whose record must be written
+  std::unordered_set<InodeNumber> changed_;                          // inodes whose record must be written
   InodeNumber next_ino_ = 0;
 };
 
@@ -1037,8 +1002,7 @@ void Repairer::Reclaim(InodeNumber ino) {
   batch_.Delete(Family::kInode, keys::Ino(ino));
   batch_.Delete(Family::kOrphan, keys::Ino(ino));
   auto cursor = p_.index_.NewCursor(Family::kXattr, keys::Ino(ino));
-  for (cursor->Seek(keys::Ino(ino)); cursor->Valid(); cursor->Next())
-    batch_.Delete(Family::kXattr, cursor->key());
+  for (cursor->Seek(keys::Ino(ino)); cursor->Valid(); cursor->Next()) batch_.Delete(Family::kXattr, cursor->key());
   for (size_t i : extents_of_[ino]) {
     ExtentInfo& e = p_.extents_[i];
     if (e.removed) continue;
@@ -1052,8 +1016,7 @@ Result<InodeNumber> Repairer::LostAndFound() {
   for (const DirentInfo& d : p_.dirents_) {
     if (!d.live || d.parent != kRootInode) continue;
     root_names.insert(d.name);
-    if (d.name == kLostAndFound && IsDirMode(p_.inodes_[d.record.ino].record.mode))
-      return d.record.ino;
+    if (d.name == kLostAndFound && IsDirMode(p_.inodes_[d.record.ino].record.mode)) return d.record.ino;
   }
   std::string name = kLostAndFound;
   for (int i = 1; root_names.count(name) != 0; ++i) name = fmt::format("{}.{}", kLostAndFound, i);
@@ -1061,8 +1024,7 @@ Result<InodeNumber> Repairer::LostAndFound() {
   InodeInfo& info = p_.inodes_[ino];
   info.record.mode = S_IFDIR | 0700;
   info.record.nlink = 2;
-  info.record.atime_ns = info.record.mtime_ns = info.record.ctime_ns = info.record.btime_ns =
-      NowNs();
+  info.record.atime_ns = info.record.mtime_ns = info.record.ctime_ns = info.record.btime_ns = NowNs();
   info.record.generation = 1;
   info.record.parent = kRootInode;
   p_.inode_order_.push_back(ino);
@@ -1080,8 +1042,7 @@ Result<InodeNumber> Repairer::LostAndFound() {
 void Repairer::FixExtents() {
   for (auto& [ino, indexes] : extents_of_) {
     auto owner = p_.inodes_.find(ino);
-    bool stray =
-        owner == p_.inodes_.end() || owner->second.removed || !S_ISREG(owner->second.record.mode);
+    bool stray = owner == p_.inodes_.end() || owner->second.removed || !S_ISREG(owner->second.record.mode);
     for (size_t i : indexes) {
       ExtentInfo& e = p_.extents_[i];
       if (e.removed) continue;
@@ -1100,14 +1061,12 @@ void Repairer::FixExtents() {
       }
       // Straddles the end: keep the part before it.
       std::string value;
-      if (!p_.index_.Get(Family::kExtent, keys::Extent(e.ino, e.file_offset), &value).ok())
-        continue;
+      if (!p_.index_.Get(Family::kExtent, keys::Extent(e.ino, e.file_offset), &value).ok()) continue;
       auto record = ExtentRecord::Decode(value);
       if (!record.ok()) continue;
       uint64_t keep = eof - e.file_offset;
       record->length = keep;
-      if (record->block_checksums.size() >= keep / p_.bs_)
-        record->block_checksums.resize(keep / p_.bs_);
+      if (record->block_checksums.size() >= keep / p_.bs_) record->block_checksums.resize(keep / p_.bs_);
       e.length = keep;
       batch_.Put(Family::kExtent, keys::Extent(e.ino, e.file_offset), record->Encode());
     }
@@ -1216,10 +1175,10 @@ Status Repairer::Run() {
     }
     auto parent = p_.inodes_.find(d.parent);
     auto child = p_.inodes_.find(d.record.ino);
-    bool bad_name = d.name == "." || d.name == ".." || d.name.size() > 255 ||
-                    d.name.find('/') != std::string::npos || d.name.find('\0') != std::string::npos;
-    bool dangling = parent == p_.inodes_.end() || !IsDirMode(parent->second.record.mode) ||
-                    child == p_.inodes_.end() || d.record.ino == kRootInode;
+    bool bad_name = d.name == "." || d.name == ".." || d.name.size() > 255 || d.name.find('/') != std::string::npos ||
+                    d.name.find('\0') != std::string::npos;
+    bool dangling = parent == p_.inodes_.end() || !IsDirMode(parent->second.record.mode) || child == p_.inodes_.end() ||
+                    d.record.ino == kRootInode;
     if (dangling && !bad_name) batch_.Delete(Family::kDirent, keys::Dirent(d.parent, d.name));
   }
   Recount();
@@ -1365,8 +1324,7 @@ Result<Report> Checker::Run() {
     auto count = after.problem_counts.find(ProblemKindName(p.kind));
     uint64_t remaining = count == after.problem_counts.end() ? 0 : count->second;
     // Only a kind whose list was not cut short can be matched one by one.
-    p.repaired = Repairable(p.kind) && left.count(KeyOf(p)) == 0 &&
-                 remaining < options_.max_problems_per_kind;
+    p.repaired = Repairable(p.kind) && left.count(KeyOf(p)) == 0 && remaining < options_.max_problems_per_kind;
   }
   for (const Problem& p : after.problems) {
     if (before.count(KeyOf(p)) != 0) continue;

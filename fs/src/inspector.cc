@@ -36,8 +36,7 @@ Status Scan(const Index& index, Family family, std::string_view prefix, Fn&& fn)
 }
 
 // Decodes an extent key + value; Corruption when malformed.
-Result<std::pair<uint64_t, ExtentRecord>> DecodeExtent(std::string_view key,
-                                                       std::string_view value) {
+Result<std::pair<uint64_t, ExtentRecord>> DecodeExtent(std::string_view key, std::string_view value) {
   if (key.size() != 16) return Status::Corruption("malformed extent key");
   auto record = ExtentRecord::Decode(value);
   if (!record.ok()) {
@@ -163,8 +162,7 @@ const char* FileTypeName(uint32_t mode) {
   }
 }
 
-Inspector::Inspector(const Index& index, const Superblock& superblock)
-    : index_(index), superblock_(superblock) {}
+Inspector::Inspector(const Index& index, const Superblock& superblock) : index_(index), superblock_(superblock) {}
 
 Result<InodeNumber> Inspector::ResolvePath(std::string_view path) const {
   std::deque<std::string> parts;
@@ -197,10 +195,9 @@ Result<InodeNumber> Inspector::ResolvePath(std::string_view path) const {
       }
       SPILLFS_ASSIGN_OR_RETURN(InodeRecord link, LoadInode(index_, dirent->ino));
       if (link.symlink_target.empty() || link.symlink_target.front() == '/') {
-        return Status::Error(ENOTDIR,
-                             fmt::format("{}: {} is a symbolic link to '{}', which names no path "
-                                         "inside the volume",
-                                         path, name, link.symlink_target));
+        return Status::Error(ENOTDIR, fmt::format("{}: {} is a symbolic link to '{}', which names no path "
+                                                  "inside the volume",
+                                                  path, name, link.symlink_target));
       }
       auto target = SplitPath(link.symlink_target);
       parts.insert(parts.begin(), target.begin(), target.end());
@@ -210,8 +207,7 @@ Result<InodeNumber> Inspector::ResolvePath(std::string_view path) const {
   }
   if (want_dir) {
     SPILLFS_ASSIGN_OR_RETURN(InodeRecord last, LoadInode(index_, current));
-    if (!S_ISDIR(last.mode))
-      return Status::Error(ENOTDIR, fmt::format("{}: not a directory", path));
+    if (!S_ISDIR(last.mode)) return Status::Error(ENOTDIR, fmt::format("{}: not a directory", path));
   }
   return current;
 }
@@ -232,8 +228,7 @@ Result<nlohmann::json> Inspector::Stat(const RuntimeStats& runtime) const {
   SPILLFS_RETURN_IF_ERROR(Scan(index_, Family::kInode, "", [&](auto key, auto value) {
     if (key.size() != 8) return Status::Corruption("malformed inode key");
     auto record = InodeRecord::Decode(value);
-    if (!record.ok())
-      return record.status().WithContext(fmt::format("inode {}", keys::DecodeIno(key)));
+    if (!record.ok()) return record.status().WithContext(fmt::format("inode {}", keys::DecodeIno(key)));
     ++inodes;
     uint32_t type = record->mode & S_IFMT;
     if (type == S_IFREG) {
@@ -266,9 +261,8 @@ Result<nlohmann::json> Inspector::Stat(const RuntimeStats& runtime) const {
   }));
   uint64_t physical = UnionBytes(&ranges);
 
-  uint64_t capacity = superblock_.data_size > superblock_.data_offset
-                          ? superblock_.data_size - superblock_.data_offset
-                          : 0;
+  uint64_t capacity =
+      superblock_.data_size > superblock_.data_offset ? superblock_.data_size - superblock_.data_offset : 0;
   uint64_t free_bytes = 0;
   if (runtime.has_free_bytes) {
     free_bytes = runtime.free_bytes;
@@ -298,8 +292,7 @@ Result<nlohmann::json> Inspector::Stat(const RuntimeStats& runtime) const {
   out["logical_bytes"] = logical;
   out["referenced_bytes"] = referenced;
   out["physical_bytes"] = physical;
-  out["dedup_ratio"] =
-      physical == 0 ? 1.0 : static_cast<double>(referenced) / static_cast<double>(physical);
+  out["dedup_ratio"] = physical == 0 ? 1.0 : static_cast<double>(referenced) / static_cast<double>(physical);
   out["inodes"] = inodes;
   out["files"] = files;
   out["directories"] = directories;
@@ -327,10 +320,9 @@ Result<nlohmann::json> Inspector::Stat(const RuntimeStats& runtime) const {
 
 namespace {
 
-Result<json> ExtentsOf(
-    const Index& index, InodeNumber ino,
-    const std::function<Result<std::unordered_map<uint64_t, uint64_t>>()>& refs_fn,
-    BlobCache* cache) {
+Result<json> ExtentsOf(const Index& index, InodeNumber ino,
+                       const std::function<Result<std::unordered_map<uint64_t, uint64_t>>()>& refs_fn,
+                       BlobCache* cache) {
   json list = json::array();
   std::string prefix = keys::Ino(ino);
   SPILLFS_RETURN_IF_ERROR(Scan(index, Family::kExtent, prefix, [&](auto key, auto value) {
@@ -348,8 +340,7 @@ Result<json> ExtentsOf(
     e["file_offset"] = extent.first;
     e["physical_offset"] = r.physical;
     e["length"] = r.length;
-    e["checksum"] =
-        r.block_checksums.empty() ? json(nullptr) : json(ChecksumHex(r.block_checksums));
+    e["checksum"] = r.block_checksums.empty() ? json(nullptr) : json(ChecksumHex(r.block_checksums));
     e["shared"] = shared;
     e["unwritten"] = r.unwritten();
     e["blob_id"] = r.blob_id;
@@ -368,12 +359,10 @@ Result<nlohmann::json> Inspector::Extents(InodeNumber ino) const {
       index_, ino, [this] { return BlobReferences(); }, &cache);
 }
 
-Result<nlohmann::json> Inspector::Ls(const std::vector<std::string>& paths,
-                                     const LsOptions& options) const {
+Result<nlohmann::json> Inspector::Ls(const std::vector<std::string>& paths, const LsOptions& options) const {
   BlobCache cache;
   auto refs_fn = [this] { return BlobReferences(); };
-  auto entry = [&](const std::string& path, std::string name, InodeNumber ino,
-                   const InodeRecord& r) -> Result<json> {
+  auto entry = [&](const std::string& path, std::string name, InodeNumber ino, const InodeRecord& r) -> Result<json> {
     json o;
     o["path"] = path;
     o["name"] = std::move(name);
@@ -458,13 +447,12 @@ Result<nlohmann::json> Inspector::Du(std::string_view path) const {
     } else {
       ++special;
     }
-    SPILLFS_RETURN_IF_ERROR(
-        Scan(index_, Family::kExtent, keys::Ino(ino), [&](auto key, auto value) {
-          SPILLFS_ASSIGN_OR_RETURN(auto extent, DecodeExtent(key, value));
-          referenced += extent.second.length;
-          ranges.emplace_back(extent.second.physical, extent.second.length);
-          return Status::OK();
-        }));
+    SPILLFS_RETURN_IF_ERROR(Scan(index_, Family::kExtent, keys::Ino(ino), [&](auto key, auto value) {
+      SPILLFS_ASSIGN_OR_RETURN(auto extent, DecodeExtent(key, value));
+      referenced += extent.second.length;
+      ranges.emplace_back(extent.second.physical, extent.second.length);
+      return Status::OK();
+    }));
   }
   json out;
   out["path"] = CanonicalPath(path);
@@ -478,9 +466,7 @@ Result<nlohmann::json> Inspector::Du(std::string_view path) const {
   return out;
 }
 
-nlohmann::json Inspector::OkReply(nlohmann::json result) {
-  return json{{"ok", true}, {"result", std::move(result)}};
-}
+nlohmann::json Inspector::OkReply(nlohmann::json result) { return json{{"ok", true}, {"result", std::move(result)}}; }
 
 nlohmann::json Inspector::ErrorReply(const Status& status) { return ErrorObject(status); }
 
@@ -503,9 +489,9 @@ std::string Inspector::HandleControl(std::string_view request, const RuntimeStat
           result = Status::Invalid("ls needs \"paths\": a list of paths");
         } else {
           auto paths = req["paths"].get<std::vector<std::string>>();
-          result = Ls(paths, LsOptions{.long_format = flag("long"),
-                                       .extents = flag("extents"),
-                                       .directory = flag("directory")});
+          result =
+              Ls(paths,
+                 LsOptions{.long_format = flag("long"), .extents = flag("extents"), .directory = flag("directory")});
         }
       } else if (op == "du") {
         if (!req.contains("path") || !req["path"].is_string()) {
@@ -544,10 +530,8 @@ constexpr MetricInfo kMetrics[] = {
     {"used_bytes", "Bytes of the data area in use.", false},
     {"free_bytes", "Bytes of the data area free.", false},
     {"logical_bytes", "Sum of the sizes of regular files.", false},
-    {"referenced_bytes", "Sum of the lengths of all file extents (shared bytes counted per use).",
-     false},
-    {"physical_bytes", "Bytes of the data area mapped by files (shared bytes counted once).",
-     false},
+    {"referenced_bytes", "Sum of the lengths of all file extents (shared bytes counted per use).", false},
+    {"physical_bytes", "Bytes of the data area mapped by files (shared bytes counted once).", false},
     {"dedup_ratio", "referenced_bytes / physical_bytes.", false},
     {"inodes", "Inodes in the index.", false},
     {"files", "Regular files.", false},
@@ -563,8 +547,7 @@ constexpr MetricInfo kMetrics[] = {
     {"ram_tier_misses", "Reads that went to the SSD since mount.", true},
     {"bytes_written_ssd", "Bytes written to the data area since mount.", true},
     {"bytes_read_ssd", "Bytes read from the data area since mount.", true},
-    {"bytes_cancelled", "Bytes dropped from the RAM tier before reaching the SSD since mount.",
-     true},
+    {"bytes_cancelled", "Bytes dropped from the RAM tier before reaching the SSD since mount.", true},
     {"checksum_errors", "Checksum mismatches detected on read since mount.", true},
     {"bytes_written", "Bytes written by clients since mount.", true},
     {"bytes_read", "Bytes read by clients since mount.", true},
@@ -584,8 +567,7 @@ const MetricInfo* FindMetric(const std::string& key) {
 std::string MetricName(const std::string& key) {
   std::string name = "spillfs_";
   for (char c : key) {
-    bool ok =
-        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
     name.push_back(ok ? c : '_');
   }
   return name;
@@ -625,10 +607,8 @@ void Emit(const std::string& key, const json& value, std::string* out) {
   if (!value.is_number() && !value.is_boolean()) return;
   std::string name = MetricName(key);
   const MetricInfo* info = FindMetric(key);
-  *out += fmt::format("# HELP {} {}\n", name,
-                      info != nullptr ? info->help : ("spillfs " + key).c_str());
-  *out +=
-      fmt::format("# TYPE {} {}\n", name, info != nullptr && info->counter ? "counter" : "gauge");
+  *out += fmt::format("# HELP {} {}\n", name, info != nullptr ? info->help : ("spillfs " + key).c_str());
+  *out += fmt::format("# TYPE {} {}\n", name, info != nullptr && info->counter ? "counter" : "gauge");
   *out += fmt::format("{} {}\n", name, FormatValue(value));
 }
 
@@ -639,8 +619,7 @@ std::string PrometheusText(const nlohmann::json& stat) {
   if (!stat.is_object()) return out;
   if (stat.contains("uuid") && stat["uuid"].is_string()) {
     out += "# HELP spillfs_info Identity of the volume.\n# TYPE spillfs_info gauge\n";
-    out += fmt::format("spillfs_info{{uuid=\"{}\"}} 1\n",
-                       LabelEscape(stat["uuid"].get<std::string>()));
+    out += fmt::format("spillfs_info{{uuid=\"{}\"}} 1\n", LabelEscape(stat["uuid"].get<std::string>()));
   }
   for (const auto& [key, value] : stat.items()) Emit(key, value, &out);
   return out;

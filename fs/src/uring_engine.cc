@@ -65,7 +65,7 @@ Status UringEngine::Submit(std::span<IoRequest> requests, unsigned queue_depth) 
   progress.reserve(requests.size());
   for (IoRequest& r : requests) progress.push_back(Progress{&r});
 
-  size_t next = 0;       // next request not yet submitted
+  size_t next = 0;  // next request not yet submitted
   unsigned inflight = 0;
   std::vector<Progress*> retry;  // short transfers to resubmit
   Status first_error;
@@ -100,16 +100,16 @@ Status UringEngine::Submit(std::span<IoRequest> requests, unsigned queue_depth) 
         retry.push_back(p);
       } else if (res < 0) {
         if (first_error.ok()) {
-          first_error = Status::Error(-res == ENOSPC ? ENOSPC : EIO,
-                                      fmt::format("{} of {} bytes at offset {} failed: {}",
-                                                  p->request->write ? "write" : "read", p->request->length,
-                                                  p->request->offset, std::strerror(-res)));
+          first_error =
+              Status::Error(-res == ENOSPC ? ENOSPC : EIO,
+                            fmt::format("{} of {} bytes at offset {} failed: {}", p->request->write ? "write" : "read",
+                                        p->request->length, p->request->offset, std::strerror(-res)));
         }
       } else if (res == 0) {
         if (first_error.ok()) {
-          first_error = Status::IOError(fmt::format("{} at offset {} hit the end of the store",
-                                                    p->request->write ? "write" : "read",
-                                                    p->request->offset + p->done));
+          first_error =
+              Status::IOError(fmt::format("{} at offset {} hit the end of the store",
+                                          p->request->write ? "write" : "read", p->request->offset + p->done));
         }
       } else {
         p->done += static_cast<uint32_t>(res);

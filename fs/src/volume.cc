@@ -66,7 +66,8 @@ Status InitializeIndex(const std::string& dir, const Superblock& sb) {
 Status CheckTarget(const std::string& dir, bool force) {
   std::error_code ec;
   if (!stdfs::exists(dir, ec)) return Status::OK();
-  if (!stdfs::is_directory(dir, ec)) return Status::Error(ENOTDIR, fmt::format("{} exists and is not a directory", dir));
+  if (!stdfs::is_directory(dir, ec))
+    return Status::Error(ENOTDIR, fmt::format("{} exists and is not a directory", dir));
   if (Volume::Exists(dir)) {
     if (!force) {
       return Status::Error(EEXIST, fmt::format("{} already holds a spillfs volume; use --force to replace it", dir));
@@ -78,7 +79,8 @@ Status CheckTarget(const std::string& dir, bool force) {
     return Status::OK();
   }
   if (!stdfs::is_empty(dir, ec)) {
-    return Status::Error(ENOTEMPTY, fmt::format("{} is not empty and holds no spillfs volume; refusing to use it", dir));
+    return Status::Error(ENOTEMPTY,
+                         fmt::format("{} is not empty and holds no spillfs volume; refusing to use it", dir));
   }
   return Status::OK();
 }
@@ -110,7 +112,8 @@ Volume::~Volume() {
   index_.reset();
   store_.reset();
   if (lock_fd_ >= 0) {
-    if (ftruncate(lock_fd_, 0) != 0) { /* the pid is informational only */ }
+    if (ftruncate(lock_fd_, 0) != 0) { /* the pid is informational only */
+    }
     close(lock_fd_);
   }
 }
@@ -168,8 +171,7 @@ Result<std::unique_ptr<Volume>> Volume::Open(const std::string& dir, const OpenO
   std::unique_ptr<Volume> volume(new Volume());
   volume->dir_ = dir;
   SPILLFS_ASSIGN_OR_RETURN(volume->lock_fd_, LockVolume(dir));
-  SPILLFS_ASSIGN_OR_RETURN(volume->index_,
-                           Index::Open(IndexPath(dir), Index::Options{.read_only = options.read_only}));
+  SPILLFS_ASSIGN_OR_RETURN(volume->index_, Index::Open(IndexPath(dir), Index::Options{.read_only = options.read_only}));
   SPILLFS_ASSIGN_OR_RETURN(volume->superblock_, volume->index_->GetSuperblock());
   const Superblock& sb = volume->superblock_;
   std::string data_path = sb.backing == BackingKind::kBlockDevice ? sb.device_path : ImagePath(dir);

@@ -19,8 +19,7 @@
 namespace spillfs {
 namespace {
 
-constexpr const char* kFamilyNames[] = {"inode", "dirent", "extent", "free",
-                                        "orphan", "xattr", "blob", "meta"};
+constexpr const char* kFamilyNames[] = {"inode", "dirent", "extent", "free", "orphan", "xattr", "blob", "meta"};
 static_assert(std::size(kFamilyNames) == static_cast<size_t>(Family::kCount));
 
 Status FromRocks(const rocksdb::Status& s, const std::string& what) {
@@ -125,7 +124,7 @@ Status Index::Cursor::status() const { return FromRocks(it_->status(), "index sc
 
 void Index::Cursor::Seek(std::string_view target) {
   it_->Seek(target < std::string_view(prefix_) ? rocksdb::Slice(prefix_)
-                                              : rocksdb::Slice(target.data(), target.size()));
+                                               : rocksdb::Slice(target.data(), target.size()));
 }
 
 void Index::Cursor::SeekForPrev(std::string_view target) {
@@ -163,8 +162,8 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& path, const Option
     const char* journal = getenv(powercut::kIndexJournalEnv);
     if (journal != nullptr && *journal != '\0') {
       // Power-cut simulation: nothing written before this open is in doubt.
-      SPILLFS_ASSIGN_OR_RETURN(auto fs, powercut::NewJournalingFileSystem(
-                                            rocksdb::FileSystem::Default(), path, journal));
+      SPILLFS_ASSIGN_OR_RETURN(auto fs,
+                               powercut::NewJournalingFileSystem(rocksdb::FileSystem::Default(), path, journal));
       index->env_ = rocksdb::NewCompositeEnv(fs);
       db_options.env = index->env_.get();
     }
@@ -183,9 +182,7 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& path, const Option
   return index;
 }
 
-rocksdb::ColumnFamilyHandle* Index::Handle(Family family) const {
-  return handles_[static_cast<int>(family)];
-}
+rocksdb::ColumnFamilyHandle* Index::Handle(Family family) const { return handles_[static_cast<int>(family)]; }
 
 Status Index::Get(Family family, std::string_view key, std::string* value) const {
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), Handle(family), rocksdb::Slice(key.data(), key.size()), value);

@@ -53,8 +53,8 @@ class Journal {
 // journals how many were there when a Sync or Fsync returned.
 class JournaledWritableFile : public rocksdb::FSWritableFileOwnerWrapper {
  public:
-  JournaledWritableFile(std::unique_ptr<FSWritableFile> file, std::shared_ptr<Journal> journal,
-                        std::string name, uint64_t size)
+  JournaledWritableFile(std::unique_ptr<FSWritableFile> file, std::shared_ptr<Journal> journal, std::string name,
+                        uint64_t size)
       : FSWritableFileOwnerWrapper(std::move(file)),
         journal_(std::move(journal)),
         name_(std::move(name)),
@@ -65,8 +65,8 @@ class JournaledWritableFile : public rocksdb::FSWritableFileOwnerWrapper {
     if (s.ok()) size_.fetch_add(data.size());
     return s;
   }
-  IOStatus Append(const Slice& data, const IOOptions& options,
-                  const rocksdb::DataVerificationInfo& info, IODebugContext* dbg) override {
+  IOStatus Append(const Slice& data, const IOOptions& options, const rocksdb::DataVerificationInfo& info,
+                  IODebugContext* dbg) override {
     IOStatus s = target()->Append(data, options, info, dbg);
     if (s.ok()) size_.fetch_add(data.size());
     return s;
@@ -78,8 +78,7 @@ class JournaledWritableFile : public rocksdb::FSWritableFileOwnerWrapper {
     return s;
   }
   IOStatus PositionedAppend(const Slice& data, uint64_t offset, const IOOptions& options,
-                            const rocksdb::DataVerificationInfo& info,
-                            IODebugContext* dbg) override {
+                            const rocksdb::DataVerificationInfo& info, IODebugContext* dbg) override {
     IOStatus s = target()->PositionedAppend(data, offset, options, info, dbg);
     if (s.ok()) GrowTo(offset + data.size());
     return s;
@@ -120,8 +119,7 @@ class JournaledWritableFile : public rocksdb::FSWritableFileOwnerWrapper {
 
 class JournalingFileSystem : public rocksdb::FileSystemWrapper {
  public:
-  JournalingFileSystem(std::shared_ptr<rocksdb::FileSystem> base, std::string dir,
-                       std::shared_ptr<Journal> journal)
+  JournalingFileSystem(std::shared_ptr<rocksdb::FileSystem> base, std::string dir, std::shared_ptr<Journal> journal)
       : FileSystemWrapper(std::move(base)), dir_(std::move(dir)), journal_(std::move(journal)) {
     while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
   }
@@ -129,8 +127,8 @@ class JournalingFileSystem : public rocksdb::FileSystemWrapper {
   static const char* kClassName() { return "SpillfsPowercutFileSystem"; }
   const char* Name() const override { return kClassName(); }
 
-  IOStatus NewWritableFile(const std::string& path, const FileOptions& options,
-                           std::unique_ptr<FSWritableFile>* result, IODebugContext* dbg) override {
+  IOStatus NewWritableFile(const std::string& path, const FileOptions& options, std::unique_ptr<FSWritableFile>* result,
+                           IODebugContext* dbg) override {
     IOStatus s = target()->NewWritableFile(path, options, result, dbg);
     auto name = Relative(path);
     if (!s.ok() || !name) return s;
@@ -140,8 +138,7 @@ class JournalingFileSystem : public rocksdb::FileSystemWrapper {
   }
 
   IOStatus ReopenWritableFile(const std::string& path, const FileOptions& options,
-                              std::unique_ptr<FSWritableFile>* result,
-                              IODebugContext* dbg) override {
+                              std::unique_ptr<FSWritableFile>* result, IODebugContext* dbg) override {
     IOStatus s = target()->ReopenWritableFile(path, options, result, dbg);
     auto name = Relative(path);
     if (!s.ok() || !name) return s;
@@ -154,9 +151,8 @@ class JournalingFileSystem : public rocksdb::FileSystemWrapper {
   // Log recycling (off under point-in-time recovery, see index.cc): the old
   // file is renamed and rewritten from its start, so nothing in it is known
   // to be durable any more.
-  IOStatus ReuseWritableFile(const std::string& path, const std::string& old_path,
-                             const FileOptions& options, std::unique_ptr<FSWritableFile>* result,
-                             IODebugContext* dbg) override {
+  IOStatus ReuseWritableFile(const std::string& path, const std::string& old_path, const FileOptions& options,
+                             std::unique_ptr<FSWritableFile>* result, IODebugContext* dbg) override {
     IOStatus s = target()->ReuseWritableFile(path, old_path, options, result, dbg);
     if (!s.ok()) return s;
     s = Renamed(old_path, path);
@@ -167,8 +163,8 @@ class JournalingFileSystem : public rocksdb::FileSystemWrapper {
     return s;
   }
 
-  IOStatus NewRandomRWFile(const std::string& path, const FileOptions& options,
-                           std::unique_ptr<FSRandomRWFile>* result, IODebugContext* dbg) override {
+  IOStatus NewRandomRWFile(const std::string& path, const FileOptions& options, std::unique_ptr<FSRandomRWFile>* result,
+                           IODebugContext* dbg) override {
     IOStatus s = target()->NewRandomRWFile(path, options, result, dbg);
     auto name = Relative(path);
     if (!s.ok() || !name) return s;
@@ -191,16 +187,14 @@ class JournalingFileSystem : public rocksdb::FileSystemWrapper {
     return s;
   }
 
-  IOStatus DeleteFile(const std::string& path, const IOOptions& options,
-                      IODebugContext* dbg) override {
+  IOStatus DeleteFile(const std::string& path, const IOOptions& options, IODebugContext* dbg) override {
     IOStatus s = target()->DeleteFile(path, options, dbg);
     auto name = Relative(path);
     if (!s.ok() || !name) return s;
     return journal_->Append("D\t" + *name);
   }
 
-  IOStatus Truncate(const std::string& path, size_t size, const IOOptions& options,
-                    IODebugContext* dbg) override {
+  IOStatus Truncate(const std::string& path, size_t size, const IOOptions& options, IODebugContext* dbg) override {
     IOStatus s = target()->Truncate(path, size, options, dbg);
     auto name = Relative(path);
     if (!s.ok() || !name) return s;
@@ -211,8 +205,7 @@ class JournalingFileSystem : public rocksdb::FileSystemWrapper {
   // The name of `path` relative to the index directory; nullopt for paths
   // outside it and for names the journal cannot hold (tab, newline).
   std::optional<std::string> Relative(const std::string& path) const {
-    if (path.size() <= dir_.size() + 1 || path.compare(0, dir_.size(), dir_) != 0 ||
-        path[dir_.size()] != '/') {
+    if (path.size() <= dir_.size() + 1 || path.compare(0, dir_.size(), dir_) != 0 || path[dir_.size()] != '/') {
       return std::nullopt;
     }
     size_t start = dir_.size();
@@ -245,8 +238,9 @@ Status Errno(const std::string& what) {
 
 }  // namespace
 
-Result<std::shared_ptr<rocksdb::FileSystem>> NewJournalingFileSystem(
-    std::shared_ptr<rocksdb::FileSystem> base, const std::string& dir, const std::string& journal) {
+Result<std::shared_ptr<rocksdb::FileSystem>> NewJournalingFileSystem(std::shared_ptr<rocksdb::FileSystem> base,
+                                                                     const std::string& dir,
+                                                                     const std::string& journal) {
   int fd = open(journal.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create the power-cut index journal " + journal);
   return std::shared_ptr<rocksdb::FileSystem>(
@@ -274,8 +268,7 @@ Result<IndexCut> ApplyIndexCut(const std::string& journal, const std::string& in
   // Replay: name -> durable length; -1 for a file never synced.
   std::map<std::string, int64_t> durable;
   auto bad = [&](size_t at) {
-    return Status::Corruption(
-        fmt::format("power-cut index journal {}: bad line at byte {}", journal, at));
+    return Status::Corruption(fmt::format("power-cut index journal {}: bad line at byte {}", journal, at));
   };
   for (size_t at = 0; at < text.size();) {
     size_t end = text.find('\n', at);

@@ -31,7 +31,8 @@ namespace spillfs::powercut {
 
 // Wraps `base`: files under `dir` journal their durable lengths to `journal`,
 // which is created (or emptied) now.
-Result<std::shared_ptr<rocksdb::FileSystem>> NewJournalingFileSystem(
-    std::shared_ptr<rocksdb::FileSystem> base, const std::string& dir, const std::string& journal);
+Result<std::shared_ptr<rocksdb::FileSystem>> NewJournalingFileSystem(std::shared_ptr<rocksdb::FileSystem> base,
+                                                                     const std::string& dir,
+                                                                     const std::string& journal);
 
 }  // namespace spillfs::powercut

@@ -53,12 +53,11 @@ Result<InodeRecord> InodeRecord::Decode(std::string_view bytes) {
   InodeRecord r;
   std::string_view target;
   if (!reader.GetVarint32(&r.mode) || !reader.GetVarint32(&r.uid) || !reader.GetVarint32(&r.gid) ||
-      !reader.GetVarint32(&r.nlink) || !reader.GetVarint64(&r.size) ||
-      !reader.GetVarsigned64(&r.atime_ns) || !reader.GetVarsigned64(&r.mtime_ns) ||
-      !reader.GetVarsigned64(&r.ctime_ns) || !reader.GetVarsigned64(&r.btime_ns) ||
-      !reader.GetVarint64(&r.generation) || !reader.GetVarint32(&r.flags) ||
-      !reader.GetVarint64(&r.rdev) || !reader.GetLengthPrefixed(&target) ||
-      !reader.GetVarint64(&r.allocated_bytes) || !reader.GetVarint64(&r.parent)) {
+      !reader.GetVarint32(&r.nlink) || !reader.GetVarint64(&r.size) || !reader.GetVarsigned64(&r.atime_ns) ||
+      !reader.GetVarsigned64(&r.mtime_ns) || !reader.GetVarsigned64(&r.ctime_ns) ||
+      !reader.GetVarsigned64(&r.btime_ns) || !reader.GetVarint64(&r.generation) || !reader.GetVarint32(&r.flags) ||
+      !reader.GetVarint64(&r.rdev) || !reader.GetLengthPrefixed(&target) || !reader.GetVarint64(&r.allocated_bytes) ||
+      !reader.GetVarint64(&r.parent)) {
     return Truncated("inode");
   }
   r.symlink_target.assign(target);
@@ -99,9 +98,9 @@ Result<ExtentRecord> ExtentRecord::Decode(std::string_view bytes) {
   ExtentRecord r;
   uint64_t count = 0;
   std::string_view sums;
-  if (!reader.GetVarint64(&r.physical) || !reader.GetVarint64(&r.length) ||
-      !reader.GetVarint32(&r.flags) || !reader.GetVarint64(&r.blob_id) ||
-      !reader.GetVarint64(&count) || count > bytes.size() || !reader.GetBytes(count * 4, &sums)) {
+  if (!reader.GetVarint64(&r.physical) || !reader.GetVarint64(&r.length) || !reader.GetVarint32(&r.flags) ||
+      !reader.GetVarint64(&r.blob_id) || !reader.GetVarint64(&count) || count > bytes.size() ||
+      !reader.GetBytes(count * 4, &sums)) {
     return Truncated("extent");
   }
   r.block_checksums.reserve(count);
@@ -155,9 +154,8 @@ Result<Superblock> Superblock::Decode(std::string_view bytes) {
   uint8_t backing = 0, checksums = 0, dedup = 0;
   if (!reader.GetVarint32(&sb.format_version) || !reader.GetLengthPrefixed(&uuid) ||
       !reader.GetVarint32(&sb.block_size) || !reader.GetVarint64(&sb.data_offset) ||
-      !reader.GetVarint64(&sb.data_size) || !reader.GetU8(&backing) ||
-      !reader.GetLengthPrefixed(&device) || !reader.GetVarsigned64(&sb.created_ns) ||
-      !reader.GetU8(&checksums) || !reader.GetU8(&dedup)) {
+      !reader.GetVarint64(&sb.data_size) || !reader.GetU8(&backing) || !reader.GetLengthPrefixed(&device) ||
+      !reader.GetVarsigned64(&sb.created_ns) || !reader.GetU8(&checksums) || !reader.GetU8(&dedup)) {
     return Truncated("superblock");
   }
   if (sb.format_version != kFormatVersion) {
@@ -169,8 +167,8 @@ Result<Superblock> Superblock::Decode(std::string_view bytes) {
       backing != static_cast<uint8_t>(BackingKind::kBlockDevice)) {
     return Status::Corruption(fmt::format("superblock names unknown backing kind {}", backing));
   }
-  if (sb.block_size < 512 || (sb.block_size & (sb.block_size - 1)) != 0 ||
-      sb.data_offset % sb.block_size != 0 || sb.data_size < sb.data_offset) {
+  if (sb.block_size < 512 || (sb.block_size & (sb.block_size - 1)) != 0 || sb.data_offset % sb.block_size != 0 ||
+      sb.data_size < sb.data_offset) {
     return Status::Corruption("superblock geometry is inconsistent");
   }
   sb.uuid.assign(uuid);

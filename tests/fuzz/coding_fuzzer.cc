@@ -71,10 +71,8 @@ void RunProgram(const std::vector<uint8_t>& program, const std::string& bytes) {
         std::string_view v;
         ok = reader.GetLengthPrefixed(&v);
         if (ok) {
-          FUZZ_CHECK(v.data() >= begin && v.data() + v.size() <= end,
-                     "length-prefixed view inside input");
-          FUZZ_CHECK(reader.remaining().data() == v.data() + v.size(),
-                     "length-prefixed consumption");
+          FUZZ_CHECK(v.data() >= begin && v.data() + v.size() <= end, "length-prefixed view inside input");
+          FUZZ_CHECK(reader.remaining().data() == v.data() + v.size(), "length-prefixed consumption");
         }
         break;
       }
@@ -103,10 +101,8 @@ void RunProgram(const std::vector<uint8_t>& program, const std::string& bytes) {
       FUZZ_CHECK(reader.empty(), "a failed Get leaves the reader failed");
       return;
     }
-    FUZZ_CHECK(after.data() >= before.data() && after.data() + after.size() == end,
-               "reader moved outside input");
-    FUZZ_CHECK(after.size() < before.size() || (op % 8 == 6 && op / 8 == 0),
-               "a successful Get consumed nothing");
+    FUZZ_CHECK(after.data() >= before.data() && after.data() + after.size() == end, "reader moved outside input");
+    FUZZ_CHECK(after.size() < before.size() || (op % 8 == 6 && op / 8 == 0), "a successful Get consumed nothing");
   }
 }
 
@@ -130,11 +126,9 @@ void RoundTrips(FuzzedDataProvider* fdp) {
   FUZZ_CHECK(reader.GetVarint64(&u_back) && u_back == u, "varint64 round trip");
   FUZZ_CHECK(reader.GetVarint32(&u32_back) && u32_back == u32, "varint32 round trip");
   FUZZ_CHECK(reader.GetVarsigned64(&s_back) && s_back == s, "varsigned round trip");
-  FUZZ_CHECK(reader.GetLengthPrefixed(&blob_back) && blob_back == blob,
-             "length-prefixed round trip");
+  FUZZ_CHECK(reader.GetLengthPrefixed(&blob_back) && blob_back == blob, "length-prefixed round trip");
   FUZZ_CHECK(reader.GetFixed64BE(&f_back) && f_back == u, "fixed64 round trip");
-  FUZZ_CHECK(reader.GetBytes(4, &fixed32) && coding::DecodeFixed32BE(fixed32.data()) == u32,
-             "fixed32 round trip");
+  FUZZ_CHECK(reader.GetBytes(4, &fixed32) && coding::DecodeFixed32BE(fixed32.data()) == u32, "fixed32 round trip");
   FUZZ_CHECK(reader.empty(), "round trip left bytes");
   // A value above 32 bits is refused by GetVarint32.
   if (u > UINT32_MAX) {
@@ -150,8 +144,7 @@ void RoundTrips(FuzzedDataProvider* fdp) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider fdp(data, size);
-  std::vector<uint8_t> program =
-      fdp.ConsumeBytes<uint8_t>(fdp.ConsumeIntegralInRange<size_t>(0, 32));
+  std::vector<uint8_t> program = fdp.ConsumeBytes<uint8_t>(fdp.ConsumeIntegralInRange<size_t>(0, 32));
   RoundTrips(&fdp);
   RunProgram(program, fdp.ConsumeRemainingBytesAsString());
   return 0;

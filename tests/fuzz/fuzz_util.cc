@@ -11,9 +11,7 @@
 namespace spillfs::fuzz {
 namespace {
 
-void Must(const Status& s, const std::string& what) {
-  FUZZ_CHECK(s.ok(), what + ": " + s.ToString());
-}
+void Must(const Status& s, const std::string& what) { FUZZ_CHECK(s.ok(), what + ": " + s.ToString()); }
 
 std::string Pattern(size_t n, uint8_t seed) {
   std::string s(n, '\0');
@@ -25,8 +23,7 @@ std::string Pattern(size_t n, uint8_t seed) {
 
 TempVolume::TempVolume(uint64_t size) {
   const char* tmp = getenv("TMPDIR");
-  std::string tmpl =
-      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/spillfs-fuzz-XXXXXX";
+  std::string tmpl = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/spillfs-fuzz-XXXXXX";
   FUZZ_CHECK(mkdtemp(tmpl.data()) != nullptr, "mkdtemp " + tmpl);
   root_ = tmpl;
   dir_ = root_ + "/vol";

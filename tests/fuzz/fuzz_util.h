@@ -12,13 +12,12 @@
 #include "spillfs/fs/volume.h"
 
 // A broken property is a crash: libFuzzer keeps the input that caused it.
-#define FUZZ_CHECK(cond, what)                                                             \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      std::fprintf(stderr, "%s:%d: property failed: %s (%s)\n", __FILE__, __LINE__, #cond, \
-                   std::string(what).c_str());                                             \
-      std::abort();                                                                        \
-    }                                                                                      \
+#define FUZZ_CHECK(cond, what)                                                                                         \
+  do {                                                                                                                 \
+    if (!(cond)) {                                                                                                     \
+      std::fprintf(stderr, "%s:%d: property failed: %s (%s)\n", __FILE__, __LINE__, #cond, std::string(what).c_str()); \
+      std::abort();                                                                                                    \
+    }                                                                                                                  \
   } while (0)
 
 namespace spillfs::fuzz {

@@ -87,11 +87,8 @@ void Coding(const std::string& dir) {
   coding::PutVarsigned64(&values, -2);
   coding::PutLengthPrefixed(&values, "name");
   coding::PutFixed64BE(&values, 0x0102030405060708ull);
-  Write(dir, "program",
-        std::string(1, static_cast<char>(program.size())) + program + values +
-            std::string(24, '\x7f'));
-  Write(dir, "varints",
-        std::string("\x04\x01\x01\x01\x01\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x80\x00", 17));
+  Write(dir, "program", std::string(1, static_cast<char>(program.size())) + program + values + std::string(24, '\x7f'));
+  Write(dir, "varints", std::string("\x04\x01\x01\x01\x01\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x80\x00", 17));
 }
 
 void Control(const std::string& dir, bool direct) {
@@ -107,12 +104,11 @@ void Control(const std::string& dir, bool direct) {
     requests.push_back({"layout", R"({"op":"layout","path":"/a.txt"})"});
     requests.push_back({"layout-sparse", R"({"op":"layout","path":"/sparse"})"});
     requests.push_back({"reserve", R"({"op":"reserve","length":8192})"});
-    requests.push_back(
-        {"reserve-commit", std::string(R"({"op":"reserve","length":8192})") + '\0' +
-                               R"({"op":"commit","path":"/empty","file_offset":0,"length":8192,)" +
-                               R"("block_checksums":[1,2],"size":5000})"});
-    requests.push_back({"layout-after-commit", std::string(R"({"op":"layout","path":"/d/b.bin"})") +
-                                                   '\0' + R"({"op":"layout","path":"/d/hard"})"});
+    requests.push_back({"reserve-commit", std::string(R"({"op":"reserve","length":8192})") + '\0' +
+                                              R"({"op":"commit","path":"/empty","file_offset":0,"length":8192,)" +
+                                              R"("block_checksums":[1,2],"size":5000})"});
+    requests.push_back({"layout-after-commit", std::string(R"({"op":"layout","path":"/d/b.bin"})") + '\0' +
+                                                   R"({"op":"layout","path":"/d/hard"})"});
   }
   for (const auto& [name, text] : requests) Write(dir, name, text);
 }

@@ -23,14 +23,12 @@ template <typename Record>
 void RoundTrip(std::string_view input, const char* what) {
   auto decoded = Record::Decode(input);
   if (!decoded.ok()) {
-    FUZZ_CHECK(!decoded.status().message().empty(),
-               std::string(what) + ": refusal without a message");
+    FUZZ_CHECK(!decoded.status().message().empty(), std::string(what) + ": refusal without a message");
     return;
   }
   std::string encoded = decoded->Encode();
   auto again = Record::Decode(encoded);
-  FUZZ_CHECK(again.ok(),
-             std::string(what) + ": re-encoded record refused: " + again.status().ToString());
+  FUZZ_CHECK(again.ok(), std::string(what) + ": re-encoded record refused: " + again.status().ToString());
   FUZZ_CHECK(*again == *decoded, std::string(what) + ": round trip changed the record");
   FUZZ_CHECK(again->Encode() == encoded, std::string(what) + ": encoding is not stable");
 }

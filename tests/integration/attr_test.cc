@@ -40,13 +40,13 @@ std::string ErrnoName(int e) {
 
 // Evaluates CALL (a system call returning -1 and setting errno on failure) and
 // expects it to fail with errno EXPECTED, or to succeed when EXPECTED is 0.
-#define EXPECT_ERRNO(expected, call)                                                           \
-  do {                                                                                         \
-    errno = 0;                                                                                 \
-    long rc_ = static_cast<long>(call);                                                        \
-    int err_ = rc_ < 0 ? errno : 0;                                                            \
-    EXPECT_EQ(err_, (expected)) << #call << " returned " << rc_ << " with " << ErrnoName(err_) \
-                                << ", expected " << ErrnoName(expected);                       \
+#define EXPECT_ERRNO(expected, call)                                                                            \
+  do {                                                                                                          \
+    errno = 0;                                                                                                  \
+    long rc_ = static_cast<long>(call);                                                                         \
+    int err_ = rc_ < 0 ? errno : 0;                                                                             \
+    EXPECT_EQ(err_, (expected)) << #call << " returned " << rc_ << " with " << ErrnoName(err_) << ", expected " \
+                                << ErrnoName(expected);                                                         \
   } while (0)
 
 class Fd {
@@ -160,9 +160,7 @@ int64_t NowNs(clockid_t clock) {
   return Ns(t);
 }
 
-int64_t Latest(const struct stat& st) {
-  return std::max({Ns(st.st_atim), Ns(st.st_mtim), Ns(st.st_ctim)});
-}
+int64_t Latest(const struct stat& st) { return std::max({Ns(st.st_atim), Ns(st.st_mtim), Ns(st.st_ctim)}); }
 
 // Waits (spinning on the clock, for at most one timer tick) until the coarse
 // real-time clock has passed T, so that a timestamp taken from then on by the
@@ -192,8 +190,7 @@ void End(Window* w) { w->end = NowNs(CLOCK_REALTIME); }
     EXPECT_LE(Ns(ts), (window).end) << #ts << " is later than the end of the operation"; \
   } while (0)
 
-#define EXPECT_TIME_EQ(ts, expected_ts) \
-  EXPECT_EQ(Ns(ts), Ns(expected_ts)) << #ts << " must not change"
+#define EXPECT_TIME_EQ(ts, expected_ts) EXPECT_EQ(Ns(ts), Ns(expected_ts)) << #ts << " must not change"
 
 constexpr timespec kOldAtime = {1000000000, 111111111};  // 2001-09-09
 constexpr timespec kOldMtime = {1000000100, 222222222};
@@ -416,8 +413,7 @@ TEST_F(AttrTest, TruncateDownDiscardsDataForGood) {
   std::string expected = data.substr(0, 1000) + std::string(64 * kKiB - 1000, '\0');
   std::string got = ReadAt(fd.get(), 0, 64 * kKiB);
   EXPECT_TRUE(got == expected) << "stale data after truncate down+up: first differing byte at "
-                               << std::mismatch(got.begin(), got.end(), expected.begin()).first -
-                                      got.begin();
+                               << std::mismatch(got.begin(), got.end(), expected.begin()).first - got.begin();
 
   // Nor does writing past the end after a truncate down.
   EXPECT_ERRNO(0, ftruncate(fd.get(), 1000));
@@ -841,8 +837,8 @@ TEST_F(AttrTest, XattrSetGetListRemove) {
   EXPECT_EQ(GetXattr(f, "user.empty"), "");
   EXPECT_EQ(GetXattr(f, "user.big"), big);
   EXPECT_EQ(GetXattr(f, "trusted.root_only"), "t");
-  EXPECT_EQ(ListXattrs(f), (std::set<std::string>{"user.alpha", "user.binary", "user.empty",
-                                                  "user.big", "trusted.root_only"}));
+  EXPECT_EQ(ListXattrs(f),
+            (std::set<std::string>{"user.alpha", "user.binary", "user.empty", "user.big", "trusted.root_only"}));
 
   // Overwrite without flags.
   EXPECT_ERRNO(0, setxattr(f.c_str(), "user.alpha", "bye", 3, 0));
@@ -980,8 +976,7 @@ TEST_F(AttrTest, FallocatePunchHoleReadsZeros) {
   blkcnt_t blocks_before = Fstat(fd.get()).st_blocks;
 
   // Aligned: the range is deallocated.
-  EXPECT_ERRNO(
-      0, fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 64 * kKiB, 64 * kKiB));
+  EXPECT_ERRNO(0, fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 64 * kKiB, 64 * kKiB));
   std::string expected = data;
   expected.replace(64 * kKiB, 64 * kKiB, std::string(64 * kKiB, '\0'));
   DropCache(fd.get());
@@ -997,8 +992,7 @@ TEST_F(AttrTest, FallocatePunchHoleReadsZeros) {
   EXPECT_TRUE(ReadAt(fd.get(), 0, 512 * kKiB) == expected) << "unaligned punch";
 
   // Past the end: nothing changes, the size stays.
-  EXPECT_ERRNO(0,
-               fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 200 * kKiB, kMiB));
+  EXPECT_ERRNO(0, fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 200 * kKiB, kMiB));
   expected.replace(200 * kKiB, 56 * kKiB, std::string(56 * kKiB, '\0'));
   DropCache(fd.get());
   EXPECT_EQ(Fstat(fd.get()).st_size, 256 * kKiB);
@@ -1081,8 +1075,7 @@ TEST_F(AttrTest, SeekDataAndHoleInASparseFile) {
     CheckSparseLayout(again.get());
   }
   // Holes read as zeros, data as written.
-  std::string expected =
-      a + std::string(kMiB - 64 * kKiB, '\0') + b + std::string(kMiB - 64 * kKiB, '\0');
+  std::string expected = a + std::string(kMiB - 64 * kKiB, '\0') + b + std::string(kMiB - 64 * kKiB, '\0');
   EXPECT_TRUE(ReadAt(again.get(), 0, 3 * kMiB) == expected);
 }
 
@@ -1121,8 +1114,7 @@ TEST_F(AttrTest, SeekDataAndHoleEdgeCases) {
 
   // A punched hole in the middle is found.
   ASSERT_EQ(fsync(dense.get()), 0);
-  ASSERT_EQ(
-      fallocate(dense.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 32 * kKiB, 32 * kKiB), 0)
+  ASSERT_EQ(fallocate(dense.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 32 * kKiB, 32 * kKiB), 0)
       << ErrnoName(errno);
   ExpectSeek(dense.get(), 0, SEEK_HOLE, 32 * kKiB);
   ExpectSeek(dense.get(), 32 * kKiB, SEEK_DATA, 64 * kKiB);

@@ -126,9 +126,7 @@ class Writer {
     root_ = open(volume_.mountpoint().c_str(), O_RDONLY | O_DIRECTORY);
     const char* skip = getenv("SPILLFS_CRASH_SKIP");
     std::string list = skip != nullptr ? std::string(",") + skip + "," : "";
-    auto skipped = [&](const char* name) {
-      return list.find(std::string(",") + name + ",") != std::string::npos;
-    };
+    auto skipped = [&](const char* name) { return list.find(std::string(",") + name + ",") != std::string::npos; };
     skip_truncate_ = skipped("truncate");
     skip_overwrite_ = skipped("overwrite");
     skip_rename_ = skipped("rename");
@@ -194,9 +192,7 @@ class Writer {
     }
   }
   std::string RandomDir() { return dirs_[Pick(dirs_.size())]; }
-  std::string Join(const std::string& dir, const std::string& name) {
-    return dir.empty() ? name : dir + "/" + name;
-  }
+  std::string Join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
   // Drops every expectation at or under `path`.
   void Forget(const std::string& path) {
     durable_.erase(path);
@@ -245,8 +241,7 @@ class Writer {
     size_t at = 0;
     while (at < content.size()) {
       size_t piece = std::min(content.size() - at, WriteSize());
-      if (!Check(WriteAll(fd, content.data() + at, piece, static_cast<off_t>(at)),
-                 "write " + path)) {
+      if (!Check(WriteAll(fd, content.data() + at, piece, static_cast<off_t>(at)), "write " + path)) {
         close(fd);
         return;
       }
@@ -286,8 +281,7 @@ class Writer {
     } else {
       size_t offset = Pick(content.size() + (64 << 10));
       std::string data = RandomBytes(rng_, WriteSize());
-      if (!Check(WriteAll(fd, data.data(), data.size(), static_cast<off_t>(offset)),
-                 "overwrite " + path)) {
+      if (!Check(WriteAll(fd, data.data(), data.size(), static_cast<off_t>(offset)), "overwrite " + path)) {
         close(fd);
         return;
       }
@@ -320,8 +314,7 @@ class Writer {
     if (to == from) return;
     Forget(from);
     Forget(to);
-    if (!Check(renameat(root_, from.c_str(), root_, to.c_str()) == 0, "rename " + from + " " + to))
-      return;
+    if (!Check(renameat(root_, from.c_str(), root_, to.c_str()) == 0, "rename " + from + " " + to)) return;
     files_.erase(to);
     MoveModel(from, to);
   }
@@ -350,13 +343,10 @@ class Writer {
     if (parent == from || parent.compare(0, from.size() + 1, from + "/") == 0) parent = "";
     std::string to = Join(parent, "m" + std::to_string(next_name_++));
     Forget(from);
-    if (!Check(renameat(root_, from.c_str(), root_, to.c_str()) == 0,
-               "rename dir " + from + " " + to))
-      return;
+    if (!Check(renameat(root_, from.c_str(), root_, to.c_str()) == 0, "rename dir " + from + " " + to)) return;
     MoveModel(from, to);
     for (std::string& dir : dirs_) {
-      if (dir == from || dir.compare(0, from.size() + 1, from + "/") == 0)
-        dir = to + dir.substr(from.size());
+      if (dir == from || dir.compare(0, from.size() + 1, from + "/") == 0) dir = to + dir.substr(from.size());
     }
   }
 
@@ -442,9 +432,8 @@ void RunIteration(uint64_t seed, Totals* totals) {
     fprintf(stderr, "crash test: seed %llu: orphan(s) pending at the crash (reclaimed at mount)\n",
             static_cast<unsigned long long>(seed));
   } else {
-    ASSERT_EQ(fsck.rc, 0) << "fsck after the crash (killed after " << kill_ms << " ms, op "
-                          << writer.ops() << ", last op " << writer.last_op()
-                          << "): " << Summary(fsck);
+    ASSERT_EQ(fsck.rc, 0) << "fsck after the crash (killed after " << kill_ms << " ms, op " << writer.ops()
+                          << ", last op " << writer.last_op() << "): " << Summary(fsck);
   }
 
   std::string error;
@@ -454,8 +443,7 @@ void RunIteration(uint64_t seed, Totals* totals) {
   for (const auto& [path, content] : durable) {
     std::string actual;
     ASSERT_TRUE(ReadWhole(volume.Path(path), &actual)) << path << ": " << strerror(errno);
-    ASSERT_EQ(actual.size(), content.size())
-        << path << " (fsync'd, then untouched) has the wrong size";
+    ASSERT_EQ(actual.size(), content.size()) << path << " (fsync'd, then untouched) has the wrong size";
     ASSERT_TRUE(actual == content) << path << " (fsync'd, then untouched) differs after the crash";
     bytes += content.size();
   }
@@ -466,12 +454,11 @@ void RunIteration(uint64_t seed, Totals* totals) {
   ++totals->survived;
   totals->bytes_verified += bytes;
   totals->files_verified += durable.size();
-  fprintf(
-      stderr,
-      "crash test: seed %llu: killed after %d ms at op %llu; fsck clean; %zu fsync'd files, %llu "
-      "bytes verified\n",
-      static_cast<unsigned long long>(seed), kill_ms, static_cast<unsigned long long>(writer.ops()),
-      durable.size(), static_cast<unsigned long long>(bytes));
+  fprintf(stderr,
+          "crash test: seed %llu: killed after %d ms at op %llu; fsck clean; %zu fsync'd files, %llu "
+          "bytes verified\n",
+          static_cast<unsigned long long>(seed), kill_ms, static_cast<unsigned long long>(writer.ops()), durable.size(),
+          static_cast<unsigned long long>(bytes));
 }
 
 TEST(CrashTest, KilledDaemonLeavesAConsistentVolumeWithEveryFsyncedByte) {
@@ -487,16 +474,14 @@ TEST(CrashTest, KilledDaemonLeavesAConsistentVolumeWithEveryFsyncedByte) {
   }
   std::string failed;
   for (uint64_t seed : totals.failed_seeds) failed += " " + std::to_string(seed);
-  fprintf(
-      stderr,
-      "crash test: %llu of %llu iterations survived; %llu fsync'd files, %llu bytes verified; "
-      "%llu ops, %llu fsyncs; %llu crashes left orphans for mount to reclaim; failed seeds:%s\n",
-      static_cast<unsigned long long>(totals.survived), static_cast<unsigned long long>(iterations),
-      static_cast<unsigned long long>(totals.files_verified),
-      static_cast<unsigned long long>(totals.bytes_verified),
-      static_cast<unsigned long long>(totals.ops), static_cast<unsigned long long>(totals.fsyncs),
-      static_cast<unsigned long long>(totals.orphans_pending),
-      failed.empty() ? " none" : failed.c_str());
+  fprintf(stderr,
+          "crash test: %llu of %llu iterations survived; %llu fsync'd files, %llu bytes verified; "
+          "%llu ops, %llu fsyncs; %llu crashes left orphans for mount to reclaim; failed seeds:%s\n",
+          static_cast<unsigned long long>(totals.survived), static_cast<unsigned long long>(iterations),
+          static_cast<unsigned long long>(totals.files_verified),
+          static_cast<unsigned long long>(totals.bytes_verified), static_cast<unsigned long long>(totals.ops),
+          static_cast<unsigned long long>(totals.fsyncs), static_cast<unsigned long long>(totals.orphans_pending),
+          failed.empty() ? " none" : failed.c_str());
   RecordProperty("iterations_survived", static_cast<int>(totals.survived));
   RecordProperty("bytes_verified", std::to_string(totals.bytes_verified));
   EXPECT_EQ(totals.survived, iterations);

@@ -95,8 +95,7 @@ std::vector<char> PatternVector(uint64_t seed, uint64_t off, size_t len) {
 }
 
 // Compares `n` bytes at file offset `off` with `expected`; names the first difference.
-AssertionResult SameBytes(const std::string& what, uint64_t off, const char* actual,
-                          const char* expected, size_t n) {
+AssertionResult SameBytes(const std::string& what, uint64_t off, const char* actual, const char* expected, size_t n) {
   if (memcmp(actual, expected, n) == 0) return AssertionSuccess();
   size_t first = 0;
   while (actual[first] == expected[first]) ++first;
@@ -111,15 +110,12 @@ AssertionResult SameBytes(const std::string& what, uint64_t off, const char* act
   snprintf(text, sizeof text,
            ": first difference at file offset %llu (0x%llx): expected 0x%02x, got 0x%02x; "
            "%zu of %zu bytes differ, %zu of them read as 0",
-           static_cast<unsigned long long>(off + first),
-           static_cast<unsigned long long>(off + first),
-           static_cast<unsigned char>(expected[first]), static_cast<unsigned char>(actual[first]),
-           bad, n, zeros);
+           static_cast<unsigned long long>(off + first), static_cast<unsigned long long>(off + first),
+           static_cast<unsigned char>(expected[first]), static_cast<unsigned char>(actual[first]), bad, n, zeros);
   return AssertionFailure() << what << text;
 }
 
-AssertionResult MatchesPattern(const std::string& what, uint64_t seed, uint64_t off,
-                               const char* actual, size_t n) {
+AssertionResult MatchesPattern(const std::string& what, uint64_t seed, uint64_t off, const char* actual, size_t n) {
   std::vector<char> expected = PatternVector(seed, off, n);
   return SameBytes(what, off, actual, expected.data(), n);
 }
@@ -127,8 +123,7 @@ AssertionResult MatchesPattern(const std::string& what, uint64_t seed, uint64_t 
 AssertionResult AllZero(const std::string& what, uint64_t off, const char* actual, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     if (actual[i] != 0) {
-      return AssertionFailure() << what << ": byte at file offset " << off + i
-                                << " should read as 0 (hole) but is "
+      return AssertionFailure() << what << ": byte at file offset " << off + i << " should read as 0 (hole) but is "
                                 << static_cast<int>(static_cast<unsigned char>(actual[i]));
     }
   }
@@ -179,8 +174,7 @@ AssertionResult PreadExact(int fd, char* data, size_t n, uint64_t off) {
   AssertionResult r = PreadFull(fd, data, n, off, &got);
   if (!r) return r;
   if (got != n) {
-    return AssertionFailure() << "pread(off=" << off << ", n=" << n << ") returned only " << got
-                              << " bytes before EOF";
+    return AssertionFailure() << "pread(off=" << off << ", n=" << n << ") returned only " << got << " bytes before EOF";
   }
   return AssertionSuccess();
 }
@@ -203,15 +197,13 @@ size_t RandomChunk(std::mt19937_64& rng) {
 
 // Creates `path` with `size` bytes of Pattern(seed) written sequentially with
 // write() in chunks of `chunk` bytes (0: random chunks of 1 B..4 MiB).
-AssertionResult WritePatternFile(const std::string& path, uint64_t seed, uint64_t size,
-                                 size_t chunk) {
+AssertionResult WritePatternFile(const std::string& path, uint64_t seed, uint64_t size, size_t chunk) {
   Fd fd(open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644));
   if (fd.get() < 0) return AssertionFailure() << "create " << path << ": " << Errno();
   std::mt19937_64 rng(seed);
   std::vector<char> buf;
   for (uint64_t off = 0; off < size;) {
-    size_t n =
-        static_cast<size_t>(std::min<uint64_t>(chunk ? chunk : RandomChunk(rng), size - off));
+    size_t n = static_cast<size_t>(std::min<uint64_t>(chunk ? chunk : RandomChunk(rng), size - off));
     buf.resize(n);
     Pattern(seed, off, buf.data(), n);
     AssertionResult r = WriteAll(fd.get(), buf.data(), n);
@@ -226,8 +218,7 @@ AssertionResult WritePatternFile(const std::string& path, uint64_t seed, uint64_
 
 // Reads `path` sequentially with read() in chunks of `chunk` bytes (0: random)
 // and checks every byte, the size, EOF, and some random preads.
-AssertionResult VerifyPatternFile(const std::string& path, uint64_t seed, uint64_t size,
-                                  size_t chunk) {
+AssertionResult VerifyPatternFile(const std::string& path, uint64_t seed, uint64_t size, size_t chunk) {
   Fd fd(open(path.c_str(), O_RDONLY));
   if (fd.get() < 0) return AssertionFailure() << "open " << path << ": " << Errno();
   AssertionResult r = FileSizeIs(fd.get(), size);
@@ -245,13 +236,12 @@ AssertionResult VerifyPatternFile(const std::string& path, uint64_t seed, uint64
       return AssertionFailure() << "read " << path << " hit EOF at " << off << " of " << size;
     }
     if (off + static_cast<uint64_t>(got) > size) {
-      return AssertionFailure() << "read " << path << " returned data past EOF: " << got
-                                << " bytes at " << off << " of " << size;
+      return AssertionFailure() << "read " << path << " returned data past EOF: " << got << " bytes at " << off
+                                << " of " << size;
     }
     expected.resize(static_cast<size_t>(got));
     Pattern(seed, off, expected.data(), expected.size());
-    r = SameBytes(path + " read(" + std::to_string(want) + ")", off, buf.data(), expected.data(),
-                  expected.size());
+    r = SameBytes(path + " read(" + std::to_string(want) + ")", off, buf.data(), expected.data(), expected.size());
     if (!r) return r;
     off += static_cast<uint64_t>(got);
   }
@@ -270,8 +260,7 @@ AssertionResult VerifyPatternFile(const std::string& path, uint64_t seed, uint64
   return AssertionSuccess();
 }
 
-std::unique_ptr<MountedVolume> NewVolume(const MountedVolume::Options& options,
-                                         std::string* error) {
+std::unique_ptr<MountedVolume> NewVolume(const MountedVolume::Options& options, std::string* error) {
   try {
     return std::make_unique<MountedVolume>(options);
   } catch (const std::exception& e) {
@@ -326,8 +315,7 @@ TEST_F(DataTest, RandomContentsAcrossSizesAndChunkSizes) {
       }
       // 100 MiB only with 4 MiB and random chunks: enough bytes for the run time.
       if (size >= 64 * kMiB && chunk != 0 && chunk != 4 * kMiB) continue;
-      std::string path =
-          Path("s" + std::to_string(size) + "_w" + (chunk ? std::to_string(chunk) : "rand"));
+      std::string path = Path("s" + std::to_string(size) + "_w" + (chunk ? std::to_string(chunk) : "rand"));
       ASSERT_TRUE(WritePatternFile(path, ++seed, size, chunk));
       files.push_back({path, seed, size});
     }
@@ -503,8 +491,7 @@ TEST_F(DataTest, AppendWritesGoToTheEnd) {
   ASSERT_EQ(lseek(fd.get(), 0, SEEK_SET), 0) << Errno();
   ASSERT_TRUE(WriteAll(fd.get(), a.data(), a.size()));
   model.insert(model.end(), a.begin(), a.end());
-  EXPECT_EQ(lseek(fd.get(), 0, SEEK_CUR), static_cast<off_t>(model.size()))
-      << "file offset after an O_APPEND write";
+  EXPECT_EQ(lseek(fd.get(), 0, SEEK_CUR), static_cast<off_t>(model.size())) << "file offset after an O_APPEND write";
   // Linux: pwrite on an O_APPEND descriptor appends whatever the offset (pwrite(2)
   // BUGS; ext4 on /tmp: "abc" then pwrite("XY", 0) gives "abcXY").
   std::vector<char> b = PatternVector(13, 0, 3000);
@@ -642,8 +629,7 @@ TEST_F(DataTest, OTruncDiscardsOldContents) {
   std::vector<char> buf(kMiB + 5);
   ASSERT_TRUE(PreadExact(fd.get(), buf.data(), buf.size(), 0));
   ASSERT_TRUE(SameBytes("head", 0, buf.data(), fresh.data(), 100));
-  ASSERT_TRUE(AllZero("grown after O_TRUNC (old data must not reappear)", 100, buf.data() + 100,
-                      buf.size() - 100));
+  ASSERT_TRUE(AllZero("grown after O_TRUNC (old data must not reappear)", 100, buf.data() + 100, buf.size() - 100));
 }
 
 // ---------------------------------------------------------------------------
@@ -687,8 +673,7 @@ TEST_F(DataTest, ODirectAlignedIo) {
       ssize_t r = pread(rfd, buf.data(), p.len, static_cast<off_t>(p.off));
       ASSERT_EQ(r, static_cast<ssize_t>(p.len))
           << (direct ? "O_DIRECT" : "buffered") << " pread at " << p.off << ": " << Errno();
-      ASSERT_TRUE(MatchesPattern(direct ? "O_DIRECT read" : "buffered read", p.seed, p.off,
-                                 buf.data(), p.len));
+      ASSERT_TRUE(MatchesPattern(direct ? "O_DIRECT read" : "buffered read", p.seed, p.off, buf.data(), p.len));
     }
     AlignedBuffer gap(8192);
     ASSERT_EQ(pread(rfd, gap.data(), 8192, 4096), 8192) << Errno();
@@ -736,8 +721,7 @@ TEST_F(DataTest, MmapConsistentWithReadWrite) {
   struct Range {
     size_t off, len;
   };
-  const Range stores[] = {
-      {0, 1}, {4090, 20}, {kMiB - 3, 8192}, {2 * kMiB + 4096, 4096}, {size - 1, 1}};
+  const Range stores[] = {{0, 1}, {4090, 20}, {kMiB - 3, 8192}, {2 * kMiB + 4096, 4096}, {size - 1, 1}};
   uint64_t seed = 50;
   for (const Range& r : stores) {
     std::vector<char> d = PatternVector(++seed, r.off, r.len);
@@ -911,9 +895,7 @@ TEST_F(DataTest, ConcurrentWritersAndReadersOnDisjointRegionsOfOneFile) {
         size_t len = static_cast<size_t>(std::min<uint64_t>(1 + rng() % (64 * kKiB), done - at));
         rbuf.resize(len);
         r = PreadExact(fd.get(), rbuf.data(), len, o * region + at);
-        if (r)
-          r = MatchesPattern("region " + std::to_string(o), 100 + o, o * region + at, rbuf.data(),
-                             len);
+        if (r) r = MatchesPattern("region " + std::to_string(o), 100 + o, o * region + at, rbuf.data(), len);
         if (!r) return fail("reading region " + std::to_string(o) + ": " + r.message());
       }
       // Phase 2: the second half, first in full, then random overwrites.
@@ -930,8 +912,7 @@ TEST_F(DataTest, ConcurrentWritersAndReadersOnDisjointRegionsOfOneFile) {
         rbuf.resize(len);
         r = PreadExact(fd.get(), rbuf.data(), len, base + check);
         if (r) {
-          r = SameBytes("own region " + std::to_string(t), base + check, rbuf.data(),
-                        model.data() + check, len);
+          r = SameBytes("own region " + std::to_string(t), base + check, rbuf.data(), model.data() + check, len);
         }
         if (!r) return fail(r.message());
       }
@@ -1007,8 +988,7 @@ TEST_F(SmallVolumeTest, WriteUntilEnospcThenFreeSpace) {
     FAIL() << "wrote " << written << " bytes to a 64 MiB volume without an error from write(); "
            << "fsync then " << fsync_result;
   }
-  ASSERT_EQ(error, ENOSPC) << "writing past the end of the space failed with errno "
-                           << ErrnoText(error);
+  ASSERT_EQ(error, ENOSPC) << "writing past the end of the space failed with errno " << ErrnoText(error);
   EXPECT_LE(written + kKeep, kVolume) << "more bytes accepted than the volume holds";
   EXPECT_GE(written + kKeep, kVolume / 2) << "ENOSPC with over half of the volume unused";
   // A second write fails the same way; what was accepted is durable and intact.
@@ -1033,8 +1013,8 @@ TEST_F(SmallVolumeTest, WriteUntilEnospcThenFreeSpace) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     free_now = FreeBytes(volume_->mountpoint());
   }
-  EXPECT_GE(free_now, want_free) << "statfs free bytes after deleting " << written
-                                 << " bytes (before: " << free_full << ")";
+  EXPECT_GE(free_now, want_free) << "statfs free bytes after deleting " << written << " bytes (before: " << free_full
+                                 << ")";
   const uint64_t again = std::min<uint64_t>(written, 32 * kMiB);
   std::string next = Path("again");
   ASSERT_TRUE(WritePatternFile(next, 73, again, kMiB)) << "writing after the space was freed";

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
@@ -100,7 +100,8 @@ TEST(DedupTest, ChangesToOneCopyLeaveTheOthersIntact) {
 }
 
 TEST(DedupTest, VolumeMadeWithoutDedupStoresEveryCopy) {
-  MountedVolume volume(MountedVolume::Options{.size = "1G", .mkfs_args = "--no-dedup", .mount_options = "", .mount_args = {}});
+  MountedVolume volume(
+      MountedVolume::Options{.size = "1G", .mkfs_args = "--no-dedup", .mount_options = "", .mount_args = {}});
   const std::string data = RandomBytes(kFileBytes, 4);
   for (const char* name : {"x", "y"}) WriteFile(volume.Path(name), data);
   EXPECT_EQ(Stat(volume)["physical_bytes"].get<uint64_t>(), 2 * kFileBytes);

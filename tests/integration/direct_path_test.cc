@@ -33,9 +33,7 @@ namespace {
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * kKiB;
 
-std::string Errno() {
-  return std::string("errno ") + std::to_string(errno) + " (" + strerror(errno) + ")";
-}
+std::string Errno() { return std::string("errno ") + std::to_string(errno) + " (" + strerror(errno) + ")"; }
 
 class Fd {
  public:
@@ -177,23 +175,21 @@ TEST_F(DirectPathTest, DirectWriteReadsBackThroughTheMount) {
   // Small steps so that large writes take several reserve/commit rounds.
   ASSERT_EQ(spill_client_set(client(), "commit_bytes", 1 * kMiB), 0) << spill_last_error();
   ASSERT_EQ(spill_client_set(client(), "io_bytes", 256 * 1024), 0) << spill_last_error();
-  const std::vector<size_t> sizes = {
-      1, 100, 4095, 4096, 4097, 65536, 1 * kMiB, 1 * kMiB + 13, 3 * kMiB + 4096 * 3 + 5,
-      // One step whose whole chunks go from the caller's buffer and whose
-      // tail from a registered bounce slot, in the same run.
-      kMiB / 2 + 5};
+  const std::vector<size_t> sizes = {1, 100, 4095, 4096, 4097, 65536, 1 * kMiB, 1 * kMiB + 13, 3 * kMiB + 4096 * 3 + 5,
+                                     // One step whose whole chunks go from the caller's buffer and whose
+                                     // tail from a registered bounce slot, in the same run.
+                                     kMiB / 2 + 5};
   uint64_t seed = 1;
   for (auto [threads, depth] : {std::pair{0u, 32u}, std::pair{3u, 2u}}) {
     ASSERT_EQ(spill_client_set(client(), "checksum_threads", threads), 0) << spill_last_error();
     ASSERT_EQ(spill_client_set(client(), "queue_depth", depth), 0) << spill_last_error();
     for (size_t size : sizes) {
       for (size_t misalign : {size_t{0}, size_t{3}}) {
-        SCOPED_TRACE("size " + std::to_string(size) + " misalign " + std::to_string(misalign) +
-                     " checksum_threads " + std::to_string(threads));
+        SCOPED_TRACE("size " + std::to_string(size) + " misalign " + std::to_string(misalign) + " checksum_threads " +
+                     std::to_string(threads));
         std::vector<char> data = RandomBytes(size + misalign + 4096, seed++);
         // An aligned copy for the zero-copy path.
-        char* aligned =
-            static_cast<char*>(std::aligned_alloc(4096, (size + misalign + 8191) / 4096 * 4096));
+        char* aligned = static_cast<char*>(std::aligned_alloc(4096, (size + misalign + 8191) / 4096 * 4096));
         std::memcpy(aligned, data.data(), size + misalign);
         const char* src = aligned + misalign;
         std::string name = "w" + std::to_string(size) + "_" + std::to_string(misalign);
@@ -207,8 +203,7 @@ TEST_F(DirectPathTest, DirectWriteReadsBackThroughTheMount) {
         EXPECT_EQ(std::memcmp(mount.data(), src, size), 0);
 
         std::vector<char> back(size + 100, 'x');
-        EXPECT_EQ(spill_read(client(), name.c_str(), back.data(), back.size(), 0),
-                  static_cast<int64_t>(size))
+        EXPECT_EQ(spill_read(client(), name.c_str(), back.data(), back.size(), 0), static_cast<int64_t>(size))
             << spill_last_error();
         EXPECT_EQ(std::memcmp(back.data(), src, size), 0);
         // Unaligned offsets and lengths, an unaligned destination.
@@ -231,8 +226,7 @@ TEST_F(DirectPathTest, DirectWriteReplacesCachedContents) {
   WriteThroughMount(Path("cached"), old_data.data(), old_data.size());
   ASSERT_EQ(ReadThroughMount(Path("cached")), old_data);  // now in the page cache
   std::vector<char> new_data = RandomBytes(200 * kKiB + 1, 8);
-  ASSERT_EQ(spill_write(client(), "/cached", new_data.data(), new_data.size()), 0)
-      << spill_last_error();
+  ASSERT_EQ(spill_write(client(), "/cached", new_data.data(), new_data.size()), 0) << spill_last_error();
   EXPECT_EQ(ReadThroughMount(Path("cached")), new_data);
 }
 
@@ -241,8 +235,7 @@ TEST_F(DirectPathTest, MountWriteReadsBackOnTheDirectPath) {
   std::vector<char> data = RandomBytes(5 * kMiB + 77, 11);
   WriteThroughMount(Path("m"), data.data(), data.size());  // likely still in the RAM tier
   std::vector<char> back(data.size());
-  ASSERT_EQ(spill_read(client(), "m", back.data(), back.size(), 0),
-            static_cast<int64_t>(data.size()))
+  ASSERT_EQ(spill_read(client(), "m", back.data(), back.size(), 0), static_cast<int64_t>(data.size()))
       << spill_last_error();
   EXPECT_EQ(back, data);
 
@@ -257,8 +250,7 @@ TEST_F(DirectPathTest, MountWriteReadsBackOnTheDirectPath) {
   std::vector<char> mount = ReadThroughMount(Path("sparse"));
   ASSERT_EQ(mount.size(), 8 * kMiB);
   std::vector<char> direct(8 * kMiB, 'x');
-  ASSERT_EQ(spill_read(client(), "sparse", direct.data(), direct.size(), 0),
-            static_cast<int64_t>(8 * kMiB))
+  ASSERT_EQ(spill_read(client(), "sparse", direct.data(), direct.size(), 0), static_cast<int64_t>(8 * kMiB))
       << spill_last_error();
   EXPECT_TRUE(direct == mount);
   EXPECT_EQ(std::memcmp(direct.data(), a.data(), a.size()), 0);
@@ -299,8 +291,7 @@ TEST_F(DirectPathTest, RowsEqualPreadOfTheSameRows) {
     const std::vector<char>& expect = std::string(name) == "table" ? data : sparse;
     Fd fd(open(Path(name).c_str(), O_RDONLY));
     ASSERT_GE(fd.get(), 0);
-    for (uint64_t row_bytes :
-         {uint64_t{100}, uint64_t{4096}, uint64_t{4000}, uint64_t{12288}, uint64_t{70000}}) {
+    for (uint64_t row_bytes : {uint64_t{100}, uint64_t{4096}, uint64_t{4000}, uint64_t{12288}, uint64_t{70000}}) {
       SCOPED_TRACE(std::string(name) + " row_bytes " + std::to_string(row_bytes));
       const uint64_t rows_in_file = file_bytes / row_bytes;
       std::vector<uint64_t> rows;
@@ -315,8 +306,7 @@ TEST_F(DirectPathTest, RowsEqualPreadOfTheSameRows) {
       for (size_t i = 0; i < rows.size(); ++i) {
         ASSERT_EQ(pread(fd.get(), row.data(), row_bytes, static_cast<off_t>(rows[i] * row_bytes)),
                   static_cast<ssize_t>(row_bytes));
-        ASSERT_EQ(std::memcmp(out.data() + i * row_bytes, row.data(), row_bytes), 0)
-            << "row " << rows[i];
+        ASSERT_EQ(std::memcmp(out.data() + i * row_bytes, row.data(), row_bytes), 0) << "row " << rows[i];
         ASSERT_EQ(std::memcmp(row.data(), expect.data() + rows[i] * row_bytes, row_bytes), 0);
       }
     }
@@ -333,11 +323,9 @@ TEST_F(DirectPathTest, RowsEqualPreadOfTheSameRows) {
   WriteThroughMount(Path("table"), newer.data(), newer.size());
   std::vector<uint64_t> rows = {0, 5, 100, 1000};
   std::vector<char> got(rows.size() * 4096);
-  ASSERT_EQ(spill_read_rows(client(), "table", 4096, rows.data(), rows.size(), got.data()), 0)
-      << spill_last_error();
+  ASSERT_EQ(spill_read_rows(client(), "table", 4096, rows.data(), rows.size(), got.data()), 0) << spill_last_error();
   for (size_t i = 0; i < rows.size(); ++i) {
-    EXPECT_EQ(std::memcmp(got.data() + i * 4096, newer.data() + rows[i] * 4096, 4096), 0)
-        << rows[i];
+    EXPECT_EQ(std::memcmp(got.data() + i * 4096, newer.data() + rows[i] * 4096, 4096), 0) << rows[i];
   }
   spill_client_stats after{};
   ASSERT_EQ(spill_client_get_stats(client(), &after), 0);
@@ -367,9 +355,7 @@ TEST_F(DirectPathTest, ConcurrentRowReaders) {
           continue;
         }
         for (size_t i = 0; i < rows.size(); ++i) {
-          if (std::memcmp(out.data() + i * row_bytes, data.data() + rows[i] * row_bytes,
-                          row_bytes) != 0)
-            ++failures[t];
+          if (std::memcmp(out.data() + i * row_bytes, data.data() + rows[i] * row_bytes, row_bytes) != 0) ++failures[t];
         }
       }
     });
@@ -387,8 +373,7 @@ TEST_F(DirectPathTest, CorruptedBlockIsAnErrorNotWrongData) {
   Fd control(open(Path(".spillfs/control").c_str(), O_RDWR));
   ASSERT_GE(control.get(), 0) << Errno();
   size_t longest = 0;
-  nlohmann::json reply =
-      ControlRequest(control.get(), {{"op", "layout"}, {"path", "/c"}}, &longest);
+  nlohmann::json reply = ControlRequest(control.get(), {{"op", "layout"}, {"path", "/c"}}, &longest);
   ASSERT_TRUE(reply.value("ok", false)) << reply.dump();
   const nlohmann::json& layout = reply["result"];
   ASSERT_TRUE(layout["checksums"].get<bool>());
@@ -417,8 +402,7 @@ TEST_F(DirectPathTest, CorruptedBlockIsAnErrorNotWrongData) {
 
   std::vector<char> out(data.size());
   EXPECT_EQ(spill_read(client(), "c", out.data(), out.size(), 0), -EIO);
-  EXPECT_NE(std::string(spill_last_error()).find("checksum"), std::string::npos)
-      << spill_last_error();
+  EXPECT_NE(std::string(spill_last_error()).find("checksum"), std::string::npos) << spill_last_error();
   // A read that avoids the bad block succeeds.
   EXPECT_EQ(spill_read(client(), "c", out.data(), 20480, 0), 20480) << spill_last_error();
   EXPECT_EQ(std::memcmp(out.data(), data.data(), 20480), 0);
@@ -429,8 +413,7 @@ TEST_F(DirectPathTest, CorruptedBlockIsAnErrorNotWrongData) {
   uint64_t bad_row = 5, good_rows[2] = {4, 6};
   std::vector<char> row(2 * 4096);
   EXPECT_EQ(spill_read_rows(client(), "c", 4096, &bad_row, 1, row.data()), -EIO);
-  EXPECT_EQ(spill_read_rows(client(), "c", 4096, good_rows, 2, row.data()), 0)
-      << spill_last_error();
+  EXPECT_EQ(spill_read_rows(client(), "c", 4096, good_rows, 2, row.data()), 0) << spill_last_error();
   EXPECT_EQ(std::memcmp(row.data(), data.data() + 4 * 4096, 4096), 0);
   EXPECT_EQ(std::memcmp(row.data() + 4096, data.data() + 6 * 4096, 4096), 0);
   uint64_t small_row = 20480 / 100 + 3;  // a 100-byte row inside the bad block
@@ -450,8 +433,7 @@ TEST_F(DirectPathTest, ReserveWithoutCommitLeaksNothing) {
     Fd control(open(Path(".spillfs/control").c_str(), O_RDWR));
     ASSERT_GE(control.get(), 0) << Errno();
     size_t longest = 0;
-    nlohmann::json reply =
-        ControlRequest(control.get(), {{"op", "reserve"}, {"length", 256 * kMiB}}, &longest);
+    nlohmann::json reply = ControlRequest(control.get(), {{"op", "reserve"}, {"length", 256 * kMiB}}, &longest);
     ASSERT_TRUE(reply.value("ok", false)) << reply.dump();
     uint64_t total = 0;
     for (const auto& e : reply["result"]["extents"]) total += e["length"].get<uint64_t>();
@@ -481,15 +463,13 @@ TEST_F(DirectPathTest, ReserveWithoutCommitLeaksNothing) {
   // Reading keeps no lease past the call.
   ASSERT_EQ(spill_write(client(), "gone2", data.data(), data.size()), 0) << spill_last_error();
   std::vector<char> back(data.size());
-  ASSERT_EQ(spill_read(client(), "gone2", back.data(), back.size(), 0),
-            static_cast<int64_t>(back.size()));
+  ASSERT_EQ(spill_read(client(), "gone2", back.data(), back.size(), 0), static_cast<int64_t>(back.size()));
   ASSERT_EQ(unlink(Path("gone2").c_str()), 0) << Errno();
   EXPECT_EQ(SettledFreeBytes(volume_->mountpoint(), baseline), baseline);
   // A kept row layout holds its lease until forgotten.
   ASSERT_EQ(spill_write(client(), "gone3", data.data(), data.size()), 0) << spill_last_error();
   uint64_t row = 3;
-  ASSERT_EQ(spill_read_rows(client(), "gone3", 4096, &row, 1, back.data()), 0)
-      << spill_last_error();
+  ASSERT_EQ(spill_read_rows(client(), "gone3", 4096, &row, 1, back.data()), 0) << spill_last_error();
   ASSERT_EQ(unlink(Path("gone3").c_str()), 0) << Errno();
   ASSERT_EQ(spill_forget(client(), nullptr), 0);
   EXPECT_EQ(SettledFreeBytes(volume_->mountpoint(), baseline), baseline);
@@ -509,15 +489,13 @@ TEST_F(DirectPathNoChecksumsTest, WriteAndReadBack) {
   ASSERT_EQ(spill_write(client(), "n", data.data(), data.size()), 0) << spill_last_error();
   EXPECT_EQ(ReadThroughMount(Path("n")), data);
   std::vector<char> back(data.size());
-  ASSERT_EQ(spill_read(client(), "n", back.data(), back.size(), 0),
-            static_cast<int64_t>(data.size()))
+  ASSERT_EQ(spill_read(client(), "n", back.data(), back.size(), 0), static_cast<int64_t>(data.size()))
       << spill_last_error();
   EXPECT_EQ(back, data);
   uint64_t rows[3] = {2, 0, 511};
   std::vector<char> out(3 * 4096);
   ASSERT_EQ(spill_read_rows(client(), "n", 4096, rows, 3, out.data()), 0) << spill_last_error();
-  for (int i = 0; i < 3; ++i)
-    EXPECT_EQ(std::memcmp(out.data() + i * 4096, data.data() + rows[i] * 4096, 4096), 0);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(std::memcmp(out.data() + i * 4096, data.data() + rows[i] * 4096, 4096), 0);
 }
 
 }  // namespace

@@ -99,8 +99,7 @@ Fsck RunFsck(const std::string& volume, const std::string& flags, bool json = tr
 std::string Problems(const Fsck& fsck) {
   if (!fsck.report.is_object()) return fsck.output;
   std::string text;
-  for (const auto& p : fsck.report["problems"])
-    text += "\n  " + p.value("kind", "?") + ": " + p.value("message", "");
+  for (const auto& p : fsck.report["problems"]) text += "\n  " + p.value("kind", "?") + ": " + p.value("message", "");
   return text;
 }
 
@@ -112,8 +111,7 @@ inline void CopyFile(const std::string& from, const std::string& to) {
 void PatchFile(const std::string& path, uint64_t offset, const std::string& bytes) {
   int fd = open(path.c_str(), O_WRONLY);
   ASSERT_GE(fd, 0) << path << ": " << strerror(errno);
-  ASSERT_EQ(pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(offset)),
-            static_cast<ssize_t>(bytes.size()));
+  ASSERT_EQ(pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(offset)), static_cast<ssize_t>(bytes.size()));
   ASSERT_EQ(fsync(fd), 0);
   close(fd);
 }
@@ -170,8 +168,7 @@ TEST(FsckTest, CleanAfterABusyWorkload) {
             unlink(path.c_str());
             break;
           case 1:
-            rename(path.c_str(),
-                   (volume.Path("shared") + "/s" + std::to_string(rng() % 16)).c_str());
+            rename(path.c_str(), (volume.Path("shared") + "/s" + std::to_string(rng() % 16)).c_str());
             break;
           case 2:
             truncate(path.c_str(), static_cast<off_t>(rng() % (size + 1)));
@@ -221,9 +218,9 @@ TEST(FsckTest, CleanAfterABusyWorkload) {
   ASSERT_EQ(fsck.rc, 0) << Problems(fsck);
   EXPECT_GT(fsck.report["counters"]["files"].get<uint64_t>(), 20u);
   EXPECT_GT(fsck.report["counters"]["bytes_scrubbed"].get<uint64_t>(), 4 * kMiB);
-  EXPECT_EQ(fsck.report["counters"]["bytes_mapped"].get<uint64_t>() +
-                fsck.report["counters"]["bytes_free"].get<uint64_t>(),
-            fsck.report["counters"]["data_area_bytes"].get<uint64_t>());
+  EXPECT_EQ(
+      fsck.report["counters"]["bytes_mapped"].get<uint64_t>() + fsck.report["counters"]["bytes_free"].get<uint64_t>(),
+      fsck.report["counters"]["data_area_bytes"].get<uint64_t>());
   // --repair on a clean volume changes nothing and exits 0.
   EXPECT_EQ(RunFsck(volume.volume(), "--repair").rc, 0);
   ASSERT_TRUE(volume.Mount(&error)) << error;
@@ -268,8 +265,7 @@ TEST(FsckTest, CorruptBlocksGiveEioAndScrubNamesFileAndOffset) {
     uint64_t block = rng() % blocks;
     // Stay inside the file's size so a read can reach the block.
     uint64_t file_offset = extent["file_offset"].get<uint64_t>() + block * kBlock;
-    if (file_offset >= contents[path].size())
-      file_offset = extent["file_offset"].get<uint64_t>(), block = 0;
+    if (file_offset >= contents[path].size()) file_offset = extent["file_offset"].get<uint64_t>(), block = 0;
     Injection inj{path, file_offset, extent["physical"].get<uint64_t>() + block * kBlock};
     uint64_t within = rng() % std::min<uint64_t>(kBlock, contents[path].size() - file_offset);
     std::string byte(1, static_cast<char>(contents[path][file_offset + within] ^ 0x40));
@@ -286,8 +282,7 @@ TEST(FsckTest, CorruptBlocksGiveEioAndScrubNamesFileAndOffset) {
   for (const auto& p : scrub.report["problems"]) {
     EXPECT_EQ(p["kind"], "checksum-mismatch") << p.dump();
     for (Injection& inj : injected) {
-      if (p.value("path", "") == inj.path &&
-          p.value("file_offset", UINT64_MAX) == inj.file_offset &&
+      if (p.value("path", "") == inj.path && p.value("file_offset", UINT64_MAX) == inj.file_offset &&
           p.value("physical", UINT64_MAX) == inj.physical) {
         inj.seen_by_scrub = true;
       }
@@ -297,8 +292,7 @@ TEST(FsckTest, CorruptBlocksGiveEioAndScrubNamesFileAndOffset) {
   Fsck human = RunFsck(volume.volume(), "--scrub", false);
   EXPECT_EQ(human.rc, 1);
   EXPECT_NE(human.output.find(injected[0].path), std::string::npos) << human.output;
-  EXPECT_NE(human.output.find("file offset " + std::to_string(injected[0].file_offset)),
-            std::string::npos)
+  EXPECT_NE(human.output.find("file offset " + std::to_string(injected[0].file_offset)), std::string::npos)
       << human.output;
 
   // Reads of the damaged blocks fail with EIO; the rest of each file is intact.
@@ -307,8 +301,7 @@ TEST(FsckTest, CorruptBlocksGiveEioAndScrubNamesFileAndOffset) {
     std::string data;
     int e = ReadRange(volume.Path(inj.path.substr(1)), inj.file_offset, kBlock, &data);
     inj.seen_by_read = e == EIO;
-    EXPECT_EQ(e, EIO) << inj.path << " at " << inj.file_offset << " read " << data.size()
-                      << " bytes";
+    EXPECT_EQ(e, EIO) << inj.path << " at " << inj.file_offset << " read " << data.size() << " bytes";
     const std::string& expected = contents[inj.path];
     uint64_t other = inj.file_offset >= kBlock ? 0 : 2 * kBlock;
     if (other + kBlock <= expected.size()) {
@@ -323,13 +316,12 @@ TEST(FsckTest, CorruptBlocksGiveEioAndScrubNamesFileAndOffset) {
 
   int by_scrub = 0, by_read = 0;
   for (const Injection& inj : injected) {
-    EXPECT_TRUE(inj.seen_by_scrub)
-        << "fsck --scrub did not name " << inj.path << " at " << inj.file_offset;
+    EXPECT_TRUE(inj.seen_by_scrub) << "fsck --scrub did not name " << inj.path << " at " << inj.file_offset;
     by_scrub += inj.seen_by_scrub;
     by_read += inj.seen_by_read;
   }
-  fprintf(stderr, "fsck test: corruptions injected %zu, detected by scrub %d, by read (EIO) %d\n",
-          injected.size(), by_scrub, by_read);
+  fprintf(stderr, "fsck test: corruptions injected %zu, detected by scrub %d, by read (EIO) %d\n", injected.size(),
+          by_scrub, by_read);
   RecordProperty("corruptions_injected", static_cast<int>(injected.size()));
   RecordProperty("corruptions_detected_by_scrub", by_scrub);
   RecordProperty("corruptions_detected_by_read", by_read);
@@ -348,8 +340,7 @@ class DamagedVolumeTest : public ::testing::Test {
     // What the tests damage: the index files and block 0 of the data area.
     backup_ = volume_->volume() + ".backup";
     std::filesystem::create_directories(backup_);
-    std::filesystem::copy(volume_->volume() + "/index", backup_ + "/index",
-                          std::filesystem::copy_options::recursive);
+    std::filesystem::copy(volume_->volume() + "/index", backup_ + "/index", std::filesystem::copy_options::recursive);
     ASSERT_EQ(ReadRange(Image(), 0, kBlock, &block0_), 0);
     image_size_ = std::filesystem::file_size(Image());
   }
@@ -423,8 +414,7 @@ TEST_F(DamagedVolumeTest, GarbageIndexCurrentFile) {
 TEST_F(DamagedVolumeTest, GarbageIndexManifest) {
   std::string manifest;
   for (const auto& entry : std::filesystem::directory_iterator(volume_->volume() + "/index")) {
-    if (entry.path().filename().string().rfind("MANIFEST-", 0) == 0)
-      manifest = entry.path().filename();
+    if (entry.path().filename().string().rfind("MANIFEST-", 0) == 0) manifest = entry.path().filename();
   }
   ASSERT_FALSE(manifest.empty());
   uint64_t size = std::filesystem::file_size(volume_->volume() + "/index/" + manifest);

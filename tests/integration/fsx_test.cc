@@ -145,19 +145,16 @@ struct OpRecord {
       case OpKind::kZeroRange:
       case OpKind::kZeroKeep:
         snprintf(buf, sizeof buf,
-                 "#%" PRIu64 " %s %-19s off=0x%" PRIx64 " len=0x%" PRIx64 " end=0x%" PRIx64
-                 " size 0x%" PRIx64 "->0x%" PRIx64,
-                 index, target.c_str(), name, offset, length, offset + length, size_before,
-                 size_after);
+                 "#%" PRIu64 " %s %-19s off=0x%" PRIx64 " len=0x%" PRIx64 " end=0x%" PRIx64 " size 0x%" PRIx64
+                 "->0x%" PRIx64,
+                 index, target.c_str(), name, offset, length, offset + length, size_before, size_after);
         break;
       case OpKind::kTruncate:
-        snprintf(buf, sizeof buf, "#%" PRIu64 " %s %-19s size 0x%" PRIx64 "->0x%" PRIx64 " (%s)",
-                 index, target.c_str(), name, size_before, size_after,
-                 size_after >= size_before ? "up" : "down");
+        snprintf(buf, sizeof buf, "#%" PRIu64 " %s %-19s size 0x%" PRIx64 "->0x%" PRIx64 " (%s)", index, target.c_str(),
+                 name, size_before, size_after, size_after >= size_before ? "up" : "down");
         break;
       default:
-        snprintf(buf, sizeof buf, "#%" PRIu64 " %s %-19s size 0x%" PRIx64, index, target.c_str(),
-                 name, size_after);
+        snprintf(buf, sizeof buf, "#%" PRIu64 " %s %-19s size 0x%" PRIx64, index, target.c_str(), name, size_after);
         break;
     }
     return buf;
@@ -406,8 +403,7 @@ class Fsx {
           return Fail(Errno(OpName(kind)));
         }
         if (grows && m.size() < off + len) m.resize(off + len, 0);
-        const bool zeroes =
-            kind == OpKind::kPunch || kind == OpKind::kZeroRange || kind == OpKind::kZeroKeep;
+        const bool zeroes = kind == OpKind::kPunch || kind == OpKind::kZeroRange || kind == OpKind::kZeroKeep;
         if (zeroes && off < m.size()) {
           uint64_t end = std::min<uint64_t>(m.size(), off + len);
           std::fill(m.begin() + off, m.begin() + end, 0);
@@ -470,9 +466,8 @@ class Fsx {
       if (fstat(fds_[f], &st) != 0) return Fail(Errno("fstat"));
       if (static_cast<uint64_t>(st.st_size) != model_[f].size()) {
         std::ostringstream msg;
-        msg << "st_size of f" << f << " is " << st.st_size << " (0x" << std::hex << st.st_size
-            << "), model says " << std::dec << model_[f].size() << " (0x" << std::hex
-            << model_[f].size() << ")";
+        msg << "st_size of f" << f << " is " << st.st_size << " (0x" << std::hex << st.st_size << "), model says "
+            << std::dec << model_[f].size() << " (0x" << std::hex << model_[f].size() << ")";
         return Fail(msg.str());
       }
     }
@@ -512,9 +507,8 @@ class Fsx {
     }
     if (got != expect_len) {
       std::ostringstream msg;
-      msg << what << ": f" << f << " pread(off=0x" << std::hex << off << ", len=0x" << len
-          << ") returned 0x" << got << " bytes in all, expected 0x" << expect_len
-          << " (file size 0x" << m.size() << ")";
+      msg << what << ": f" << f << " pread(off=0x" << std::hex << off << ", len=0x" << len << ") returned 0x" << got
+          << " bytes in all, expected 0x" << expect_len << " (file size 0x" << m.size() << ")";
       if (got < expect_len && memcmp(rbuf_.data(), m.data() + off, got) == 0) {
         msg << "; the bytes that did come back match";
       }
@@ -533,10 +527,9 @@ class Fsx {
     }
     uint64_t pos = off + first;
     std::ostringstream msg;
-    msg << what << ": f" << f << " data mismatch reading off=0x" << std::hex << off << " len=0x"
-        << got << ": first bad byte at file offset 0x" << pos << ", last at 0x" << off + last
-        << std::dec << "; " << bad << " bytes differ (" << actual_zero
-        << " of them read as 0)\n  expected:";
+    msg << what << ": f" << f << " data mismatch reading off=0x" << std::hex << off << " len=0x" << got
+        << ": first bad byte at file offset 0x" << pos << ", last at 0x" << off + last << std::dec << "; " << bad
+        << " bytes differ (" << actual_zero << " of them read as 0)\n  expected:";
     for (uint64_t i = first; i < std::min(got, first + 16); ++i) {
       char hex[4];
       snprintf(hex, sizeof hex, " %02x", static_cast<unsigned char>(m[off + i]));
@@ -635,8 +628,7 @@ TEST_P(FsxTest, RandomOpsMatchModel) {
   } catch (const std::exception& e) {
     FAIL() << "could not create and mount a volume: " << e.what();
   }
-  printf("fsx: seed=%" PRIu64 " ops=%" PRIu64 " mount=%s\n", seed, ops,
-         volume->mountpoint().c_str());
+  printf("fsx: seed=%" PRIu64 " ops=%" PRIu64 " mount=%s\n", seed, ops, volume->mountpoint().c_str());
   fflush(stdout);
   Fsx fsx(volume.get(), seed, ops);
   EXPECT_TRUE(fsx.Run()) << "seed=" << seed;

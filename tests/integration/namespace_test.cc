@@ -40,13 +40,13 @@ std::string ErrnoName(int e) {
 
 // Evaluates CALL (a system call returning -1 and setting errno on failure) and
 // expects it to fail with errno EXPECTED, or to succeed when EXPECTED is 0.
-#define EXPECT_ERRNO(expected, call)                                                           \
-  do {                                                                                         \
-    errno = 0;                                                                                 \
-    long rc_ = static_cast<long>(call);                                                        \
-    int err_ = rc_ < 0 ? errno : 0;                                                            \
-    EXPECT_EQ(err_, (expected)) << #call << " returned " << rc_ << " with " << ErrnoName(err_) \
-                                << ", expected " << ErrnoName(expected);                       \
+#define EXPECT_ERRNO(expected, call)                                                                            \
+  do {                                                                                                          \
+    errno = 0;                                                                                                  \
+    long rc_ = static_cast<long>(call);                                                                         \
+    int err_ = rc_ < 0 ? errno : 0;                                                                             \
+    EXPECT_EQ(err_, (expected)) << #call << " returned " << rc_ << " with " << ErrnoName(err_) << ", expected " \
+                                << ErrnoName(expected);                                                         \
   } while (0)
 
 // An owned file descriptor.
@@ -600,21 +600,17 @@ TEST_F(NamespaceTest, RenameNoReplace) {
   WriteFile(P("a"), "a");
   WriteFile(P("b"), "b");
   ASSERT_EQ(mkdir(P("d").c_str(), 0755), 0);
-  EXPECT_ERRNO(EEXIST,
-               renameat2(AT_FDCWD, P("a").c_str(), AT_FDCWD, P("b").c_str(), RENAME_NOREPLACE));
-  EXPECT_ERRNO(EEXIST,
-               renameat2(AT_FDCWD, P("a").c_str(), AT_FDCWD, P("d").c_str(), RENAME_NOREPLACE));
+  EXPECT_ERRNO(EEXIST, renameat2(AT_FDCWD, P("a").c_str(), AT_FDCWD, P("b").c_str(), RENAME_NOREPLACE));
+  EXPECT_ERRNO(EEXIST, renameat2(AT_FDCWD, P("a").c_str(), AT_FDCWD, P("d").c_str(), RENAME_NOREPLACE));
   EXPECT_EQ(ReadFile(P("a")), "a");
   EXPECT_EQ(ReadFile(P("b")), "b");
   EXPECT_TRUE(S_ISDIR(Stat(P("d")).st_mode));
 
   ino_t ino = Stat(P("a")).st_ino;
-  EXPECT_ERRNO(0,
-               renameat2(AT_FDCWD, P("a").c_str(), AT_FDCWD, P("d/c").c_str(), RENAME_NOREPLACE));
+  EXPECT_ERRNO(0, renameat2(AT_FDCWD, P("a").c_str(), AT_FDCWD, P("d/c").c_str(), RENAME_NOREPLACE));
   EXPECT_EQ(Stat(P("d/c")).st_ino, ino);
   EXPECT_EQ(ListDir(dir_), (std::set<std::string>{"b", "d"}));
-  EXPECT_ERRNO(ENOENT, renameat2(AT_FDCWD, P("missing").c_str(), AT_FDCWD, P("z").c_str(),
-                                 RENAME_NOREPLACE));
+  EXPECT_ERRNO(ENOENT, renameat2(AT_FDCWD, P("missing").c_str(), AT_FDCWD, P("z").c_str(), RENAME_NOREPLACE));
 }
 
 TEST_F(NamespaceTest, RenameExchangeSwapsTwoFiles) {
@@ -641,8 +637,7 @@ TEST_F(NamespaceTest, RenameExchangeFileWithDirectoryAcrossParents) {
   ASSERT_EQ(Stat(P("p1")).st_nlink, 2u);
   ASSERT_EQ(Stat(P("p2")).st_nlink, 3u);
 
-  EXPECT_ERRNO(
-      0, renameat2(AT_FDCWD, P("p1/x").c_str(), AT_FDCWD, P("p2/y").c_str(), RENAME_EXCHANGE));
+  EXPECT_ERRNO(0, renameat2(AT_FDCWD, P("p1/x").c_str(), AT_FDCWD, P("p2/y").c_str(), RENAME_EXCHANGE));
   struct stat x = Stat(P("p1/x"));
   EXPECT_TRUE(S_ISDIR(x.st_mode));
   EXPECT_EQ(x.st_ino, dir_ino);
@@ -658,12 +653,10 @@ TEST_F(NamespaceTest, RenameExchangeFileWithDirectoryAcrossParents) {
 TEST_F(NamespaceTest, RenameExchangeErrors) {
   WriteFile(P("a"), "a");
   WriteFile(P("b"), "b");
-  EXPECT_ERRNO(
-      ENOENT, renameat2(AT_FDCWD, P("a").c_str(), AT_FDCWD, P("missing").c_str(), RENAME_EXCHANGE));
-  EXPECT_ERRNO(
-      ENOENT, renameat2(AT_FDCWD, P("missing").c_str(), AT_FDCWD, P("a").c_str(), RENAME_EXCHANGE));
-  EXPECT_ERRNO(EINVAL, renameat2(AT_FDCWD, P("a").c_str(), AT_FDCWD, P("b").c_str(),
-                                 RENAME_EXCHANGE | RENAME_NOREPLACE));
+  EXPECT_ERRNO(ENOENT, renameat2(AT_FDCWD, P("a").c_str(), AT_FDCWD, P("missing").c_str(), RENAME_EXCHANGE));
+  EXPECT_ERRNO(ENOENT, renameat2(AT_FDCWD, P("missing").c_str(), AT_FDCWD, P("a").c_str(), RENAME_EXCHANGE));
+  EXPECT_ERRNO(EINVAL,
+               renameat2(AT_FDCWD, P("a").c_str(), AT_FDCWD, P("b").c_str(), RENAME_EXCHANGE | RENAME_NOREPLACE));
   EXPECT_EQ(ReadFile(P("a")), "a");
   EXPECT_EQ(ReadFile(P("b")), "b");
   EXPECT_EQ(ListDir(dir_), (std::set<std::string>{"a", "b"}));
@@ -822,8 +815,7 @@ TEST_F(NamespaceTest, ReaddirListsTwoThousandEntriesExactlyOnce) {
   std::set<std::string> expected;
   for (int i = 0; i < kFiles; ++i) {
     std::string name = "file-with-a-longish-name-" + std::to_string(i);
-    ASSERT_EQ(OpenClose(P(name), O_CREAT | O_EXCL | O_WRONLY), 0)
-        << name << ": " << ErrnoName(errno);
+    ASSERT_EQ(OpenClose(P(name), O_CREAT | O_EXCL | O_WRONLY), 0) << name << ": " << ErrnoName(errno);
     expected.insert(name);
   }
   EXPECT_EQ(ListDir(dir_), expected);  // ListDir also fails on a duplicate.
@@ -1040,8 +1032,7 @@ TEST_F(NamespaceTest, FreeSpaceGoesDownAfterWritesAndBackAfterUnlink) {
   ASSERT_EQ(unlink(P("big").c_str()), 0);
   uint64_t after = 0;
   EXPECT_TRUE(Eventually([&] { return (after = FreeBytes(mnt)) + kSlack >= before; }))
-      << "free space before " << before << ", after write " << written << ", after unlink "
-      << after;
+      << "free space before " << before << ", after write " << written << ", after unlink " << after;
 }
 
 TEST_F(NamespaceTest, SpaceOfOpenUnlinkedFileComesBackAtLastClose) {
@@ -1057,15 +1048,13 @@ TEST_F(NamespaceTest, SpaceOfOpenUnlinkedFileComesBackAtLastClose) {
   ASSERT_EQ(unlink(P("big").c_str()), 0);
 
   uint64_t while_open = FreeBytes(mnt);
-  EXPECT_LE(while_open + kSize, before + kSlack)
-      << "an unlinked file's blocks stay allocated while it is open";
+  EXPECT_LE(while_open + kSize, before + kSlack) << "an unlinked file's blocks stay allocated while it is open";
   EXPECT_EQ(ReadAll(fd.get()), data);
 
   ASSERT_EQ(fd.Reset(), 0);
   uint64_t after = 0;
   EXPECT_TRUE(Eventually([&] { return (after = FreeBytes(mnt)) + kSlack >= before; }))
-      << "free space before " << before << ", while open " << while_open << ", after close "
-      << after;
+      << "free space before " << before << ", while open " << while_open << ", after close " << after;
 }
 
 }  // namespace

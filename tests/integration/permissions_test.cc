@@ -77,11 +77,11 @@ int AsNobody(const std::function<int()>& fn) {
   return result;
 }
 
-#define EXPECT_AS_NOBODY(expected, call)                                                    \
-  do {                                                                                      \
-    int err_ = AsNobody([&]() -> int { return (call); });                                   \
-    EXPECT_EQ(err_, (expected)) << "as uid 65534: " << #call << " gave " << ErrnoName(err_) \
-                                << ", expected " << ErrnoName(expected);                    \
+#define EXPECT_AS_NOBODY(expected, call)                                                                     \
+  do {                                                                                                       \
+    int err_ = AsNobody([&]() -> int { return (call); });                                                    \
+    EXPECT_EQ(err_, (expected)) << "as uid 65534: " << #call << " gave " << ErrnoName(err_) << ", expected " \
+                                << ErrnoName(expected);                                                      \
   } while (0)
 
 void WriteFile(const std::string& path, const std::string& data, mode_t mode) {
@@ -420,8 +420,7 @@ TEST_F(PermissionsTest, SetgidDirectoryForANonMember) {
   struct stat f = Stat(P("shared/f"));
   EXPECT_EQ(f.st_uid, kNobody);
   EXPECT_EQ(f.st_gid, 4321u);
-  EXPECT_EQ(f.st_mode & 07777, 0755u)
-      << "S_ISGID is dropped for a creator outside the file's group";
+  EXPECT_EQ(f.st_mode & 07777, 0755u) << "S_ISGID is dropped for a creator outside the file's group";
   struct stat d = Stat(P("shared/d"));
   EXPECT_EQ(d.st_gid, 4321u);
   EXPECT_EQ(d.st_mode & 07777, 02755u) << "subdirectories inherit S_ISGID regardless";

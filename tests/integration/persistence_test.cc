@@ -244,9 +244,8 @@ class Tree {
   }
 
   // A file of SIZE bytes holding PIECES (offset, bytes), holes elsewhere.
-  void Sparse(const std::string& rel, off_t size,
-              const std::vector<std::pair<off_t, std::string>>& pieces, mode_t mode, uid_t uid,
-              gid_t gid) {
+  void Sparse(const std::string& rel, off_t size, const std::vector<std::pair<off_t, std::string>>& pieces, mode_t mode,
+              uid_t uid, gid_t gid) {
     int fd = open(Abs(rel).c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
     ASSERT_GE(fd, 0) << rel << ": " << ErrnoName(errno);
     std::string contents(size, '\0');
@@ -397,8 +396,7 @@ void BuildTree(Tree* t) {
     t->File(f.path, RandomBytes(f.size, ++seed), f.mode, f.uid, f.gid);
   }
   t->Sparse("sparse", 16 * kMiB + 100 + 8 * kKiB,
-            {{0, RandomBytes(4 * kKiB, 77)}, {16 * kMiB + 100, RandomBytes(8 * kKiB, 78)}}, 0644, 0,
-            0);
+            {{0, RandomBytes(4 * kKiB, 77)}, {16 * kMiB + 100, RandomBytes(8 * kKiB, 78)}}, 0644, 0, 0);
   t->Sparse("sparse-tail", 8 * kMiB, {{kMiB, RandomBytes(5000, 79)}}, 0600, 0, 0);
 
   t->Symlink("a/rel", "../big", 0, 0);
@@ -749,8 +747,7 @@ TEST(CliTest, MkfsOnAnExistingVolumeNeedsForce) {
   std::string output;
   EXPECT_EQ(RunSpillfs("mkfs " + volume.volume() + " --size 1G --force", &output), 0) << output;
   ASSERT_TRUE(volume.Mount(&error)) << error;
-  EXPECT_EQ(ListDir(volume.mountpoint()), std::set<std::string>{})
-      << "mkfs --force makes an empty volume";
+  EXPECT_EQ(ListDir(volume.mountpoint()), std::set<std::string>{}) << "mkfs --force makes an empty volume";
 }
 
 TEST(CliTest, MkfsWithABadSizeIsRefused) {

@@ -223,9 +223,7 @@ class Writer {
     }
   }
   std::string RandomDir() { return dirs_[Pick(dirs_.size())]; }
-  std::string Join(const std::string& dir, const std::string& name) {
-    return dir.empty() ? name : dir + "/" + name;
-  }
+  std::string Join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
   // In a phase without fsync, two picks in three go to files changed since
   // the last fsync (when there are any), so that a kill finds lost writes
   // next to durable files, and the third may unlink, overwrite or truncate a
@@ -251,8 +249,7 @@ class Writer {
     auto [it, inserted] = history_.try_emplace(path);
     if (inserted) it->second.push_back(Version{});  // absent at the last fsync
     auto file = files_.find(path);
-    it->second.push_back(
-        Version{file == files_.end() ? nullptr : std::make_shared<const FileState>(file->second)});
+    it->second.push_back(Version{file == files_.end() ? nullptr : std::make_shared<const FileState>(file->second)});
   }
   // An fsync returned: everything before it is durable.
   void AllDurable() {
@@ -307,8 +304,7 @@ class Writer {
       state.content.replace(at, piece, content, at, piece);
       state.MarkFresh(at, piece);
       Note(path);
-      if (!Check(WriteAll(fd, content.data() + at, piece, static_cast<off_t>(at)),
-                 "write " + path)) {
+      if (!Check(WriteAll(fd, content.data() + at, piece, static_cast<off_t>(at)), "write " + path)) {
         close(fd);
         return;
       }
@@ -353,8 +349,7 @@ class Writer {
     state.MarkFresh(offset, data.size());
     if (offset > old_size && old_size % kBlock != 0) state.MarkFresh(old_size, 1);
     Note(path);
-    if (!Check(WriteAll(fd, data.data(), data.size(), static_cast<off_t>(offset)),
-               "overwrite " + path)) {
+    if (!Check(WriteAll(fd, data.data(), data.size(), static_cast<off_t>(offset)), "overwrite " + path)) {
       close(fd);
       return;
     }
@@ -380,8 +375,7 @@ class Writer {
 
   void Rename() {
     std::string from = RandomFile();
-    std::string to =
-        Pick(3) == 0 ? RandomFile() : Join(RandomDir(), "r" + std::to_string(next_name_++));
+    std::string to = Pick(3) == 0 ? RandomFile() : Join(RandomDir(), "r" + std::to_string(next_name_++));
     if (to == from) return;
     files_[to] = std::move(files_[from]);
     files_.erase(from);
@@ -489,8 +483,7 @@ DataCut ApplyDataCut(const std::string& journal, const std::string& image, std::
   // Unit -> the records that wrote it, oldest first.
   std::unordered_map<uint64_t, std::vector<uint32_t>> writers;
   for (uint32_t i = 0; i < records.size(); ++i) {
-    for (uint64_t u = records[i].offset / kBlock;
-         u < (records[i].offset + records[i].length) / kBlock; ++u) {
+    for (uint64_t u = records[i].offset / kBlock; u < (records[i].offset + records[i].length) / kBlock; ++u) {
       writers[u].push_back(i);
     }
   }
@@ -634,9 +627,8 @@ FileCheck CheckFile(const std::string& mounted_path, const std::vector<Version>&
     max_size = std::max<uint64_t>(max_size, s->content.size());
   }
   if (size < min_size || size > max_size) {
-    check.problem = "size " + std::to_string(size) +
-                    " is outside its sizes since the last fsync [" + std::to_string(min_size) +
-                    ", " + std::to_string(max_size) + "]";
+    check.problem = "size " + std::to_string(size) + " is outside its sizes since the last fsync [" +
+                    std::to_string(min_size) + ", " + std::to_string(max_size) + "]";
     close(fd);
     return check;
   }
@@ -659,8 +651,7 @@ FileCheck CheckFile(const std::string& mounted_path, const std::vector<Version>&
         if (m < 0 && errno == EIO) {
           eio = true;
         } else if (m != static_cast<ssize_t>(len)) {
-          check.problem = "read of block " + std::to_string(b) +
-                          " failed: " + (m < 0 ? strerror(errno) : "short");
+          check.problem = "read of block " + std::to_string(b) + " failed: " + (m < 0 ? strerror(errno) : "short");
           break;
         }
       }
@@ -757,25 +748,23 @@ void RunIteration(uint64_t seed, DataLoss loss, Totals* totals) {
   totals->index_bytes_dropped += index_cut->bytes_dropped;
   std::string error;
   std::mt19937_64 survive(seed * 7919 + 17);
-  DataCut data_cut = ApplyDataCut(data_journal, volume->volume() + "/data.img",
-                                  loss == DataLoss::kAll ? nullptr : &survive, &error);
+  DataCut data_cut =
+      ApplyDataCut(data_journal, volume->volume() + "/data.img", loss == DataLoss::kAll ? nullptr : &survive, &error);
   ASSERT_EQ(error, "");
   totals->data_undone += data_cut.undone;
   totals->data_undone_bytes += data_cut.undone_bytes;
   totals->data_survived += data_cut.survived;
   totals->data_survived_bytes += data_cut.survived_bytes;
-  const std::string where = "killed after " + std::to_string(kill_ms) + " ms at op " +
-                            std::to_string(writer.ops()) + " (" + writer.last_op() + "); " +
-                            std::to_string(data_cut.undone) + " data writes undone, " +
-                            std::to_string(data_cut.survived) +
-                            " kept; index: " + std::to_string(index_cut->files_truncated) +
-                            " files truncated (" + std::to_string(index_cut->bytes_dropped) +
-                            " bytes), " + std::to_string(index_cut->files_removed) + " removed";
+  const std::string where = "killed after " + std::to_string(kill_ms) + " ms at op " + std::to_string(writer.ops()) +
+                            " (" + writer.last_op() + "); " + std::to_string(data_cut.undone) +
+                            " data writes undone, " + std::to_string(data_cut.survived) +
+                            " kept; index: " + std::to_string(index_cut->files_truncated) + " files truncated (" +
+                            std::to_string(index_cut->bytes_dropped) + " bytes), " +
+                            std::to_string(index_cut->files_removed) + " removed";
 
   FsckResult fsck = RunFsck(volume->volume());
   if (!(fsck.rc == 1 && fsck.kinds == std::set<std::string>{"orphan"})) {
-    ASSERT_EQ(fsck.rc, 0) << "fsck after the power cut (" << where << "):\n"
-                          << fsck.output.substr(0, 4000);
+    ASSERT_EQ(fsck.rc, 0) << "fsck after the power cut (" << where << "):\n" << fsck.output.substr(0, 4000);
   }
 
   ASSERT_TRUE(volume->Mount(&error)) << "mount after the power cut (" << where << "): " << error;
@@ -818,8 +807,8 @@ void RunIteration(uint64_t seed, DataLoss loss, Totals* totals) {
   ASSERT_TRUE(volume->Unmount(&error)) << error;
   std::string listing;
   for (size_t i = 0; i < problems.size() && i < 10; ++i) listing += "\n  " + problems[i];
-  ASSERT_TRUE(problems.empty()) << problems.size() << " files are wrong after the power cut ("
-                                << where << "):" << listing;
+  ASSERT_TRUE(problems.empty()) << problems.size() << " files are wrong after the power cut (" << where
+                                << "):" << listing;
 
   ++totals->survived;
   totals->durable_files += durable_files;
@@ -830,11 +819,10 @@ void RunIteration(uint64_t seed, DataLoss loss, Totals* totals) {
   totals->rolled_back += rolled_back;
   fprintf(stderr,
           "powercut test: seed %" PRIu64 ": %s%s; fsck clean; %" PRIu64 " untouched files (%" PRIu64
-          " bytes) exact, %" PRIu64 " changed files (%" PRIu64
-          " bytes) in a state they had, %" PRIu64 " lost blocks read EIO, %" PRIu64
-          " names not as at the kill\n",
-          seed, where.c_str(), data_cut.torn_tail ? " (torn last data record)" : "", durable_files,
-          durable_bytes, changed_files, changed_bytes, eio, rolled_back);
+          " bytes) exact, %" PRIu64 " changed files (%" PRIu64 " bytes) in a state they had, %" PRIu64
+          " lost blocks read EIO, %" PRIu64 " names not as at the kill\n",
+          seed, where.c_str(), data_cut.torn_tail ? " (torn last data record)" : "", durable_files, durable_bytes,
+          changed_files, changed_bytes, eio, rolled_back);
 }
 
 void RunAll(DataLoss loss) {
@@ -851,26 +839,21 @@ void RunAll(DataLoss loss) {
   std::string failed;
   for (uint64_t seed : totals.failed_seeds) failed += " " + std::to_string(seed);
   fprintf(stderr,
-          "powercut test (%s): %" PRIu64 " of %" PRIu64
-          " power cuts survived; data writes: %" PRIu64 " undone (%" PRIu64 " bytes), %" PRIu64
-          " kept (%" PRIu64 " bytes); index: %" PRIu64 " files truncated (%" PRIu64
-          " bytes), %" PRIu64 " removed; %" PRIu64 " untouched files (%" PRIu64
-          " bytes) exact, %" PRIu64 " changed files (%" PRIu64 " bytes) checked, %" PRIu64
-          " lost blocks EIO, %" PRIu64 " names not as at the kill; %" PRIu64 " ops, %" PRIu64
-          " fsyncs; failed seeds:%s\n",
-          loss == DataLoss::kAll ? "every unflushed data write lost" : "a random subset lost",
-          totals.survived, iterations, totals.data_undone, totals.data_undone_bytes,
-          totals.data_survived, totals.data_survived_bytes, totals.index_truncated,
-          totals.index_bytes_dropped, totals.index_removed, totals.durable_files,
-          totals.durable_bytes, totals.changed_files, totals.changed_bytes, totals.eio_blocks,
-          totals.rolled_back, totals.ops, totals.fsyncs, failed.empty() ? " none" : failed.c_str());
+          "powercut test (%s): %" PRIu64 " of %" PRIu64 " power cuts survived; data writes: %" PRIu64
+          " undone (%" PRIu64 " bytes), %" PRIu64 " kept (%" PRIu64 " bytes); index: %" PRIu64
+          " files truncated (%" PRIu64 " bytes), %" PRIu64 " removed; %" PRIu64 " untouched files (%" PRIu64
+          " bytes) exact, %" PRIu64 " changed files (%" PRIu64 " bytes) checked, %" PRIu64 " lost blocks EIO, %" PRIu64
+          " names not as at the kill; %" PRIu64 " ops, %" PRIu64 " fsyncs; failed seeds:%s\n",
+          loss == DataLoss::kAll ? "every unflushed data write lost" : "a random subset lost", totals.survived,
+          iterations, totals.data_undone, totals.data_undone_bytes, totals.data_survived, totals.data_survived_bytes,
+          totals.index_truncated, totals.index_bytes_dropped, totals.index_removed, totals.durable_files,
+          totals.durable_bytes, totals.changed_files, totals.changed_bytes, totals.eio_blocks, totals.rolled_back,
+          totals.ops, totals.fsyncs, failed.empty() ? " none" : failed.c_str());
   ::testing::Test::RecordProperty("iterations_survived", static_cast<int>(totals.survived));
-  ::testing::Test::RecordProperty("bytes_verified",
-                                  std::to_string(totals.durable_bytes + totals.changed_bytes));
+  ::testing::Test::RecordProperty("bytes_verified", std::to_string(totals.durable_bytes + totals.changed_bytes));
   EXPECT_EQ(totals.survived, iterations);
   // The simulation must have had something to undo, or it tested nothing.
-  EXPECT_GT(totals.data_undone_bytes, 0u)
-      << "no data write was ever undone: is the journal written?";
+  EXPECT_GT(totals.data_undone_bytes, 0u) << "no data write was ever undone: is the journal written?";
   EXPECT_GT(totals.index_bytes_dropped + totals.index_removed, 0u)
       << "the index never lost anything: is its journal written?";
   if (loss == DataLoss::kRandomSubset) {
@@ -880,9 +863,7 @@ void RunAll(DataLoss loss) {
 
 TEST(PowercutTest, LosingEveryUnflushedWriteKeepsEveryDurableByte) { RunAll(DataLoss::kAll); }
 
-TEST(PowercutTest, LosingARandomSubsetOfUnflushedWritesKeepsEveryDurableByte) {
-  RunAll(DataLoss::kRandomSubset);
-}
+TEST(PowercutTest, LosingARandomSubsetOfUnflushedWritesKeepsEveryDurableByte) { RunAll(DataLoss::kRandomSubset); }
 
 }  // namespace
 }  // namespace spillfs::testing

@@ -68,13 +68,11 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
 // The word at byte offset `word_offset` (a multiple of 8) of file (thread,
 // seq) written at `version`: thread 8 bits, seq 20, version 8, word index 28.
 uint64_t Word(uint64_t thread, uint64_t seq, uint64_t version, uint64_t word_offset) {
-  return (thread & 0xff) << 56 | (seq & 0xfffff) << 36 | (version & 0xff) << 28 |
-         ((word_offset / 8) & 0xfffffff);
+  return (thread & 0xff) << 56 | (seq & 0xfffff) << 36 | (version & 0xff) << 28 | ((word_offset / 8) & 0xfffffff);
 }
 
 // Bytes [offset, offset + length) of the pattern of (thread, seq, version).
-std::string Pattern(uint64_t thread, uint64_t seq, uint64_t version, uint64_t offset,
-                    size_t length) {
+std::string Pattern(uint64_t thread, uint64_t seq, uint64_t version, uint64_t offset, size_t length) {
   std::string out(length, '\0');
   for (size_t i = 0; i < length;) {
     uint64_t at = offset + i;
@@ -90,8 +88,7 @@ std::string Pattern(uint64_t thread, uint64_t seq, uint64_t version, uint64_t of
 // Describes the first difference between `actual` and `expected`.
 std::string Difference(const std::string& actual, const std::string& expected) {
   if (actual.size() != expected.size()) {
-    return "size " + std::to_string(actual.size()) + ", expected " +
-           std::to_string(expected.size());
+    return "size " + std::to_string(actual.size()) + ", expected " + std::to_string(expected.size());
   }
   for (size_t i = 0; i < actual.size(); ++i) {
     if (actual[i] == expected[i]) continue;
@@ -100,8 +97,8 @@ std::string Difference(const std::string& actual, const std::string& expected) {
     std::memcpy(&word, actual.data() + at, std::min<size_t>(8, actual.size() - at));
     char text[200];
     snprintf(text, sizeof(text),
-             "first difference at byte %zu; the word there names thread %" PRIu64 " seq %" PRIu64
-             " version %" PRIu64 " offset %" PRIu64,
+             "first difference at byte %zu; the word there names thread %" PRIu64 " seq %" PRIu64 " version %" PRIu64
+             " offset %" PRIu64,
              i, word >> 56, (word >> 36) & 0xfffff, (word >> 28) & 0xff, (word & 0xfffffff) * 8);
     return text;
   }
@@ -156,8 +153,7 @@ ReadResult ReadWhole(const std::string& path, std::string* out, int* error) {
 bool WriteAll(int fd, const std::string& data, uint64_t offset) {
   size_t done = 0;
   while (done < data.size()) {
-    ssize_t n =
-        pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
+    ssize_t n = pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
     if (n <= 0) return false;
     done += static_cast<size_t>(n);
   }
@@ -165,10 +161,8 @@ bool WriteAll(int fd, const std::string& data, uint64_t offset) {
 }
 
 struct Counters {
-  std::atomic<uint64_t> ops{0}, creates{0}, writes{0}, truncates{0}, reads{0}, foreign_reads{0},
-      renames{0}, unlinks{0};
-  std::atomic<uint64_t> mkdirs{0}, rmdirs{0}, dir_renames{0}, readdirs{0}, fsyncs{0},
-      expected_errors{0};
+  std::atomic<uint64_t> ops{0}, creates{0}, writes{0}, truncates{0}, reads{0}, foreign_reads{0}, renames{0}, unlinks{0};
+  std::atomic<uint64_t> mkdirs{0}, rmdirs{0}, dir_renames{0}, readdirs{0}, fsyncs{0}, expected_errors{0};
   std::atomic<uint64_t> bytes_written{0}, bytes_verified{0};
 };
 
@@ -209,16 +203,12 @@ class Worker {
     std::string top = Top();
     return Pick(2) == 0 ? top : top + "/x" + std::to_string(Pick(kSubdirs));
   }
-  std::string Name(char kind) {
-    return std::string(1, kind) + std::to_string(thread_) + "_" + std::to_string(next_++);
-  }
+  std::string Name(char kind) { return std::string(1, kind) + std::to_string(thread_) + "_" + std::to_string(next_++); }
   std::string Abs(const std::string& rel) { return volume_.Path(rel); }
   void Fail(const std::string& what, int error) {
     failure_ = "thread " + std::to_string(thread_) + ": " + what + ": " + strerror(error);
   }
-  void Fail(const std::string& what) {
-    failure_ = "thread " + std::to_string(thread_) + ": " + what;
-  }
+  void Fail(const std::string& what) { failure_ = "thread " + std::to_string(thread_) + ": " + what; }
   // An own file of the given kind (any kind when `kind` is 0), or "".
   std::string OwnFile(char kind = 0) {
     std::vector<const std::string*> candidates;
@@ -319,8 +309,7 @@ class Worker {
     if (fd < 0) return Fail("open " + path, errno);
     if (Pick(6) == 0) {  // truncate down (often inside an extent) or up instead
       size_t size = Pick(std::min(file.content.size() + (64 << 10), kMaxFileBytes) + 1);
-      if (ftruncate(fd, static_cast<off_t>(size)) != 0)
-        return close(fd), Fail("truncate " + path, errno);
+      if (ftruncate(fd, static_cast<off_t>(size)) != 0) return close(fd), Fail("truncate " + path, errno);
       counters_->truncates++;
       file.content.resize(size, '\0');
       if (close(fd) != 0) Fail("close " + path, errno);
@@ -378,8 +367,7 @@ class Worker {
     std::string from = OwnFile();
     if (from.empty()) return;
     bool sealed = files_[from].sealed;
-    if (sealed && from.find("/.t") != std::string::npos)
-      return;  // left hidden by a vanished directory
+    if (sealed && from.find("/.t") != std::string::npos) return;  // left hidden by a vanished directory
     std::string to;
     if (Pick(4) == 0) {
       to = OwnFile(sealed ? 's' : 'w');  // replaces one of the same kind
@@ -413,9 +401,7 @@ class Worker {
 
   // A shared subdirectory: x<j> may hold files, e<j> stays empty (so rmdir
   // and rename of directories succeed often).
-  std::string SharedSubdir() {
-    return Top() + (Pick(2) == 0 ? "/x" : "/e") + std::to_string(Pick(kSubdirs));
-  }
+  std::string SharedSubdir() { return Top() + (Pick(2) == 0 ? "/x" : "/e") + std::to_string(Pick(kSubdirs)); }
 
   void MakeDir() {
     std::string path = SharedSubdir();
@@ -469,8 +455,7 @@ class Worker {
     }
     errno = 0;
     while (struct dirent* e = readdir(d)) {
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
-        names->push_back(e->d_name);
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names->push_back(e->d_name);
     }
     int error = errno;
     closedir(d);
@@ -495,8 +480,7 @@ class Worker {
 };
 
 // Every regular file under `rel` (volume paths).
-void Walk(const MountedVolume& volume, const std::string& rel, std::vector<std::string>* files,
-          int* dirs) {
+void Walk(const MountedVolume& volume, const std::string& rel, std::vector<std::string>* files, int* dirs) {
   DIR* d = opendir(volume.Path(rel).c_str());
   ASSERT_NE(d, nullptr) << rel << ": " << strerror(errno);
   ++*dirs;
@@ -543,18 +527,16 @@ TEST(StressTest, ManyThreadsOnSharedDirectoriesThenFsckCleanAndEveryFileIntact) 
   for (auto& worker : workers) EXPECT_EQ(worker->failure(), "");
 
   fprintf(stderr,
-          "stress test: %" PRIu64 " threads, %.1f s: %" PRIu64 " ops (%" PRIu64 " creates, %" PRIu64
-          " writes, %" PRIu64 " truncates, %" PRIu64 " verified reads of own files, %" PRIu64
-          " reads of others' files, %" PRIu64 " renames, %" PRIu64 " unlinks, %" PRIu64
-          " mkdirs, %" PRIu64 " rmdirs, %" PRIu64 " directory renames, %" PRIu64
-          " listings, %" PRIu64 " fsyncs, %" PRIu64 " expected ENOENT/EEXIST/ENOTEMPTY); %" PRIu64
-          " bytes written, %" PRIu64 " bytes verified while running\n",
+          "stress test: %" PRIu64 " threads, %.1f s: %" PRIu64 " ops (%" PRIu64 " creates, %" PRIu64 " writes, %" PRIu64
+          " truncates, %" PRIu64 " verified reads of own files, %" PRIu64 " reads of others' files, %" PRIu64
+          " renames, %" PRIu64 " unlinks, %" PRIu64 " mkdirs, %" PRIu64 " rmdirs, %" PRIu64
+          " directory renames, %" PRIu64 " listings, %" PRIu64 " fsyncs, %" PRIu64
+          " expected ENOENT/EEXIST/ENOTEMPTY); %" PRIu64 " bytes written, %" PRIu64 " bytes verified while running\n",
           threads, elapsed, counters.ops.load(), counters.creates.load(), counters.writes.load(),
-          counters.truncates.load(), counters.reads.load(), counters.foreign_reads.load(),
-          counters.renames.load(), counters.unlinks.load(), counters.mkdirs.load(),
-          counters.rmdirs.load(), counters.dir_renames.load(), counters.readdirs.load(),
-          counters.fsyncs.load(), counters.expected_errors.load(), counters.bytes_written.load(),
-          counters.bytes_verified.load());
+          counters.truncates.load(), counters.reads.load(), counters.foreign_reads.load(), counters.renames.load(),
+          counters.unlinks.load(), counters.mkdirs.load(), counters.rmdirs.load(), counters.dir_renames.load(),
+          counters.readdirs.load(), counters.fsyncs.load(), counters.expected_errors.load(),
+          counters.bytes_written.load(), counters.bytes_verified.load());
   ASSERT_TRUE(volume.mounted()) << "the daemon is gone";
 
   std::string error;
@@ -574,8 +556,7 @@ TEST(StressTest, ManyThreadsOnSharedDirectoriesThenFsckCleanAndEveryFileIntact) 
   Walk(volume, "", &found, &dirs);
   uint64_t bytes = 0;
   size_t sealed = 0;
-  for (const std::string& path : found)
-    EXPECT_TRUE(expected.count(path)) << "unexpected file " << path;
+  for (const std::string& path : found) EXPECT_TRUE(expected.count(path)) << "unexpected file " << path;
   for (const auto& [path, file] : expected) {
     std::string data;
     int read_error = 0;

@@ -46,8 +46,7 @@ void WriteFile(const std::string& path, const std::string& data, off_t offset = 
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   ASSERT_GE(fd, 0) << path << ": " << strerror(errno);
   if (!data.empty()) {
-    ASSERT_EQ(pwrite(fd, data.data(), data.size(), offset), static_cast<ssize_t>(data.size()))
-        << path;
+    ASSERT_EQ(pwrite(fd, data.data(), data.size(), offset), static_cast<ssize_t>(data.size())) << path;
   }
   ASSERT_EQ(close(fd), 0);
 }
@@ -111,10 +110,9 @@ class ToolsTest : public ::testing::Test {
 
 void ExpectStatOfTree(const json& s) {
   ASSERT_TRUE(s.is_object()) << s;
-  for (const char* key :
-       {"capacity_bytes", "used_bytes", "free_bytes", "logical_bytes", "physical_bytes",
-        "dedup_ratio", "files", "directories", "ram_tier_bytes", "bytes_written_ssd",
-        "bytes_read_ssd", "bytes_cancelled", "checksum_errors", "uuid", "mounted"}) {
+  for (const char* key : {"capacity_bytes", "used_bytes", "free_bytes", "logical_bytes", "physical_bytes",
+                          "dedup_ratio", "files", "directories", "ram_tier_bytes", "bytes_written_ssd",
+                          "bytes_read_ssd", "bytes_cancelled", "checksum_errors", "uuid", "mounted"}) {
     ASSERT_TRUE(s.contains(key)) << key;
   }
   EXPECT_EQ(s.at("capacity_bytes"), kCapacity);
@@ -124,9 +122,8 @@ void ExpectStatOfTree(const json& s) {
   EXPECT_DOUBLE_EQ(s.at("dedup_ratio").get<double>(), 1.0);
   EXPECT_EQ(s.at("files"), 5u);
   EXPECT_EQ(s.at("directories"), 3u);
-  EXPECT_TRUE(
-      std::regex_match(s.at("uuid").get<std::string>(),
-                       std::regex("[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")))
+  EXPECT_TRUE(std::regex_match(s.at("uuid").get<std::string>(),
+                               std::regex("[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")))
       << s.at("uuid");
 }
 
@@ -267,8 +264,7 @@ TEST_F(ToolsTest, GoldenHumanOutput) {
             "checksum errors 0\n");
   EXPECT_EQ(Run("stat " + vol_).substr(0, 16 + vol_.size() + 1), "volume          " + vol_ + "\n");
 
-  EXPECT_EQ(Run("ls --volume " + vol_ + " / /d"),
-            "/a.txt\n/d\n/empty\n/sparse\n/d/b.bin\n/d/link -> b.bin\n/d/sub\n");
+  EXPECT_EQ(Run("ls --volume " + vol_ + " / /d"), "/a.txt\n/d\n/empty\n/sparse\n/d/b.bin\n/d/link -> b.bin\n/d/sub\n");
 
   EXPECT_EQ(Run("du --volume " + vol_ + " /d"),
             "path            /d\n"
@@ -291,26 +287,20 @@ TEST_F(ToolsTest, GoldenHumanOutput) {
   // Extents: one line per extent under a header; physical offsets vary with
   // the allocator, so only the other columns are fixed.
   std::string extents = Run("ls --extents --volume " + vol_ + " /d/sub/c");
-  std::regex line(
-      R"(/d/sub/c\n +FILE_OFFSET +PHYSICAL +LENGTH CHECKSUM +SHARED\n +0 +\d+ +4\.0 KiB [0-9a-f]{16} 1\n)");
+  std::regex line(R"(/d/sub/c\n +FILE_OFFSET +PHYSICAL +LENGTH CHECKSUM +SHARED\n +0 +\d+ +4\.0 KiB [0-9a-f]{16} 1\n)");
   EXPECT_TRUE(std::regex_match(extents, line)) << extents;
 }
 
 TEST_F(ToolsTest, ErrorsExitOne) {
   Unmount();
   std::string out = Run("stat " + vol_ + "/no-such-dir", 1);
-  EXPECT_NE(out.find("spillfs stat: " + vol_ + "/no-such-dir: No such file or directory"),
-            std::string::npos)
-      << out;
+  EXPECT_NE(out.find("spillfs stat: " + vol_ + "/no-such-dir: No such file or directory"), std::string::npos) << out;
   out = Run("stat /proc", 1);
-  EXPECT_NE(out.find("neither inside a mounted spillfs nor a spillfs volume"), std::string::npos)
-      << out;
+  EXPECT_NE(out.find("neither inside a mounted spillfs nor a spillfs volume"), std::string::npos) << out;
   out = Run("stat " + vol_ + "/index", 1);  // inside a volume, but not a volume
-  EXPECT_NE(out.find("neither inside a mounted spillfs nor a spillfs volume"), std::string::npos)
-      << out;
+  EXPECT_NE(out.find("neither inside a mounted spillfs nor a spillfs volume"), std::string::npos) << out;
   out = Run("ls --volume " + vol_ + " /nope", 1);
-  EXPECT_NE(out.find("spillfs ls: /nope: No such file or directory (in volume " + vol_ + ")"),
-            std::string::npos)
+  EXPECT_NE(out.find("spillfs ls: /nope: No such file or directory (in volume " + vol_ + ")"), std::string::npos)
       << out;
   out = Run("ls --volume " + vol_ + " /a.txt/x", 1);
   EXPECT_NE(out.find("/a.txt/x: Not a directory"), std::string::npos) << out;
@@ -390,9 +380,9 @@ TEST_F(ToolsTest, PrometheusStatsFile) {
   std::stringstream text;
   text << in.rdbuf();
   std::string stats = text.str();
-  EXPECT_NE(stats.find("# TYPE spillfs_capacity_bytes gauge\nspillfs_capacity_bytes " +
-                       std::to_string(kCapacity) + "\n"),
-            std::string::npos)
+  EXPECT_NE(
+      stats.find("# TYPE spillfs_capacity_bytes gauge\nspillfs_capacity_bytes " + std::to_string(kCapacity) + "\n"),
+      std::string::npos)
       << stats;
   EXPECT_NE(stats.find("\nspillfs_files 5\n"), std::string::npos) << stats;
   EXPECT_NE(stats.find("\nspillfs_mounted 1\n"), std::string::npos) << stats;

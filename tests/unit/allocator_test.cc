@@ -63,8 +63,7 @@ class AllocatorTest : public ::testing::Test {
   void SetFree(const std::map<uint64_t, uint64_t>& extents) {
     Index::Batch batch(*index_);
     auto cursor = index_->NewCursor(Family::kFree, "");
-    for (cursor->Seek(""); cursor->Valid(); cursor->Next())
-      batch.Delete(Family::kFree, cursor->key());
+    for (cursor->Seek(""); cursor->Valid(); cursor->Next()) batch.Delete(Family::kFree, cursor->key());
     for (auto [offset, length] : extents) {
       std::string value;
       coding::PutVarint64(&value, length);
@@ -87,8 +86,7 @@ class AllocatorTest : public ::testing::Test {
   }
 
   // Commits `allocated` as mapped and `freed` as free in one batch.
-  void Commit(const std::vector<PhysicalExtent>& allocated,
-              const std::vector<PhysicalExtent>& freed) {
+  void Commit(const std::vector<PhysicalExtent>& allocated, const std::vector<PhysicalExtent>& freed) {
     Index::Batch batch(*index_);
     if (!allocated.empty()) alloc_.CommitAllocated(allocated, &batch);
     if (!freed.empty()) alloc_.CommitFreed(freed, &batch);
@@ -277,9 +275,8 @@ TEST_F(AllocatorTest, MixedRunLengthsSumUp) {
   auto all = alloc_.Reserve(kTotal);
   ASSERT_TRUE(all.ok());
   Commit(*all, {});
-  std::vector<PhysicalExtent> runs = {{kBase + 10 * kUnit, 1 * kUnit},
-                                      {kBase + 20 * kUnit, 2 * kUnit},
-                                      {kBase + 30 * kUnit, 3 * kUnit}};
+  std::vector<PhysicalExtent> runs = {
+      {kBase + 10 * kUnit, 1 * kUnit}, {kBase + 20 * kUnit, 2 * kUnit}, {kBase + 30 * kUnit, 3 * kUnit}};
   Commit({}, runs);
   alloc_.Release(runs);
   auto five = alloc_.Reserve(5 * kUnit);
@@ -288,8 +285,7 @@ TEST_F(AllocatorTest, MixedRunLengthsSumUp) {
   EXPECT_EQ(Sum(*five), 5 * kUnit);
   for (const auto& e : *five) {
     bool inside = false;
-    for (const auto& r : runs)
-      inside |= e.offset >= r.offset && e.offset + e.length <= r.offset + r.length;
+    for (const auto& r : runs) inside |= e.offset >= r.offset && e.offset + e.length <= r.offset + r.length;
     EXPECT_TRUE(inside) << e.offset;
   }
   EXPECT_EQ(alloc_.available_bytes(), kUnit);
@@ -516,8 +512,7 @@ TEST_F(AllocatorTest, RandomizedSequenceKeepsTheBooks) {
         ASSERT_EQ(e.length % kUnit, 0u);
         ASSERT_GE(e.offset, kBase);
         ASSERT_LE(e.offset + e.length, kBase + kTotal);
-        for (const auto& l : live)
-          ASSERT_FALSE(Overlap(e, l)) << "step " << step << ": " << e.offset;
+        for (const auto& l : live) ASSERT_FALSE(Overlap(e, l)) << "step " << step << ": " << e.offset;
       }
       for (size_t i = 0; i < r->size(); ++i) {
         for (size_t j = i + 1; j < r->size(); ++j) ASSERT_FALSE(Overlap((*r)[i], (*r)[j]));
@@ -554,8 +549,7 @@ TEST_F(AllocatorTest, RandomizedSequenceKeepsTheBooks) {
       retired_bytes -= Sum(released);
       alloc_.Release(released);
     }
-    ASSERT_EQ(alloc_.available_bytes() + reserved_bytes + mapped_bytes + retired_bytes, kTotal)
-        << "step " << step;
+    ASSERT_EQ(alloc_.available_bytes() + reserved_bytes + mapped_bytes + retired_bytes, kTotal) << "step " << step;
     ASSERT_EQ(alloc_.persisted_free_bytes() + mapped_bytes, kTotal) << "step " << step;
     if (HasFailure()) return;
   }

@@ -189,8 +189,7 @@ TEST_F(BlockStoreTest, ScatterGatherLists) {
     std::vector<IoSlice> slices;
     uint64_t at = 0;
     for (const auto& e : extents) {
-      for (uint64_t b = 0; b < e.length; b += kBlock)
-        slices.push_back({e.offset + b, in.data() + at + b, kBlock});
+      for (uint64_t b = 0; b < e.length; b += kBlock) slices.push_back({e.offset + b, in.data() + at + b, kBlock});
       at += e.length;
     }
     std::reverse(slices.begin(), slices.end());
@@ -271,8 +270,7 @@ TEST_F(BlockStoreTest, OutOfRangeExtentsAreRefused) {
   EXPECT_EQ(store_->bytes_written(), 0u);
   EXPECT_EQ(store_->bytes_read(), 0u);
   EXPECT_EQ(PreadFile(image_, kImageSize - kBlock, kBlock), before);
-  EXPECT_EQ(PreadFile(image_, 0, kBlock), std::string(kBlock, '\0'))
-      << "a refused list wrote its valid part";
+  EXPECT_EQ(PreadFile(image_, 0, kBlock), std::string(kBlock, '\0')) << "a refused list wrote its valid part";
 }
 
 TEST(UringEngineTest, SubmitsAtEveryQueueDepth) {
@@ -290,15 +288,13 @@ TEST(UringEngineTest, SubmitsAtEveryQueueDepth) {
     ASSERT_EQ(ftruncate(fd, 0), 0);
     std::vector<IoRequest> writes;
     for (int i = kPieces - 1; i >= 0; --i) {
-      writes.push_back(
-          {fd, true, uint64_t{kPiece} * i, data.data() + uint64_t{kPiece} * i, kPiece});
+      writes.push_back({fd, true, uint64_t{kPiece} * i, data.data() + uint64_t{kPiece} * i, kPiece});
     }
     ASSERT_TRUE(UringEngine::Submit(writes, depth).ok()) << depth;
     std::string back(data.size(), '\0');
     std::vector<IoRequest> reads;
     for (int i = 0; i < kPieces; ++i) {
-      reads.push_back(
-          {fd, false, uint64_t{kPiece} * i, back.data() + uint64_t{kPiece} * i, kPiece});
+      reads.push_back({fd, false, uint64_t{kPiece} * i, back.data() + uint64_t{kPiece} * i, kPiece});
     }
     ASSERT_TRUE(UringEngine::Submit(reads, depth).ok()) << depth;
     EXPECT_EQ(back, data) << "queue depth " << depth;
@@ -336,15 +332,13 @@ TEST(UringEngineTest, EachThreadHasItsOwnRing) {
       for (int rep = 0; rep < 5; ++rep) {
         std::vector<IoRequest> writes;
         for (int i = 0; i < kPieces; ++i) {
-          writes.push_back({fd, true, base + uint64_t{kPiece} * i,
-                            data[t].data() + uint64_t{kPiece} * i, kPiece});
+          writes.push_back({fd, true, base + uint64_t{kPiece} * i, data[t].data() + uint64_t{kPiece} * i, kPiece});
         }
         if (!UringEngine::Submit(writes, 16).ok()) return;
         std::string back(data[t].size(), '\0');
         std::vector<IoRequest> reads;
         for (int i = 0; i < kPieces; ++i) {
-          reads.push_back(
-              {fd, false, base + uint64_t{kPiece} * i, back.data() + uint64_t{kPiece} * i, kPiece});
+          reads.push_back({fd, false, base + uint64_t{kPiece} * i, back.data() + uint64_t{kPiece} * i, kPiece});
         }
         if (!UringEngine::Submit(reads, 16).ok() || back != data[t]) return;
       }

@@ -23,18 +23,8 @@ using coding::Reader;
 // Edge values for unsigned 64-bit fields: 0, every power of two, one below
 // and one above it, and the extremes.
 std::vector<uint64_t> UnsignedEdges() {
-  std::vector<uint64_t> values = {0,
-                                  1,
-                                  127,
-                                  128,
-                                  255,
-                                  256,
-                                  16383,
-                                  16384,
-                                  UINT32_MAX,
-                                  uint64_t{UINT32_MAX} + 1,
-                                  UINT64_MAX - 1,
-                                  UINT64_MAX};
+  std::vector<uint64_t> values = {
+      0, 1, 127, 128, 255, 256, 16383, 16384, UINT32_MAX, uint64_t{UINT32_MAX} + 1, UINT64_MAX - 1, UINT64_MAX};
   for (int bit = 0; bit < 64; ++bit) {
     uint64_t p = uint64_t{1} << bit;
     values.push_back(p);
@@ -45,21 +35,8 @@ std::vector<uint64_t> UnsignedEdges() {
 }
 
 std::vector<int64_t> SignedEdges() {
-  std::vector<int64_t> values = {0,
-                                 1,
-                                 -1,
-                                 2,
-                                 -2,
-                                 63,
-                                 -64,
-                                 64,
-                                 -65,
-                                 INT32_MAX,
-                                 INT32_MIN,
-                                 INT64_MAX,
-                                 INT64_MIN,
-                                 INT64_MAX - 1,
-                                 INT64_MIN + 1};
+  std::vector<int64_t> values = {
+      0, 1, -1, 2, -2, 63, -64, 64, -65, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, INT64_MAX - 1, INT64_MIN + 1};
   for (int bit = 0; bit < 63; ++bit) {
     int64_t p = int64_t{1} << bit;
     values.push_back(p);
@@ -220,8 +197,7 @@ TEST(CodingTest, FixedBigEndianLayoutAndRoundTrip) {
 
 TEST(CodingTest, LengthPrefixedRoundTrip) {
   std::string binary("a\0b\xff", 4);
-  const std::string values[] = {
-      "", "x", binary, std::string(127, 'q'), std::string(128, 'r'), std::string(70000, 's')};
+  const std::string values[] = {"", "x", binary, std::string(127, 'q'), std::string(128, 'r'), std::string(70000, 's')};
   std::string encoded;
   for (const auto& v : values) coding::PutLengthPrefixed(&encoded, v);
   Reader reader(encoded);
@@ -359,8 +335,8 @@ TEST(CodingTest, MixedSequenceEveryTruncationFails) {
     uint64_t v64, f64, last;
     int64_t s64;
     std::string_view bytes;
-    *complete = r.GetU8(&u8) && r.GetVarint64(&v64) && r.GetVarsigned64(&s64) &&
-                r.GetLengthPrefixed(&bytes) && r.GetFixed64BE(&f64) && r.GetVarint64(&last);
+    *complete = r.GetU8(&u8) && r.GetVarint64(&v64) && r.GetVarsigned64(&s64) && r.GetLengthPrefixed(&bytes) &&
+                r.GetFixed64BE(&f64) && r.GetVarint64(&last);
     return *complete && u8 == 7 && v64 == (1ull << 35) && s64 == -123456789 && bytes == "hello" &&
            f64 == 0xdeadbeefcafef00dull && last == 7 && r.empty();
   };
@@ -456,8 +432,7 @@ TEST(CodingTest, ExtentKeysOrderByInodeThenOffset) {
 }
 
 TEST(CodingTest, DirentKeysOfOneDirectorySortTogether) {
-  const std::string names[] = {
-      "", "a", "b", std::string("\0", 1), "\xff", "zzz", std::string(255, '\xff')};
+  const std::string names[] = {"", "a", "b", std::string("\0", 1), "\xff", "zzz", std::string(255, '\xff')};
   for (uint64_t parent : {uint64_t{1}, uint64_t{255}, uint64_t{256}, UINT64_MAX - 1}) {
     for (const auto& name : names) {
       std::string key = keys::Dirent(parent, name);

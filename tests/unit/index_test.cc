@@ -57,8 +57,7 @@ class IndexTest : public ::testing::Test {
   }
 
   // The keys a cursor over `prefix` yields walking forward from its start.
-  static std::vector<std::string> Forward(const Index& index, Family family,
-                                          const std::string& prefix) {
+  static std::vector<std::string> Forward(const Index& index, Family family, const std::string& prefix) {
     std::vector<std::string> out;
     auto cursor = index.NewCursor(family, prefix);
     for (cursor->Seek(""); cursor->Valid(); cursor->Next()) out.emplace_back(cursor->key());
@@ -66,8 +65,7 @@ class IndexTest : public ::testing::Test {
     return out;
   }
   // The keys walking backward from the last key of the prefix.
-  static std::vector<std::string> Backward(const Index& index, Family family,
-                                           const std::string& prefix) {
+  static std::vector<std::string> Backward(const Index& index, Family family, const std::string& prefix) {
     std::vector<std::string> out;
     auto cursor = index.NewCursor(family, prefix);
     for (cursor->SeekForPrev(prefix + std::string(64, '\xff')); cursor->Valid(); cursor->Prev()) {
@@ -125,8 +123,7 @@ TEST_F(IndexTest, PutGetDeleteAndFamiliesAreSeparate) {
   {
     Index::Batch batch(*index);
     for (int f = 0; f < static_cast<int>(Family::kCount); ++f) {
-      batch.Put(static_cast<Family>(f), "key",
-                std::string("value-") + FamilyName(static_cast<Family>(f)));
+      batch.Put(static_cast<Family>(f), "key", std::string("value-") + FamilyName(static_cast<Family>(f)));
     }
     EXPECT_EQ(batch.Count(), static_cast<size_t>(Family::kCount));
     ASSERT_TRUE(index->Commit(&batch).ok());
@@ -214,8 +211,7 @@ TEST_F(IndexTest, ConcurrentReadersNeverSeeHalfABatch) {
   const std::string prefix = keys::Ino(77);
   auto write_generation = [&](uint64_t gen) {
     Index::Batch batch(*index);
-    for (uint64_t k = 0; k < 10; ++k)
-      batch.Put(Family::kExtent, keys::Extent(77, k), EncodeMetaU64(gen));
+    for (uint64_t k = 0; k < 10; ++k) batch.Put(Family::kExtent, keys::Extent(77, k), EncodeMetaU64(gen));
     // Also move a marker key: the old one is deleted, a new one added.
     if (gen > 0) batch.Delete(Family::kExtent, keys::Extent(77, 1000 + gen - 1));
     batch.Put(Family::kExtent, keys::Extent(77, 1000 + gen), EncodeMetaU64(gen));
@@ -265,27 +261,24 @@ TEST_F(IndexTest, CursorStaysInsideAPrefixEndingInFF) {
                                         B({0xff, 0xff, 0xff, 0xff})};
   PutAll(index.get(), Family::kDirent, all);
 
-  const std::vector<std::string> in_01ff = {B({0x01, 0xff}), B({0x01, 0xff, 0x00}),
-                                            B({0x01, 0xff, 0x7f}), B({0x01, 0xff, 0xff}),
-                                            B({0x01, 0xff, 0xff, 0xff})};
+  const std::vector<std::string> in_01ff = {B({0x01, 0xff}), B({0x01, 0xff, 0x00}), B({0x01, 0xff, 0x7f}),
+                                            B({0x01, 0xff, 0xff}), B({0x01, 0xff, 0xff, 0xff})};
   EXPECT_EQ(Forward(*index, Family::kDirent, B({0x01, 0xff})), in_01ff);
   EXPECT_EQ(Backward(*index, Family::kDirent, B({0x01, 0xff})),
             std::vector<std::string>(in_01ff.rbegin(), in_01ff.rend()));
 
   // A prefix of only 0xff bytes has no successor: the cursor must still stop at its end.
-  const std::vector<std::string> in_ffff = {B({0xff, 0xff}), B({0xff, 0xff, 0x00}),
-                                            B({0xff, 0xff, 0xff, 0xff})};
+  const std::vector<std::string> in_ffff = {B({0xff, 0xff}), B({0xff, 0xff, 0x00}), B({0xff, 0xff, 0xff, 0xff})};
   EXPECT_EQ(Forward(*index, Family::kDirent, B({0xff, 0xff})), in_ffff);
   EXPECT_EQ(Backward(*index, Family::kDirent, B({0xff, 0xff})),
             std::vector<std::string>(in_ffff.rbegin(), in_ffff.rend()));
-  const std::vector<std::string> in_ff = {B({0xff}), B({0xff, 0xfe}), B({0xff, 0xff}),
-                                          B({0xff, 0xff, 0x00}), B({0xff, 0xff, 0xff, 0xff})};
+  const std::vector<std::string> in_ff = {B({0xff}), B({0xff, 0xfe}), B({0xff, 0xff}), B({0xff, 0xff, 0x00}),
+                                          B({0xff, 0xff, 0xff, 0xff})};
   EXPECT_EQ(Forward(*index, Family::kDirent, B({0xff})), in_ff);
 
   // Other prefixes and the empty prefix.
   EXPECT_EQ(Forward(*index, Family::kDirent, B({0x01})).size(), 7u);
-  EXPECT_EQ(Forward(*index, Family::kDirent, B({0x02})),
-            (std::vector<std::string>{B({0x02}), B({0x02, 0x00})}));
+  EXPECT_EQ(Forward(*index, Family::kDirent, B({0x02})), (std::vector<std::string>{B({0x02}), B({0x02, 0x00})}));
   EXPECT_EQ(Forward(*index, Family::kDirent, ""), all);
   EXPECT_TRUE(Forward(*index, Family::kDirent, B({0x03})).empty());
   EXPECT_TRUE(Forward(*index, Family::kDirent, B({0x01, 0xff, 0xff, 0xff, 0xff})).empty());

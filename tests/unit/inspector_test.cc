@@ -51,8 +51,7 @@ std::string ExpectedChecksum(const std::string& data) {
     for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>((sum >> (8 * i)) & 0xff));
   }
   char hex[17];
-  snprintf(hex, sizeof(hex), "%016llx",
-           static_cast<unsigned long long>(XXH3_64bits(bytes.data(), bytes.size())));
+  snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH3_64bits(bytes.data(), bytes.size())));
   return hex;
 }
 
@@ -180,10 +179,9 @@ TEST_F(InspectorTest, ResolvesPaths) {
     const char* path;
     int code;
   };
-  for (const Case& c :
-       {Case{"/missing", ENOENT}, Case{"/d/missing/x", ENOENT}, Case{"/a.txt/x", ENOTDIR},
-        Case{"/a.txt/", ENOTDIR}, Case{"/d/link/", ENOTDIR},  // follows to b.bin, a file
-        Case{"/abs/passwd", ENOTDIR}, Case{"/d/loop/x", ELOOP}}) {
+  for (const Case& c : {Case{"/missing", ENOENT}, Case{"/d/missing/x", ENOENT}, Case{"/a.txt/x", ENOTDIR},
+                        Case{"/a.txt/", ENOTDIR}, Case{"/d/link/", ENOTDIR},  // follows to b.bin, a file
+                        Case{"/abs/passwd", ENOTDIR}, Case{"/d/loop/x", ELOOP}}) {
     auto r = in.ResolvePath(c.path);
     ASSERT_FALSE(r.ok()) << c.path;
     EXPECT_EQ(r.status().code(), c.code) << c.path << ": " << r.status().ToString();
@@ -213,8 +211,8 @@ TEST_F(InspectorTest, StatCountsTheTree) {
   EXPECT_EQ(s["special_files"], 0u);
   EXPECT_EQ(s["inodes"], 12u);
   EXPECT_EQ(s["orphans"], 0u);
-  for (const char* key : {"ram_tier_bytes", "bytes_written_ssd", "bytes_read_ssd",
-                          "bytes_cancelled", "checksum_errors", "reads", "writes", "queue_depth"}) {
+  for (const char* key : {"ram_tier_bytes", "bytes_written_ssd", "bytes_read_ssd", "bytes_cancelled", "checksum_errors",
+                          "reads", "writes", "queue_depth"}) {
     ASSERT_TRUE(s.contains(key)) << key;
     EXPECT_EQ(s[key], 0u) << key;
   }
@@ -295,8 +293,7 @@ TEST_F(InspectorTest, LsListsDirectoriesLikeLs) {
   EXPECT_EQ(a["gid"], 0u);
   EXPECT_EQ(a["allocated_bytes"], RoundUp(tree_.a.size()));
   EXPECT_TRUE(a["mtime_ns"].is_number_integer());
-  EXPECT_TRUE(std::regex_match(a["mtime"].get<std::string>(),
-                               std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z)")))
+  EXPECT_TRUE(std::regex_match(a["mtime"].get<std::string>(), std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z)")))
       << a["mtime"];
   EXPECT_FALSE(a.contains("extents"));
   EXPECT_FALSE(a.contains("generation"));
@@ -309,8 +306,7 @@ TEST_F(InspectorTest, LsListsDirectoriesLikeLs) {
   ASSERT_TRUE(d.ok());
   std::vector<std::string> paths;
   for (const json& e : *d) paths.push_back(e["path"].get<std::string>());
-  EXPECT_EQ(paths,
-            (std::vector<std::string>{"/d/b.bin", "/d/hard", "/d/link", "/d/loop", "/d/sub"}));
+  EXPECT_EQ(paths, (std::vector<std::string>{"/d/b.bin", "/d/hard", "/d/link", "/d/loop", "/d/sub"}));
   EXPECT_TRUE((*d)[0].contains("generation"));
   EXPECT_EQ((*d)[0]["ephemeral"], false);
   EXPECT_EQ((*d)[4]["mode"], S_IFDIR | 0700);
@@ -388,8 +384,7 @@ TEST_F(InspectorTest, DuSumsTrees) {
   auto d = in.Du("/d");
   ASSERT_TRUE(d.ok());
   EXPECT_EQ((*d)["logical_bytes"], tree_.b.size() + tree_.a.size() + tree_.c.size());
-  EXPECT_EQ((*d)["physical_bytes"],
-            RoundUp(tree_.b.size()) + RoundUp(tree_.a.size()) + RoundUp(tree_.c.size()));
+  EXPECT_EQ((*d)["physical_bytes"], RoundUp(tree_.b.size()) + RoundUp(tree_.a.size()) + RoundUp(tree_.c.size()));
   EXPECT_EQ((*d)["files"], 3u);
   EXPECT_EQ((*d)["directories"], 2u);
   EXPECT_EQ((*d)["symlinks"], 2u);
@@ -434,24 +429,13 @@ TEST_F(InspectorTest, SharedBlobsCountOnce) {
         batch.Put(Family::kExtent, keys::Extent(ino, offset), e.Encode());
       }
       batch.Put(Family::kInode, keys::Ino(ino), r.Encode());
-      batch.Put(Family::kDirent, keys::Dirent(kRootInode, name),
-                DirentRecord{ino, S_IFREG}.Encode());
+      batch.Put(Family::kDirent, keys::Dirent(kRootInode, name), DirentRecord{ino, S_IFREG}.Encode());
     };
-    ExtentRecord blob{.physical = blob_phys,
-                      .length = 2 * kBlock,
-                      .flags = 0,
-                      .blob_id = 7,
-                      .block_checksums = {1, 2}};
-    ExtentRecord slice{.physical = blob_phys + kBlock,
-                       .length = kBlock,
-                       .flags = 0,
-                       .blob_id = 7,
-                       .block_checksums = {2}};
-    ExtentRecord own{.physical = blob_phys + 8 * kBlock,
-                     .length = kBlock,
-                     .flags = 0,
-                     .blob_id = 0,
-                     .block_checksums = {3}};
+    ExtentRecord blob{.physical = blob_phys, .length = 2 * kBlock, .flags = 0, .blob_id = 7, .block_checksums = {1, 2}};
+    ExtentRecord slice{
+        .physical = blob_phys + kBlock, .length = kBlock, .flags = 0, .blob_id = 7, .block_checksums = {2}};
+    ExtentRecord own{
+        .physical = blob_phys + 8 * kBlock, .length = kBlock, .flags = 0, .blob_id = 0, .block_checksums = {3}};
     add(100, "one", 2 * kBlock, {{0, blob}});
     add(101, "two", 3 * kBlock, {{0, blob}, {2 * kBlock, own}});
     add(102, "three", kBlock, {{0, slice}});
@@ -566,11 +550,10 @@ TEST_F(InspectorTest, ControlRequests) {
     int code;
   };
   for (const Bad& bad :
-       {Bad{R"({"op":"ls","paths":["/nope"]})", ENOENT},
-        Bad{R"({"op":"du","path":"/a.txt/x"})", ENOTDIR}, Bad{R"({"op":"du"})", EINVAL},
-        Bad{R"({"op":"ls","paths":"/"})", EINVAL}, Bad{R"({"op":"ls","paths":[1]})", EINVAL},
-        Bad{R"({"op":"frob"})", EINVAL}, Bad{R"({"nop":1})", EINVAL}, Bad{"not json", EINVAL},
-        Bad{"", EINVAL}, Bad{"[1,2]", EINVAL}}) {
+       {Bad{R"({"op":"ls","paths":["/nope"]})", ENOENT}, Bad{R"({"op":"du","path":"/a.txt/x"})", ENOTDIR},
+        Bad{R"({"op":"du"})", EINVAL}, Bad{R"({"op":"ls","paths":"/"})", EINVAL},
+        Bad{R"({"op":"ls","paths":[1]})", EINVAL}, Bad{R"({"op":"frob"})", EINVAL}, Bad{R"({"nop":1})", EINVAL},
+        Bad{"not json", EINVAL}, Bad{"", EINVAL}, Bad{"[1,2]", EINVAL}}) {
     json reply = call(bad.request);
     EXPECT_EQ(reply["ok"], false) << bad.request;
     EXPECT_EQ(reply["errno"], bad.code) << bad.request << " -> " << reply;
@@ -595,9 +578,7 @@ TEST_F(InspectorTest, PrometheusText) {
   std::regex type(R"(# TYPE spillfs_[a-z_]+ (counter|gauge))");
   int samples = 0;
   while (std::getline(lines, line)) {
-    EXPECT_TRUE(std::regex_match(line, sample) || std::regex_match(line, help) ||
-                std::regex_match(line, type))
-        << line;
+    EXPECT_TRUE(std::regex_match(line, sample) || std::regex_match(line, help) || std::regex_match(line, type)) << line;
     if (line[0] != '#') ++samples;
   }
   EXPECT_EQ(text.back(), '\n');
@@ -605,8 +586,7 @@ TEST_F(InspectorTest, PrometheusText) {
   EXPECT_TRUE(has("\nspillfs_bytes_written_ssd 12345\n"));
   EXPECT_TRUE(has("# TYPE spillfs_bytes_written_ssd counter\n"));
   EXPECT_TRUE(has("# TYPE spillfs_free_bytes gauge\n"));
-  EXPECT_TRUE(
-      has("\nspillfs_free_bytes " + std::to_string((*stat)["free_bytes"].get<uint64_t>()) + "\n"));
+  EXPECT_TRUE(has("\nspillfs_free_bytes " + std::to_string((*stat)["free_bytes"].get<uint64_t>()) + "\n"));
   EXPECT_TRUE(has("\nspillfs_files 6\n"));
   EXPECT_TRUE(has("\nspillfs_mounted 1\n"));
   EXPECT_TRUE(has("\nspillfs_dedup_ratio 1\n"));

@@ -151,9 +151,8 @@ TEST(ReclaimGateTest, SteadyStreamOfOverlappingReadersDoesNotStarveIt) {
 // it (the allocator keeps the space back until that batch is durable).
 TEST(ReclaimGateTest, ReleasesCarryTheCommitNumberOfTheirRetire) {
   std::vector<std::pair<Extents, uint64_t>> calls;
-  ReclaimGate gate([&](const std::vector<PhysicalExtent>& extents, uint64_t commit) {
-    calls.emplace_back(extents, commit);
-  });
+  ReclaimGate gate(
+      [&](const std::vector<PhysicalExtent>& extents, uint64_t commit) { calls.emplace_back(extents, commit); });
   {
     ReclaimGate::Reader reader(&gate);
     gate.Retire({kA}, 7);

@@ -43,8 +43,7 @@ ExtentRecord FullExtent(size_t sums) {
   r.length = 4096 * sums;
   r.flags = kExtentUnwritten;
   r.blob_id = 0xfeedfacecafebeefull;
-  for (size_t i = 0; i < sums; ++i)
-    r.block_checksums.push_back(static_cast<uint32_t>(i * 2654435761u));
+  for (size_t i = 0; i < sums; ++i) r.block_checksums.push_back(static_cast<uint32_t>(i * 2654435761u));
   if (sums > 0) r.block_checksums[0] = 0;
   if (sums > 1) r.block_checksums[1] = UINT32_MAX;
   return r;
@@ -73,8 +72,7 @@ void ExpectEveryTruncationRefused(const std::string& encoded,
     // Copy into an exact-size buffer so a read past the end is caught by ASan.
     std::string cut = encoded.substr(0, len);
     auto result = decode(cut);
-    EXPECT_FALSE(result.ok()) << "prefix of " << len << " of " << encoded.size()
-                              << " bytes decoded";
+    EXPECT_FALSE(result.ok()) << "prefix of " << len << " of " << encoded.size() << " bytes decoded";
     if (!result.ok()) {
       EXPECT_NE(result.status().code(), 0);
       EXPECT_EQ(result.status().code(), EUCLEAN) << result.status().ToString();
@@ -102,22 +100,21 @@ TEST(RecordsTest, InodeRoundTrip) {
 TEST(RecordsTest, InodeFieldsAreIndependent) {
   // Changing one field changes the encoding, and the decoder gives it back.
   InodeRecord base = FullInode();
-  std::vector<std::function<void(InodeRecord*)>> changes = {
-      [](InodeRecord* r) { r->mode ^= 1; },
-      [](InodeRecord* r) { r->uid ^= 1; },
-      [](InodeRecord* r) { r->gid ^= 1; },
-      [](InodeRecord* r) { r->nlink ^= 1; },
-      [](InodeRecord* r) { r->size ^= 1; },
-      [](InodeRecord* r) { r->atime_ns ^= 1; },
-      [](InodeRecord* r) { r->mtime_ns ^= 1; },
-      [](InodeRecord* r) { r->ctime_ns ^= 1; },
-      [](InodeRecord* r) { r->btime_ns ^= 1; },
-      [](InodeRecord* r) { r->generation ^= 1; },
-      [](InodeRecord* r) { r->flags ^= 1; },
-      [](InodeRecord* r) { r->rdev ^= 1; },
-      [](InodeRecord* r) { r->symlink_target += "z"; },
-      [](InodeRecord* r) { r->allocated_bytes ^= 1; },
-      [](InodeRecord* r) { r->parent ^= 1; }};
+  std::vector<std::function<void(InodeRecord*)>> changes = {[](InodeRecord* r) { r->mode ^= 1; },
+                                                            [](InodeRecord* r) { r->uid ^= 1; },
+                                                            [](InodeRecord* r) { r->gid ^= 1; },
+                                                            [](InodeRecord* r) { r->nlink ^= 1; },
+                                                            [](InodeRecord* r) { r->size ^= 1; },
+                                                            [](InodeRecord* r) { r->atime_ns ^= 1; },
+                                                            [](InodeRecord* r) { r->mtime_ns ^= 1; },
+                                                            [](InodeRecord* r) { r->ctime_ns ^= 1; },
+                                                            [](InodeRecord* r) { r->btime_ns ^= 1; },
+                                                            [](InodeRecord* r) { r->generation ^= 1; },
+                                                            [](InodeRecord* r) { r->flags ^= 1; },
+                                                            [](InodeRecord* r) { r->rdev ^= 1; },
+                                                            [](InodeRecord* r) { r->symlink_target += "z"; },
+                                                            [](InodeRecord* r) { r->allocated_bytes ^= 1; },
+                                                            [](InodeRecord* r) { r->parent ^= 1; }};
   for (size_t i = 0; i < changes.size(); ++i) {
     InodeRecord changed = base;
     changes[i](&changed);
@@ -130,9 +127,8 @@ TEST(RecordsTest, InodeFieldsAreIndependent) {
 }
 
 TEST(RecordsTest, DirentRoundTrip) {
-  for (const DirentRecord& r :
-       {DirentRecord{}, DirentRecord{kRootInode, S_IFDIR}, DirentRecord{UINT64_MAX, S_IFLNK},
-        DirentRecord{123456789, S_IFSOCK}}) {
+  for (const DirentRecord& r : {DirentRecord{}, DirentRecord{kRootInode, S_IFDIR}, DirentRecord{UINT64_MAX, S_IFLNK},
+                                DirentRecord{123456789, S_IFSOCK}}) {
     auto decoded = DirentRecord::Decode(r.Encode());
     ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
     EXPECT_EQ(*decoded, r);
@@ -203,8 +199,7 @@ TEST(RecordsTest, EveryTruncationOfAnInodeIsRefused) {
 }
 
 TEST(RecordsTest, EveryTruncationOfADirentIsRefused) {
-  ExpectEveryTruncationRefused<DirentRecord>(DirentRecord{UINT64_MAX, S_IFDIR}.Encode(),
-                                             DirentRecord::Decode);
+  ExpectEveryTruncationRefused<DirentRecord>(DirentRecord{UINT64_MAX, S_IFDIR}.Encode(), DirentRecord::Decode);
   ExpectEveryTruncationRefused<DirentRecord>(DirentRecord{}.Encode(), DirentRecord::Decode);
 }
 
@@ -235,11 +230,9 @@ TEST(RecordsTest, EveryTruncationOfASuperblockIsRefused) {
 TEST(RecordsTest, UnknownVersionIsRefused) {
   const std::vector<std::pair<std::string, std::function<Status(std::string_view)>>> cases = {
       {FullInode().Encode(), [](std::string_view b) { return InodeRecord::Decode(b).status(); }},
-      {DirentRecord{5, S_IFREG}.Encode(),
-       [](std::string_view b) { return DirentRecord::Decode(b).status(); }},
+      {DirentRecord{5, S_IFREG}.Encode(), [](std::string_view b) { return DirentRecord::Decode(b).status(); }},
       {FullExtent(3).Encode(), [](std::string_view b) { return ExtentRecord::Decode(b).status(); }},
-      {FullSuperblock().Encode(),
-       [](std::string_view b) { return Superblock::Decode(b).status(); }},
+      {FullSuperblock().Encode(), [](std::string_view b) { return Superblock::Decode(b).status(); }},
   };
   for (const auto& [encoded, decode] : cases) {
     ASSERT_TRUE(decode(encoded).ok());
@@ -298,8 +291,7 @@ TEST(RecordsTest, SuperblockBlockWithBadMagicOrLengthIsRefused) {
     std::string zeros(4096, '\0');
     EXPECT_FALSE(Superblock::DecodeBlock(zeros).ok());
   }
-  for (uint32_t length :
-       {uint32_t{4096 - 7}, uint32_t{4096}, UINT32_MAX, uint32_t{0}, uint32_t{3}}) {
+  for (uint32_t length : {uint32_t{4096 - 7}, uint32_t{4096}, UINT32_MAX, uint32_t{0}, uint32_t{3}}) {
     std::string bad = block;
     std::string field;
     coding::PutFixed32BE(&field, length);
@@ -335,8 +327,8 @@ TEST(RecordsTest, FieldsWiderThanTheirTypeAreRefused) {
 }
 
 TEST(RecordsTest, ExtentWithAbsurdChecksumCountIsRefused) {
-  for (uint64_t count : {uint64_t{1} << 62, (uint64_t{1} << 62) + 1, UINT64_MAX / 4 + 1, UINT64_MAX,
-                         uint64_t{1000}, uint64_t{3}}) {
+  for (uint64_t count :
+       {uint64_t{1} << 62, (uint64_t{1} << 62) + 1, UINT64_MAX / 4 + 1, UINT64_MAX, uint64_t{1000}, uint64_t{3}}) {
     std::string bytes;
     bytes.push_back('\x01');
     coding::PutVarint64(&bytes, 4096);  // physical
@@ -402,15 +394,13 @@ TEST(RecordsTest, RandomGarbageNeverCrashes) {
 
 TEST(RecordsTest, DamagedEncodingsNeverCrash) {
   std::mt19937_64 rng(99);
-  const std::string originals[] = {FullInode().Encode(), DirentRecord{42, S_IFDIR}.Encode(),
-                                   FullExtent(8).Encode(), FullSuperblock().Encode(),
-                                   FullSuperblock().EncodeBlock()};
+  const std::string originals[] = {FullInode().Encode(), DirentRecord{42, S_IFDIR}.Encode(), FullExtent(8).Encode(),
+                                   FullSuperblock().Encode(), FullSuperblock().EncodeBlock()};
   int refused = 0;
   for (int i = 0; i < 20000; ++i) {
     std::string bytes = originals[i % 5];
     int flips = 1 + static_cast<int>(rng() % 4);
-    for (int f = 0; f < flips; ++f)
-      bytes[rng() % bytes.size()] ^= static_cast<char>(1 + rng() % 255);
+    for (int f = 0; f < flips; ++f) bytes[rng() % bytes.size()] ^= static_cast<char>(1 + rng() % 255);
     if (rng() % 3 == 0) bytes.resize(rng() % (bytes.size() + 1));
     refused += !InodeRecord::Decode(bytes).ok();
     refused += !DirentRecord::Decode(bytes).ok();

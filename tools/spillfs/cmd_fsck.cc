@@ -128,8 +128,7 @@ nlohmann::json ToJson(const std::string& volume, const fsck::Report& report, boo
                            {"unwritten", (e.flags & kExtentUnwritten) != 0},
                            {"blob_id", e.blob_id}});
       }
-      files.push_back(
-          {{"ino", f.ino}, {"path", f.path}, {"size", f.size}, {"extents", std::move(extents)}});
+      files.push_back({{"ino", f.ino}, {"path", f.path}, {"size", f.size}, {"extents", std::move(extents)}});
     }
     out["files"] = std::move(files);
   }
@@ -140,8 +139,8 @@ std::string Counters(const fsck::Report& r) {
   std::string text = fmt::format(
       "{} inodes ({} directories, {} files, {} symlinks, {} special), {} extents, {} mapped, {} "
       "free of {}",
-      r.inodes, r.directories, r.files, r.symlinks, r.specials, r.extents,
-      HumanBytes(r.bytes_mapped), HumanBytes(r.bytes_free), HumanBytes(r.data_area_bytes));
+      r.inodes, r.directories, r.files, r.symlinks, r.specials, r.extents, HumanBytes(r.bytes_mapped),
+      HumanBytes(r.bytes_free), HumanBytes(r.data_area_bytes));
   if (r.scrub) text += fmt::format(", {} scrubbed", HumanBytes(r.bytes_scrubbed));
   return text;
 }
@@ -157,13 +156,11 @@ void PrintHuman(const std::string& volume, const fsck::Report& report) {
   }
   std::string outcome;
   if (report.repair) {
-    outcome = report.problems_remaining == 0
-                  ? "all repaired"
-                  : fmt::format("{} remain unrepaired", report.problems_remaining);
+    outcome = report.problems_remaining == 0 ? "all repaired"
+                                             : fmt::format("{} remain unrepaired", report.problems_remaining);
   }
   fmt::print("spillfs fsck: {}: {} problem{} ({}){}{}; {}\n", volume, report.problems_found,
-             report.problems_found == 1 ? "" : "s", kinds, outcome.empty() ? "" : ", ", outcome,
-             Counters(report));
+             report.problems_found == 1 ? "" : "s", kinds, outcome.empty() ? "" : ", ", outcome, Counters(report));
   for (const fsck::Problem& p : report.problems) {
     fmt::print("{}: {}{}\n", fsck::ProblemKindName(p.kind), p.message,
                report.repair ? (p.repaired ? " [repaired]" : " [not repaired]") : "");
@@ -176,19 +173,16 @@ void PrintHuman(const std::string& volume, const fsck::Report& report) {
 
 int RunFsck(const FsckArgs& args) {
   std::error_code ec;
-  if (!stdfs::is_directory(args.volume, ec))
-    return CannotRun(fmt::format("{} is not a directory", args.volume));
+  if (!stdfs::is_directory(args.volume, ec)) return CannotRun(fmt::format("{} is not a directory", args.volume));
   std::string volume = stdfs::canonical(args.volume, ec).string();
   if (!Volume::Exists(volume)) {
     return CannotRun(fmt::format("{} is not a spillfs volume (no index/CURRENT inside)", volume));
   }
   if (auto mounted = FindVolumeMount(volume)) {
-    return CannotRun(
-        fmt::format("{} is mounted on {}; unmount it first", volume, mounted->mountpoint));
+    return CannotRun(fmt::format("{} is mounted on {}; unmount it first", volume, mounted->mountpoint));
   }
   auto opened = Volume::Open(volume, Volume::OpenOptions{.read_only = !args.repair});
-  if (!opened.ok())
-    return CannotRun(fmt::format("cannot open {}: {}", volume, opened.status().message()));
+  if (!opened.ok()) return CannotRun(fmt::format("cannot open {}: {}", volume, opened.status().message()));
 
   ProgressLine progress;
   fsck::Checker::Options options;
@@ -201,8 +195,7 @@ int RunFsck(const FsckArgs& args) {
   fsck::Checker checker(**opened, options);
   auto report = checker.Run();
   progress.Clear();
-  if (!report.ok())
-    return CannotRun(fmt::format("cannot check {}: {}", volume, report.status().message()));
+  if (!report.ok()) return CannotRun(fmt::format("cannot check {}: {}", volume, report.status().message()));
   if (args.json) {
     fmt::print("{}\n", ToJson(volume, *report, args.list_extents).dump(2));
   } else {
@@ -215,15 +208,13 @@ int RunFsck(const FsckArgs& args) {
 
 void RegisterFsck(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<FsckArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "fsck", "Check an unmounted volume (exit 0 clean, 1 problems found, 2 could not run)");
+  CLI::App* cmd =
+      app.add_subcommand("fsck", "Check an unmounted volume (exit 0 clean, 1 problems found, 2 could not run)");
   cmd->add_option("VOLUME", args->volume, "The volume directory")->required();
-  cmd->add_flag("--repair", args->repair,
-                "Fix what is safely fixable (leaks, link counts, orphans, ...)");
+  cmd->add_flag("--repair", args->repair, "Fix what is safely fixable (leaks, link counts, orphans, ...)");
   cmd->add_flag("--scrub", args->scrub, "Also read every written extent and verify its checksums");
   cmd->add_flag("--json", args->json, "Print the report as JSON");
-  cmd->add_flag("--list-extents", args->list_extents,
-                "With --json: include every file's extent map");
+  cmd->add_flag("--list-extents", args->list_extents, "With --json: include every file's extent map");
   cmd->callback([args, exit_code] { *exit_code = RunFsck(*args); });
 }
 

@@ -70,8 +70,7 @@ std::string CanonicalNoFollow(const std::string& arg) {
   if (!S_ISLNK(st.st_mode) || base.empty() || base == "." || base == ".." || trimmed != arg) {
     return Canonical(arg);
   }
-  std::string parent =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : trimmed.substr(0, slash));
+  std::string parent = slash == std::string::npos ? "." : (slash == 0 ? "/" : trimmed.substr(0, slash));
   std::string dir = Canonical(parent);
   if (dir.empty()) return "";
   return dir == "/" ? "/" + base : dir + "/" + base;
@@ -79,9 +78,8 @@ std::string CanonicalNoFollow(const std::string& arg) {
 
 bool Under(const std::string& path, const std::string& mountpoint) {
   if (mountpoint == "/") return true;
-  return path == mountpoint ||
-         (path.size() > mountpoint.size() && path.compare(0, mountpoint.size(), mountpoint) == 0 &&
-          path[mountpoint.size()] == '/');
+  return path == mountpoint || (path.size() > mountpoint.size() &&
+                                path.compare(0, mountpoint.size(), mountpoint) == 0 && path[mountpoint.size()] == '/');
 }
 
 // The mount holding canonical `path`: the longest mount point above it; the
@@ -116,8 +114,7 @@ Result<Target> Locate(const std::string& arg) {
     t.volume = path;
     return t;
   }
-  return Status::Error(
-      EINVAL, fmt::format("{}: neither inside a mounted spillfs nor a spillfs volume", arg));
+  return Status::Error(EINVAL, fmt::format("{}: neither inside a mounted spillfs nor a spillfs volume", arg));
 }
 
 // Volumes opened read-only by this process, one open per volume (the volume
@@ -131,10 +128,9 @@ class Volumes {
     auto volume = Volume::Open(dir, Volume::OpenOptions{.read_only = true});
     if (!volume.ok()) {
       if (volume.status().code() == EBUSY) {
-        return Status::Error(EBUSY,
-                             fmt::format("{}; a mounted volume is inspected through its mount "
-                                         "point",
-                                         volume.status().message()));
+        return Status::Error(EBUSY, fmt::format("{}; a mounted volume is inspected through its mount "
+                                                "point",
+                                                volume.status().message()));
       }
       return volume.status();
     }
@@ -144,10 +140,9 @@ class Volumes {
   }
 
   static Status Mounted(const std::string& dir, const std::string& mountpoint) {
-    return Status::Error(EBUSY,
-                         fmt::format("volume {} is mounted at {} and its index is held by the "
-                                     "daemon; use the mount point instead ({})",
-                                     dir, mountpoint, mountpoint));
+    return Status::Error(EBUSY, fmt::format("volume {} is mounted at {} and its index is held by the "
+                                            "daemon; use the mount point instead ({})",
+                                            dir, mountpoint, mountpoint));
   }
 
  private:
@@ -156,8 +151,7 @@ class Volumes {
 
 // The path to show for an answer about volume path `answer`, when the user
 // named volume path `asked` as `arg`.
-std::string DisplayPath(const std::string& arg, const std::string& asked,
-                        const std::string& answer) {
+std::string DisplayPath(const std::string& arg, const std::string& asked, const std::string& answer) {
   std::string base = arg;
   while (base.size() > 1 && base.back() == '/') base.pop_back();
   std::string suffix;
@@ -243,8 +237,7 @@ uint64_t U64(const json& o, const char* key) {
   auto it = o.find(key);
   if (it == o.end()) return 0;
   if (it->is_number_unsigned()) return it->get<uint64_t>();
-  if (it->is_number_integer())
-    return static_cast<uint64_t>(std::max<int64_t>(0, it->get<int64_t>()));
+  if (it->is_number_integer()) return static_cast<uint64_t>(std::max<int64_t>(0, it->get<int64_t>()));
   if (it->is_number_float()) return static_cast<uint64_t>(std::max(0.0, it->get<double>()));
   return 0;
 }
@@ -255,14 +248,10 @@ double F64(const json& o, const char* key) {
 }
 
 std::string Percent(uint64_t part, uint64_t whole) {
-  return whole == 0 ? "0.0%"
-                    : fmt::format("{:.1f}%",
-                                  100.0 * static_cast<double>(part) / static_cast<double>(whole));
+  return whole == 0 ? "0.0%" : fmt::format("{:.1f}%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
 }
 
-void PrintRow(const std::string& label, const std::string& value) {
-  fmt::print("{:<16}{}\n", label, value);
-}
+void PrintRow(const std::string& label, const std::string& value) { fmt::print("{:<16}{}\n", label, value); }
 
 // ---- stat ----
 
@@ -299,8 +288,8 @@ int RunStat(const StatArgs& args) {
   PrintRow("mounted", target->mounted ? "at " + target->mountpoint : std::string("no"));
   PrintRow("uuid", stat.value("uuid", ""));
   PrintRow("capacity", HumanBytes(capacity));
-  PrintRow("used", fmt::format("{} ({})", HumanBytes(U64(stat, "used_bytes")),
-                               Percent(U64(stat, "used_bytes"), capacity)));
+  PrintRow("used",
+           fmt::format("{} ({})", HumanBytes(U64(stat, "used_bytes")), Percent(U64(stat, "used_bytes"), capacity)));
   PrintRow("free", HumanBytes(U64(stat, "free_bytes")));
   PrintRow("files", std::to_string(U64(stat, "files")));
   PrintRow("directories", std::to_string(U64(stat, "directories")));
@@ -308,11 +297,10 @@ int RunStat(const StatArgs& args) {
   PrintRow("physical", HumanBytes(U64(stat, "physical_bytes")));
   PrintRow("dedup ratio", fmt::format("{:.2f}", F64(stat, "dedup_ratio")));
   uint64_t tier_capacity = U64(stat, "ram_tier_capacity_bytes");
-  PrintRow("ram tier", tier_capacity == 0
-                           ? HumanBytes(U64(stat, "ram_tier_bytes"))
-                           : fmt::format("{} of {} ({})", HumanBytes(U64(stat, "ram_tier_bytes")),
-                                         HumanBytes(tier_capacity),
-                                         Percent(U64(stat, "ram_tier_bytes"), tier_capacity)));
+  PrintRow("ram tier", tier_capacity == 0 ? HumanBytes(U64(stat, "ram_tier_bytes"))
+                                          : fmt::format("{} of {} ({})", HumanBytes(U64(stat, "ram_tier_bytes")),
+                                                        HumanBytes(tier_capacity),
+                                                        Percent(U64(stat, "ram_tier_bytes"), tier_capacity)));
   PrintRow("ssd written", HumanBytes(U64(stat, "bytes_written_ssd")));
   PrintRow("ssd read", HumanBytes(U64(stat, "bytes_read_ssd")));
   PrintRow("cancelled", HumanBytes(U64(stat, "bytes_cancelled")));
@@ -335,22 +323,18 @@ void PrintEntry(const json& e, bool long_format) {
   std::string path = e.value("path", "");
   if (e.contains("target")) path += " -> " + e.value("target", "");
   if (long_format) {
-    fmt::print("{} {:>3} {:>5} {:>5} {:>10} {} {}\n",
-               ModeString(static_cast<uint32_t>(U64(e, "mode"))), U64(e, "nlink"), U64(e, "uid"),
-               U64(e, "gid"), HumanBytes(U64(e, "size")),
+    fmt::print("{} {:>3} {:>5} {:>5} {:>10} {} {}\n", ModeString(static_cast<uint32_t>(U64(e, "mode"))),
+               U64(e, "nlink"), U64(e, "uid"), U64(e, "gid"), HumanBytes(U64(e, "size")),
                LocalTime(e.value("mtime_ns", int64_t{0}), "%Y-%m-%d %H:%M"), path);
   } else {
     fmt::print("{}\n", path);
   }
   if (!e.contains("extents") || !e["extents"].is_array() || e["extents"].empty()) return;
-  fmt::print("    {:>14} {:>14} {:>10} {:<16} {}\n", "FILE_OFFSET", "PHYSICAL", "LENGTH",
-             "CHECKSUM", "SHARED");
+  fmt::print("    {:>14} {:>14} {:>10} {:<16} {}\n", "FILE_OFFSET", "PHYSICAL", "LENGTH", "CHECKSUM", "SHARED");
   for (const json& x : e["extents"]) {
-    std::string checksum = x.contains("checksum") && x["checksum"].is_string()
-                               ? x["checksum"].get<std::string>()
-                               : "-";
-    fmt::print("    {:>14} {:>14} {:>10} {:<16} {}{}\n", U64(x, "file_offset"),
-               U64(x, "physical_offset"), HumanBytes(U64(x, "length")), checksum, U64(x, "shared"),
+    std::string checksum = x.contains("checksum") && x["checksum"].is_string() ? x["checksum"].get<std::string>() : "-";
+    fmt::print("    {:>14} {:>14} {:>10} {:<16} {}{}\n", U64(x, "file_offset"), U64(x, "physical_offset"),
+               HumanBytes(U64(x, "length")), checksum, U64(x, "shared"),
                x.value("unwritten", false) ? " unwritten" : "");
   }
 }
@@ -360,10 +344,8 @@ int RunLs(const LsArgs& args) {
   std::string volume_dir;
   if (!args.volume.empty()) {
     volume_dir = Canonical(args.volume);
-    if (volume_dir.empty())
-      return Fail("ls", fmt::format("{}: {}", args.volume, std::strerror(errno)));
-    if (!Volume::Exists(volume_dir))
-      return Fail("ls", fmt::format("{} is not a spillfs volume", args.volume));
+    if (volume_dir.empty()) return Fail("ls", fmt::format("{}: {}", args.volume, std::strerror(errno)));
+    if (!Volume::Exists(volume_dir)) return Fail("ls", fmt::format("{} is not a spillfs volume", args.volume));
   }
   std::vector<std::string> paths = args.paths;
   if (paths.empty()) paths.push_back(volume_dir.empty() ? "." : "/");
@@ -396,9 +378,9 @@ int RunLs(const LsArgs& args) {
         continue;
       }
       Inspector inspector((*volume)->index(), (*volume)->superblock());
-      result = inspector.Ls({target.rel}, Inspector::LsOptions{.long_format = args.long_format,
-                                                               .extents = args.extents,
-                                                               .directory = args.directory});
+      result = inspector.Ls(
+          {target.rel},
+          Inspector::LsOptions{.long_format = args.long_format, .extents = args.extents, .directory = args.directory});
     }
     if (!result.ok()) {
       status = Fail("ls", PathError(arg, volume_dir, result.status()));
@@ -434,10 +416,8 @@ int RunDu(const DuArgs& args) {
   Target target;
   if (!args.volume.empty()) {
     target.volume = Canonical(args.volume);
-    if (target.volume.empty())
-      return Fail("du", fmt::format("{}: {}", args.volume, std::strerror(errno)));
-    if (!Volume::Exists(target.volume))
-      return Fail("du", fmt::format("{} is not a spillfs volume", args.volume));
+    if (target.volume.empty()) return Fail("du", fmt::format("{}: {}", args.volume, std::strerror(errno)));
+    if (!Volume::Exists(target.volume)) return Fail("du", fmt::format("{} is not a spillfs volume", args.volume));
     target.rel = VolumePathForm(args.path.empty() ? "/" : args.path);
   } else {
     auto located = Locate(args.path.empty() ? "." : args.path);
@@ -454,8 +434,7 @@ int RunDu(const DuArgs& args) {
     result = inspector.Du(target.rel);
   }
   std::string shown = args.path.empty() ? (args.volume.empty() ? "." : "/") : args.path;
-  if (!result.ok())
-    return Fail("du", PathError(shown, args.volume.empty() ? "" : target.volume, result.status()));
+  if (!result.ok()) return Fail("du", PathError(shown, args.volume.empty() ? "" : target.volume, result.status()));
   json du = std::move(result).value();
   du["volume_path"] = du.value("path", target.rel);
   du["path"] = shown;
@@ -467,9 +446,9 @@ int RunDu(const DuArgs& args) {
   PrintRow("path", shown);
   PrintRow("logical", HumanBytes(U64(du, "logical_bytes")));
   PrintRow("physical", HumanBytes(physical));
-  PrintRow("dedup ratio", fmt::format("{:.2f}", physical == 0 ? 1.0
-                                                              : static_cast<double>(referenced) /
-                                                                    static_cast<double>(physical)));
+  PrintRow(
+      "dedup ratio",
+      fmt::format("{:.2f}", physical == 0 ? 1.0 : static_cast<double>(referenced) / static_cast<double>(physical)));
   PrintRow("files", std::to_string(U64(du, "files")));
   PrintRow("directories", std::to_string(U64(du, "directories")));
   if (U64(du, "symlinks") + U64(du, "special_files") > 0) {
@@ -492,8 +471,7 @@ uint64_t Delta(const json& now, const json& before, const char* key) {
 }
 
 std::string Rate(uint64_t bytes, double seconds) {
-  return HumanBytes(static_cast<uint64_t>(std::llround(static_cast<double>(bytes) / seconds))) +
-         "/s";
+  return HumanBytes(static_cast<uint64_t>(std::llround(static_cast<double>(bytes) / seconds))) + "/s";
 }
 
 int RunTop(const TopArgs& args) {
@@ -502,10 +480,9 @@ int RunTop(const TopArgs& args) {
   auto target = Locate(args.mountpoint);
   if (!target.ok()) return Fail("top", target.status().message());
   if (!target->mounted) {
-    return Fail("top",
-                fmt::format("{} is not mounted; top shows live counters of a mounted volume (use "
-                            "spillfs stat for an unmounted one)",
-                            args.mountpoint));
+    return Fail("top", fmt::format("{} is not mounted; top shows live counters of a mounted volume (use "
+                                   "spillfs stat for an unmounted one)",
+                                   args.mountpoint));
   }
   const std::string mountpoint = target->mountpoint;
   const bool tty = isatty(STDOUT_FILENO) == 1;
@@ -514,9 +491,8 @@ int RunTop(const TopArgs& args) {
   if (!before.ok()) return Fail("top", before.status().message());
   auto before_time = std::chrono::steady_clock::now();
   if (!tty) {
-    fmt::print("{:<8} {:>12} {:>12} {:>12} {:>12} {:>8} {:>10} {:>6} {:>6} {:>12} {:>4}\n", "TIME",
-               "WRITE/s", "READ/s", "SSD-WRITE/s", "SSD-READ/s", "IOPS", "RAM-TIER", "FILL", "HIT%",
-               "CANCEL/s", "QD");
+    fmt::print("{:<8} {:>12} {:>12} {:>12} {:>12} {:>8} {:>10} {:>6} {:>6} {:>12} {:>4}\n", "TIME", "WRITE/s", "READ/s",
+               "SSD-WRITE/s", "SSD-READ/s", "IOPS", "RAM-TIER", "FILL", "HIT%", "CANCEL/s", "QD");
     std::fflush(stdout);
   }
   for (int64_t i = 0; args.count == 0 || i < args.count; ++i) {
@@ -532,35 +508,30 @@ int RunTop(const TopArgs& args) {
     std::string hit = hits + misses == 0 ? "-" : Percent(hits, hits + misses);
     uint64_t tier = U64(a, "ram_tier_bytes"), tier_capacity = U64(a, "ram_tier_capacity_bytes");
     std::string fill = tier_capacity == 0 ? "-" : Percent(tier, tier_capacity);
-    std::string clock =
-        LocalTime(static_cast<int64_t>(std::time(nullptr)) * 1000000000, "%H:%M:%S");
+    std::string clock = LocalTime(static_cast<int64_t>(std::time(nullptr)) * 1000000000, "%H:%M:%S");
     if (tty) {
       fmt::print("\x1b[H\x1b[2J");
-      fmt::print("spillfs top: {} (volume {}), every {:.2g} s, {}\n\n", mountpoint, target->volume,
-                 args.interval, clock);
+      fmt::print("spillfs top: {} (volume {}), every {:.2g} s, {}\n\n", mountpoint, target->volume, args.interval,
+                 clock);
       PrintRow("write", Rate(Delta(a, b, "bytes_written"), seconds));
       PrintRow("read", Rate(Delta(a, b, "bytes_read"), seconds));
       PrintRow("ssd write", Rate(Delta(a, b, "bytes_written_ssd"), seconds));
       PrintRow("ssd read", Rate(Delta(a, b, "bytes_read_ssd"), seconds));
       PrintRow("iops", fmt::format("{:.0f}", static_cast<double>(ops) / seconds));
-      PrintRow("ram tier", tier_capacity == 0 ? HumanBytes(tier)
-                                              : fmt::format("{} of {} ({})", HumanBytes(tier),
-                                                            HumanBytes(tier_capacity), fill));
-      PrintRow("ram tier hits",
-               hits + misses == 0 ? "0" : fmt::format("{} ({} of reads)", hits, hit));
+      PrintRow("ram tier", tier_capacity == 0
+                               ? HumanBytes(tier)
+                               : fmt::format("{} of {} ({})", HumanBytes(tier), HumanBytes(tier_capacity), fill));
+      PrintRow("ram tier hits", hits + misses == 0 ? "0" : fmt::format("{} ({} of reads)", hits, hit));
       PrintRow("cancelled", Rate(Delta(a, b, "bytes_cancelled"), seconds));
       PrintRow("queue depth", std::to_string(U64(a, "queue_depth")));
-      PrintRow("used", fmt::format("{} of {}", HumanBytes(U64(a, "used_bytes")),
-                                   HumanBytes(U64(a, "capacity_bytes"))));
+      PrintRow("used", fmt::format("{} of {}", HumanBytes(U64(a, "used_bytes")), HumanBytes(U64(a, "capacity_bytes"))));
       PrintRow("checksum errors", std::to_string(U64(a, "checksum_errors")));
     } else {
-      fmt::print("{:<8} {:>12} {:>12} {:>12} {:>12} {:>8.0f} {:>10} {:>6} {:>6} {:>12} {:>4}\n",
-                 clock, Rate(Delta(a, b, "bytes_written"), seconds),
-                 Rate(Delta(a, b, "bytes_read"), seconds),
-                 Rate(Delta(a, b, "bytes_written_ssd"), seconds),
-                 Rate(Delta(a, b, "bytes_read_ssd"), seconds), static_cast<double>(ops) / seconds,
-                 HumanBytes(tier), fill, hit, Rate(Delta(a, b, "bytes_cancelled"), seconds),
-                 U64(a, "queue_depth"));
+      fmt::print("{:<8} {:>12} {:>12} {:>12} {:>12} {:>8.0f} {:>10} {:>6} {:>6} {:>12} {:>4}\n", clock,
+                 Rate(Delta(a, b, "bytes_written"), seconds), Rate(Delta(a, b, "bytes_read"), seconds),
+                 Rate(Delta(a, b, "bytes_written_ssd"), seconds), Rate(Delta(a, b, "bytes_read_ssd"), seconds),
+                 static_cast<double>(ops) / seconds, HumanBytes(tier), fill, hit,
+                 Rate(Delta(a, b, "bytes_cancelled"), seconds), U64(a, "queue_depth"));
     }
     std::fflush(stdout);
     before = std::move(now);
@@ -574,8 +545,7 @@ int RunTop(const TopArgs& args) {
 void RegisterStat(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<StatArgs>();
   CLI::App* cmd = app.add_subcommand("stat", "Show a volume's space, dedup and I/O counters");
-  cmd->add_option("TARGET", args->target,
-                  "Mount point (or a path inside it), or an unmounted volume directory")
+  cmd->add_option("TARGET", args->target, "Mount point (or a path inside it), or an unmounted volume directory")
       ->required();
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
   cmd->callback([args, exit_code] { *exit_code = RunStat(*args); });
@@ -584,14 +554,12 @@ void RegisterStat(CLI::App& app, int* exit_code) {
 void RegisterLs(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<LsArgs>();
   CLI::App* cmd = app.add_subcommand("ls", "List files with their attributes and extents");
-  cmd->add_option(
-      "PATH", args->paths,
-      "Paths inside a mounted spillfs, or unmounted volume directories (their root); with "
-      "--volume, paths inside that volume (default: . or /)");
+  cmd->add_option("PATH", args->paths,
+                  "Paths inside a mounted spillfs, or unmounted volume directories (their root); with "
+                  "--volume, paths inside that volume (default: . or /)");
   cmd->add_option("--volume", args->volume, "Unmounted volume whose paths PATH names");
   cmd->add_flag("-l,--long", args->long_format, "Long format (mode, links, owner, size, time)");
-  cmd->add_flag("-d,--directory", args->directory,
-                "List directories themselves, not their entries");
+  cmd->add_flag("-d,--directory", args->directory, "List directories themselves, not their entries");
   cmd->add_flag("--extents", args->extents, "Show each file's extents");
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
   cmd->callback([args, exit_code] { *exit_code = RunLs(*args); });
@@ -599,12 +567,10 @@ void RegisterLs(CLI::App& app, int* exit_code) {
 
 void RegisterDu(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<DuArgs>();
-  CLI::App* cmd =
-      app.add_subcommand("du", "Logical and physical usage of a tree (shared bytes counted once)");
-  cmd->add_option(
-      "PATH", args->path,
-      "A path inside a mounted spillfs or an unmounted volume directory; with --volume, a path "
-      "inside that volume");
+  CLI::App* cmd = app.add_subcommand("du", "Logical and physical usage of a tree (shared bytes counted once)");
+  cmd->add_option("PATH", args->path,
+                  "A path inside a mounted spillfs or an unmounted volume directory; with --volume, a path "
+                  "inside that volume");
   cmd->add_option("--volume", args->volume, "Unmounted volume whose path PATH names");
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
   cmd->callback([args, exit_code] { *exit_code = RunDu(*args); });
@@ -612,12 +578,10 @@ void RegisterDu(CLI::App& app, int* exit_code) {
 
 void RegisterTop(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<TopArgs>();
-  CLI::App* cmd =
-      app.add_subcommand("top", "Live throughput, IOPS and RAM-tier view of a mounted volume");
+  CLI::App* cmd = app.add_subcommand("top", "Live throughput, IOPS and RAM-tier view of a mounted volume");
   cmd->add_option("MOUNTPOINT", args->mountpoint, "Mount point of a spillfs volume")->required();
   cmd->add_option("--interval", args->interval, "Seconds between refreshes (default 1)");
-  cmd->add_option("--count", args->count,
-                  "Stop after this many refreshes (default: run until interrupted)");
+  cmd->add_option("--count", args->count, "Stop after this many refreshes (default: run until interrupted)");
   cmd->callback([args, exit_code] { *exit_code = RunTop(*args); });
 }
 

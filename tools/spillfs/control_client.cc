@@ -14,8 +14,7 @@ std::string ControlPath(const std::string& mountpoint) {
   return fmt::format("{}/{}/{}", base, kControlDir, kControlFile);
 }
 
-Result<nlohmann::json> ControlRequest(const std::string& mountpoint,
-                                      const nlohmann::json& request) {
+Result<nlohmann::json> ControlRequest(const std::string& mountpoint, const nlohmann::json& request) {
   const std::string path = ControlPath(mountpoint);
   int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
@@ -35,8 +34,7 @@ Result<nlohmann::json> ControlRequest(const std::string& mountpoint,
     if (n <= 0) {
       int e = n < 0 ? errno : EIO;
       close(fd);
-      return Status::Error(
-          e, fmt::format("cannot send the request to {}: {}", path, std::strerror(e)));
+      return Status::Error(e, fmt::format("cannot send the request to {}: {}", path, std::strerror(e)));
     }
     done += static_cast<size_t>(n);
   }
@@ -53,8 +51,7 @@ Result<nlohmann::json> ControlRequest(const std::string& mountpoint,
     if (n < 0) {
       int e = errno;
       close(fd);
-      return Status::Error(
-          e, fmt::format("cannot read the reply from {}: {}", path, std::strerror(e)));
+      return Status::Error(e, fmt::format("cannot read the reply from {}: {}", path, std::strerror(e)));
     }
     reply.resize(at + static_cast<size_t>(n));
     if (static_cast<size_t>(n) < kChunk) break;
@@ -65,17 +62,14 @@ Result<nlohmann::json> ControlRequest(const std::string& mountpoint,
     return Status::IOError(fmt::format("malformed reply from {} ({} bytes)", path, reply.size()));
   }
   if (parsed.value("ok", false)) {
-    if (!parsed.contains("result"))
-      return Status::IOError(fmt::format("reply from {} has no result", path));
+    if (!parsed.contains("result")) return Status::IOError(fmt::format("reply from {} has no result", path));
     return std::move(parsed["result"]);
   }
   int code = EIO;
-  if (parsed.contains("errno") && parsed["errno"].is_number_integer())
-    code = parsed["errno"].get<int>();
+  if (parsed.contains("errno") && parsed["errno"].is_number_integer()) code = parsed["errno"].get<int>();
   if (code <= 0) code = EIO;
-  std::string message = parsed.contains("error") && parsed["error"].is_string()
-                            ? parsed["error"].get<std::string>()
-                            : std::string(std::strerror(code));
+  std::string message = parsed.contains("error") && parsed["error"].is_string() ? parsed["error"].get<std::string>()
+                                                                                : std::string(std::strerror(code));
   return Status::Error(code, message);
 }
 

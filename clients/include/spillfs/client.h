@@ -78,8 +78,7 @@ SPILL_API int spill_write(spill_client* client, const char* path, const void* bu
 /* Reads up to `len` bytes at `offset` into `buf`. Holes and unwritten
  * extents read as zeros. Returns the number of bytes read (short at the end
  * of the file, 0 at or past it) or -errno (-EIO on a checksum mismatch). */
-SPILL_API int64_t spill_read(spill_client* client, const char* path, void* buf, size_t len,
-                             uint64_t offset);
+SPILL_API int64_t spill_read(spill_client* client, const char* path, void* buf, size_t len, uint64_t offset);
 
 /* Batched random row reads for feature tables: row i of `rows` is the
  * `row_bytes` bytes at rows[i] * row_bytes, copied to out + i * row_bytes.
@@ -87,8 +86,8 @@ SPILL_API int64_t spill_read(spill_client* client, const char* path, void* buf, 
  * (else -ERANGE, and nothing is read). The layout is kept per path (a lease,
  * refreshed when the file changes or a checksum does not match). Returns 0
  * or -errno. */
-SPILL_API int spill_read_rows(spill_client* client, const char* path, uint64_t row_bytes,
-                              const uint64_t* rows, size_t n, void* out);
+SPILL_API int spill_read_rows(spill_client* client, const char* path, uint64_t row_bytes, const uint64_t* rows,
+                              size_t n, void* out);
 
 /* Drops the cached layout (and its lease) of `path`; NULL drops all. */
 SPILL_API int spill_forget(spill_client* client, const char* path);

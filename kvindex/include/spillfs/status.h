@@ -23,15 +23,9 @@ class [[nodiscard]] Status {
   static Status Error(int code, std::string message) { return Status(code, std::move(message)); }
   static Status IOError(std::string message) { return Status(EIO, std::move(message)); }
   static Status Invalid(std::string message) { return Status(EINVAL, std::move(message)); }
-  static Status Corruption(std::string message) {
-    return Status(EUCLEAN, "corruption: " + std::move(message));
-  }
-  static Status NotFound(std::string message = "not found") {
-    return Status(ENOENT, std::move(message));
-  }
-  static Status NoSpace(std::string message = "no space left on volume") {
-    return Status(ENOSPC, std::move(message));
-  }
+  static Status Corruption(std::string message) { return Status(EUCLEAN, "corruption: " + std::move(message)); }
+  static Status NotFound(std::string message = "not found") { return Status(ENOENT, std::move(message)); }
+  static Status NoSpace(std::string message = "no space left on volume") { return Status(ENOSPC, std::move(message)); }
 
   bool ok() const { return code_ == 0; }
   bool IsNotFound() const { return code_ == ENOENT; }
@@ -56,7 +50,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : state_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : state_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : state_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return std::holds_alternative<T>(state_); }
@@ -81,17 +75,16 @@ class [[nodiscard]] Result {
 }  // namespace spillfs
 
 // Propagates a non-OK Status from an expression returning Status.
-#define SPILLFS_RETURN_IF_ERROR(expr)            \
-  do {                                           \
-    ::spillfs::Status _spillfs_status = (expr);  \
+#define SPILLFS_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::spillfs::Status _spillfs_status = (expr);        \
     if (!_spillfs_status.ok()) return _spillfs_status; \
   } while (0)
 
 #define SPILLFS_CONCAT_INNER(a, b) a##b
 #define SPILLFS_CONCAT(a, b) SPILLFS_CONCAT_INNER(a, b)
 // Declares `lhs` from a Result<T> expression, or returns its Status.
-#define SPILLFS_ASSIGN_OR_RETURN(lhs, expr)                                     \
-  auto SPILLFS_CONCAT(_spillfs_result_, __LINE__) = (expr);                     \
-  if (!SPILLFS_CONCAT(_spillfs_result_, __LINE__).ok())                         \
-    return SPILLFS_CONCAT(_spillfs_result_, __LINE__).status();                 \
+#define SPILLFS_ASSIGN_OR_RETURN(lhs, expr)                                                                         \
+  auto SPILLFS_CONCAT(_spillfs_result_, __LINE__) = (expr);                                                         \
+  if (!SPILLFS_CONCAT(_spillfs_result_, __LINE__).ok()) return SPILLFS_CONCAT(_spillfs_result_, __LINE__).status(); \
   lhs = std::move(SPILLFS_CONCAT(_spillfs_result_, __LINE__)).value()

@@ -15,8 +15,7 @@ class AlignedBuffer {
   AlignedBuffer() = default;
   explicit AlignedBuffer(size_t size) { Resize(size); }
   ~AlignedBuffer() { std::free(data_); }
-  AlignedBuffer(AlignedBuffer&& other) noexcept
-      : data_(other.data_), size_(other.size_), capacity_(other.capacity_) {
+  AlignedBuffer(AlignedBuffer&& other) noexcept : data_(other.data_), size_(other.size_), capacity_(other.capacity_) {
     other.data_ = nullptr;
     other.size_ = other.capacity_ = 0;
   }

@@ -84,14 +84,11 @@ class Allocator {
   std::map<uint64_t, uint64_t> persisted() const;
 
  private:
-  static void Insert(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint64_t length,
-                     Index::Batch* batch);
-  static void Remove(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint64_t length,
-                     Index::Batch* batch);
+  static void Insert(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint64_t length, Index::Batch* batch);
+  static void Remove(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint64_t length, Index::Batch* batch);
   // One reservation attempt; `short_of_parked` says whether parked space
   // would have satisfied it.
-  Result<std::vector<PhysicalExtent>> TryReserve(uint64_t length, uint64_t from_hold,
-                                                 bool* short_of_parked);
+  Result<std::vector<PhysicalExtent>> TryReserve(uint64_t length, uint64_t from_hold, bool* short_of_parked);
   void MakeAvailable(const std::vector<PhysicalExtent>& extents);  // mu_ held
 
   struct Parked {
@@ -106,7 +103,7 @@ class Allocator {
   uint64_t persisted_bytes_ = 0;
   uint64_t available_bytes_ = 0;
   uint64_t held_bytes_ = 0;
-  uint64_t cursor_ = 0;  // next-fit position
+  uint64_t cursor_ = 0;                     // next-fit position
   std::multimap<uint64_t, Parked> parked_;  // commit number -> space it freed
   uint64_t parked_bytes_ = 0;
   std::chrono::steady_clock::time_point oldest_parked_{};  // valid while parked_ is non-empty

@@ -101,10 +101,10 @@ struct FileExtents {
 };
 
 struct Report {
-  std::vector<Problem> problems;  // at most Options::max_problems_per_kind of each kind
+  std::vector<Problem> problems;                   // at most Options::max_problems_per_kind of each kind
   std::map<std::string, uint64_t> problem_counts;  // kind name -> problems found (all of them)
   uint64_t problems_found = 0;                     // first pass, all kinds
-  uint64_t problems_remaining = 0;  // after repair (== problems_found without repair)
+  uint64_t problems_remaining = 0;                 // after repair (== problems_found without repair)
   bool repair = false;
   bool scrub = false;
 

@@ -128,8 +128,7 @@ class Inspector {
   // with extents also extents (a list as Extents()).
   // Fails on the first path that does not resolve.
   Result<nlohmann::json> Ls(const std::vector<std::string>& paths, const LsOptions& options) const;
-  Result<nlohmann::json> Ls(const std::vector<std::string>& paths, bool long_format,
-                            bool extents) const {
+  Result<nlohmann::json> Ls(const std::vector<std::string>& paths, bool long_format, bool extents) const {
     return Ls(paths, LsOptions{.long_format = long_format, .extents = extents});
   }
 

@@ -25,14 +25,14 @@ namespace spillfs {
 class ReclaimGate {
  public:
   // Called once per Retire(), with its extents and commit number.
-  using ReleaseWithCommitFn =
-      std::function<void(const std::vector<PhysicalExtent>&, uint64_t commit)>;
+  using ReleaseWithCommitFn = std::function<void(const std::vector<PhysicalExtent>&, uint64_t commit)>;
   // The same for callers that have no use for commit numbers.
   using ReleaseFn = std::function<void(const std::vector<PhysicalExtent>&)>;
   explicit ReclaimGate(ReleaseWithCommitFn release) : release_(std::move(release)) {}
   explicit ReclaimGate(ReleaseFn release)
-      : release_([release = std::move(release)](const std::vector<PhysicalExtent>& extents,
-                                                uint64_t) { release(extents); }) {}
+      : release_([release = std::move(release)](const std::vector<PhysicalExtent>& extents, uint64_t) {
+          release(extents);
+        }) {}
 
   // RAII reader registration.
   class Reader {

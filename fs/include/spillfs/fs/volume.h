@@ -16,18 +16,18 @@ namespace spillfs {
 class Volume {
  public:
   static constexpr uint64_t kBlockSize = 4096;
-  static constexpr uint64_t kDataOffset = 1 << 20;     // block 0 holds the superblock
+  static constexpr uint64_t kDataOffset = 1 << 20;  // block 0 holds the superblock
   static constexpr uint64_t kMinimumSize = 16 << 20;
 
   struct CreateOptions {
-    uint64_t size = 0;        // 0 with a device: the whole device
-    std::string device;       // block device (or file) to hold the data; empty: VOLUME/data.img
-    bool force = false;       // replace an existing (unmounted) volume
+    uint64_t size = 0;   // 0 with a device: the whole device
+    std::string device;  // block device (or file) to hold the data; empty: VOLUME/data.img
+    bool force = false;  // replace an existing (unmounted) volume
     bool checksums = true;
     bool dedup = true;
   };
   struct OpenOptions {
-    bool read_only = false;   // inspection: no writes, index opened read-only
+    bool read_only = false;  // inspection: no writes, index opened read-only
   };
 
   ~Volume();

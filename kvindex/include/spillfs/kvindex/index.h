@@ -87,7 +87,7 @@ class Index {
     bool InPrefix() const;
     std::unique_ptr<rocksdb::Iterator> it_;
     std::string prefix_;
-    std::string upper_;                          // bytes of the upper bound
+    std::string upper_;                            // bytes of the upper bound
     std::unique_ptr<rocksdb::Slice> upper_slice_;  // iterate_upper_bound; outlives it_
   };
 
@@ -115,9 +115,7 @@ class Index {
   // Called with the new durable_commit() after every Sync() and
   // Commit(sync=true) that succeeds, on the caller's thread, without any
   // Index lock held. Set it before the index is shared between threads.
-  void SetDurableListener(std::function<void(uint64_t)> listener) {
-    durable_listener_ = std::move(listener);
-  }
+  void SetDurableListener(std::function<void(uint64_t)> listener) { durable_listener_ = std::move(listener); }
   // A cursor over `family` limited to keys starting with `prefix` (may be empty).
   std::unique_ptr<Cursor> NewCursor(Family family, std::string_view prefix) const;
 

@@ -19,7 +19,7 @@
 
 namespace spillfs::keys {
 
-std::string Ino(uint64_t ino);                              // inode, orphan, prefixes
+std::string Ino(uint64_t ino);                               // inode, orphan, prefixes
 std::string Dirent(uint64_t parent, std::string_view name);  // parent + name
 std::string Extent(uint64_t ino, uint64_t file_offset);
 std::string Free(uint64_t physical);

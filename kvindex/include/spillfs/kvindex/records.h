@@ -32,8 +32,8 @@ struct InodeRecord {
   int64_t btime_ns = 0;  // creation time
   uint64_t generation = 0;
   uint32_t flags = 0;
-  uint64_t rdev = 0;           // device number of character and block special files
-  std::string symlink_target;  // only for symbolic links
+  uint64_t rdev = 0;             // device number of character and block special files
+  std::string symlink_target;    // only for symbolic links
   uint64_t allocated_bytes = 0;  // physical bytes mapped (st_blocks * 512)
   InodeNumber parent = 0;        // directories only: the directory holding it
 
