@@ -8,14 +8,10 @@ namespace {
 
 constexpr uint64_t kSlabBytes = 32 << 20;
 
-uint64_t RoundUpToSlab(uint64_t bytes) { return (bytes + kSlabBytes - 1) / kSlabBytes * kSlabBytes; }
-
 }  // namespace
 
 WriteBackCache::WriteBackCache(uint64_t capacity_bytes, uint64_t block_size)
-    : capacity_(capacity_bytes),
-      block_size_(block_size),
-      pool_(kChunkBytes, kSlabBytes, RoundUpToSlab(capacity_bytes)) {}
+    : capacity_(capacity_bytes), block_size_(block_size), pool_(kChunkBytes, kSlabBytes) {}
 
 std::shared_ptr<WriteBackCache::File> WriteBackCache::Find(InodeNumber ino) const {
   std::lock_guard lock(mu_);
