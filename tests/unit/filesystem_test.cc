@@ -598,6 +598,41 @@ TEST_P(FilesystemDataTest, PunchHoleReadsZerosAndFreesWholeBlocks) {
   EXPECT_TRUE(SameBytes(ReadAll(ino), model));
 }
 
+// Holes, unwritten (fallocated) ranges and the tail past the last extent
+// read as zeros even into a reused buffer full of other bytes: the read
+// zeroes only what no extent covers, so nothing may be left out.
+TEST_P(FilesystemDataTest, HolesReadAsZerosIntoAReusedBuffer) {
+  std::mt19937_64 rng(11);
+  InodeNumber ino = MakeFile(kRootInode, "holes");
+  const uint64_t size = 3 * 1024 * 1024;
+  std::string model(size, '\0');
+  auto write = [&](uint64_t offset, size_t length) {
+    std::string bytes = RandomBytes(length, &rng);
+    WriteAt(ino, offset, bytes);
+    model.replace(offset, length, bytes);
+  };
+  write(0, 8192);                                                              // data, then a hole
+  write(1 << 20, 4096 + 100);                                                  // a block and a bit of the next
+  ASSERT_TRUE(fs_->Fallocate(ino, FALLOC_FL_KEEP_SIZE, 2 << 20, 65536).ok());  // unwritten
+  write((2 << 20) + 65536, 4096);                                              // right after it
+  SetAttrRequest grow;
+  grow.size = size;  // a tail that no extent covers
+  ASSERT_TRUE(fs_->SetAttr(ino, grow).ok());
+  ASSERT_TRUE(fs_->Fsync(ino, false).ok());  // on the SSD: read by ReadBlocks
+
+  AlignedBuffer scratch(size + 8192);
+  for (uint64_t offset : {uint64_t{0}, uint64_t{5000}, uint64_t{(1 << 20) - 4096}, uint64_t{2 << 20}}) {
+    std::memset(scratch.data(), 0xAB, size + 8192);
+    std::string bytes;
+    auto n = fs_->Read(ino, offset, size, &scratch, [&](const iovec* pieces, int count) {
+      for (int i = 0; i < count; ++i) bytes.append(static_cast<const char*>(pieces[i].iov_base), pieces[i].iov_len);
+    });
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    ASSERT_EQ(bytes.size(), size - offset);
+    EXPECT_TRUE(SameBytes(bytes, model.substr(offset))) << "read from " << offset;
+  }
+}
+
 TEST_P(FilesystemDataTest, FallocateAndZeroRange) {
   std::mt19937_64 rng(6);
   InodeNumber ino = MakeFile(kRootInode, "fa");
