@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -32,10 +31,12 @@
 #include "error.h"
 #include "io_ring.h"
 #include "layout_reply.h"
+#include "spillfs/kvindex/block_checksum.h"
 #include "task_pool.h"
 
 using nlohmann::json;
 using namespace spillfs::client;
+using spillfs::BlockChecksum;
 
 namespace {
 
@@ -108,10 +109,6 @@ unsigned DefaultChecksumThreads() { return std::clamp(std::thread::hardware_conc
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 uint64_t RoundDown(uint64_t v, uint64_t a) { return v / a * a; }
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kDirectAlignment == 0; }
-
-uint32_t BlockSum(const char* block, uint64_t block_size) {
-  return static_cast<uint32_t>(XXH3_64bits(block, block_size));
-}
 
 template <typename T>
 bool GetU64(const json& j, const char* key, T* out) {
@@ -316,7 +313,7 @@ struct spill_client {
     const uint64_t bs = layout.block_size;
     const uint64_t first = (file_at - x.file_offset) / bs;
     for (uint64_t b = 0; b * bs < length; ++b) {
-      uint32_t got = BlockSum(data + b * bs, bs);
+      uint32_t got = BlockChecksum(data + b * bs, bs);
       uint32_t want = x.sums[first + b];
       if (got != want) {
         checksum_errors.fetch_add(1, std::memory_order_relaxed);
@@ -536,11 +533,11 @@ struct spill_client {
         for (uint64_t b = first; b < last; ++b) {
           const uint64_t at = b * bs;
           if (at + bs <= data_len) {
-            (*sums)[b] = BlockSum(base + at, bs);
+            (*sums)[b] = BlockChecksum(base + at, bs);
           } else {  // the tail block
             std::vector<char> block(bs, 0);
             std::memcpy(block.data(), base + at, data_len - at);
-            (*sums)[b] = BlockSum(block.data(), bs);
+            (*sums)[b] = BlockChecksum(block.data(), bs);
           }
         }
         latch->Done(0);

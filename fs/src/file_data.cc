@@ -5,12 +5,12 @@
 #include <fmt/format.h>
 #include <linux/falloc.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cstring>
 
 #include "spillfs/fs/clock.h"
 #include "spillfs/fs/filesystem.h"
+#include "spillfs/kvindex/block_checksum.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {
@@ -69,7 +69,7 @@ std::vector<uint32_t> Filesystem::Checksums(const char* data, uint64_t length) c
   if (!checksums_) return sums;
   sums.reserve(length / block_size_);
   for (uint64_t at = 0; at < length; at += block_size_) {
-    sums.push_back(static_cast<uint32_t>(XXH3_64bits(data + at, block_size_)));
+    sums.push_back(BlockChecksum(data + at, block_size_));
   }
   return sums;
 }
@@ -77,8 +77,7 @@ std::vector<uint32_t> Filesystem::Checksums(const char* data, uint64_t length) c
 bool Filesystem::VerifyBlocks(const ExtentRecord& extent, uint64_t first_block, uint64_t count, const char* data) {
   if (extent.block_checksums.empty()) return true;
   for (uint64_t i = 0; i < count; ++i) {
-    if (static_cast<uint32_t>(XXH3_64bits(data + i * block_size_, block_size_)) !=
-        extent.block_checksums[first_block + i]) {
+    if (BlockChecksum(data + i * block_size_, block_size_) != extent.block_checksums[first_block + i]) {
       return false;
     }
   }

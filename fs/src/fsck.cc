@@ -8,7 +8,6 @@
 
 #include <fmt/format.h>
 #include <sys/stat.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
@@ -20,6 +19,7 @@
 
 #include "spillfs/fs/aligned_buffer.h"
 #include "spillfs/fs/clock.h"
+#include "spillfs/kvindex/block_checksum.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
 
@@ -836,7 +836,7 @@ void Pass::VerifyExtent(const ExtentInfo& e, const std::vector<uint32_t>& sums, 
     run_blocks = 0;
   };
   for (uint64_t b = 0; b < blocks; ++b) {
-    bool good = static_cast<uint32_t>(XXH3_64bits(data + b * bs_, bs_)) == sums[b];
+    bool good = BlockChecksum(data + b * bs_, bs_) == sums[b];
     if (good) {
       flush();
     } else {

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <pthread.h>
-#include <xxhash.h>
 
 #include <chrono>
 #include <cstring>
@@ -14,6 +13,7 @@
 
 #include "spillfs/fs/clock.h"
 #include "spillfs/fs/filesystem.h"
+#include "spillfs/kvindex/block_checksum.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
 
@@ -413,7 +413,7 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
 }
 
 std::string Filesystem::DedupHash(const char* data) {
-  XXH128_hash_t h = XXH3_128bits(data, kDedupUnit);
+  XXH128_hash_t h = ContentHash128(data, kDedupUnit);
   return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
 }
 
