@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -164,9 +165,46 @@ struct spill_client {
   // Counters.
   std::atomic<uint64_t> bytes_written{0}, bytes_read{0}, ios{0}, layouts{0}, cache_hits{0}, checksum_errors{0};
 
+  // The process the state below belongs to (see AdoptAfterFork).
+  std::atomic<pid_t> owner{getpid()};
+  std::atomic<bool> adopting{false};
+
   ~spill_client() {
+    AdoptAfterFork();
     cache.clear();
     for (auto& [path, fd] : data_fds) close(fd);
+  }
+
+  // Called first by every entry point. In a child after fork() (a PyTorch
+  // DataLoader worker, say) only the forking thread exists: the pool's
+  // workers are gone (a task queued there would never run, and joining them
+  // never returns), a mutex may have been copied locked by a thread that is
+  // not here, and the control channels share their open files with the
+  // parent, whose requests and replies would interleave with the child's.
+  // So the child leaves all of that to the parent and starts afresh: new
+  // mutexes, no pool yet (made at first use), no cached layouts (their
+  // leases stay the parent's; the child opens its own channels as it goes).
+  // The backing store descriptors are kept: positioned I/O shares nothing
+  // but the file. (The io_uring ring is per thread: io_ring.cc renews it.)
+  void AdoptAfterFork() {
+    const pid_t self = getpid();
+    if (owner.load(std::memory_order_acquire) == self) return;
+    if (adopting.exchange(true, std::memory_order_acq_rel)) {
+      while (owner.load(std::memory_order_acquire) != self) std::this_thread::yield();
+      return;
+    }
+    if (owner.load(std::memory_order_acquire) != self) {
+      new (&pool_mu) std::mutex;
+      new (&data_mu) std::mutex;
+      new (&cache_mu) std::mutex;
+      // Left alone, never destroyed: ~TaskPool would join threads of the parent.
+      if (pool) new std::shared_ptr<TaskPool>(std::move(pool));
+      pool.reset();
+      cache.clear();    // closes this process's copies of the lease descriptors only
+      control.reset();  // used only by spill_client_open
+      owner.store(self, std::memory_order_release);
+    }
+    adopting.store(false, std::memory_order_release);
   }
 
   // "/a/b" for "a/b", "/a/b" or MOUNTPOINT "/a/b".
@@ -662,7 +700,8 @@ struct spill_client {
       std::lock_guard lock(cache_mu);
       for (auto it = cache.begin(); it != cache.end(); ++it) {
         if ((*it)->path != rel) continue;
-        const uint64_t max_age = lease_ms.load();
+        // Clamped: a huge lease_ms ("never renew") would overflow the clock's nanoseconds.
+        const uint64_t max_age = std::min<uint64_t>(lease_ms.load(), uint64_t{1} << 40);
         const bool young =
             max_age == 0 || std::chrono::steady_clock::now() - (*it)->taken < std::chrono::milliseconds(max_age);
         if (!force && young && SameFile((*it)->st, st)) {
@@ -899,6 +938,7 @@ int spill_client_close(spill_client* client) {
 int spill_client_set(spill_client* client, const char* key, uint64_t value) {
   ClearError();
   if (client == nullptr || key == nullptr) return Fail(EINVAL, "null handle or key");
+  client->AdoptAfterFork();
   std::string k = key;
   if (k == "queue_depth" || k == "rows_queue_depth") {
     if (value < 1 || value > kMaxQueueDepth) {
@@ -936,12 +976,14 @@ int spill_client_set(spill_client* client, const char* key, uint64_t value) {
 int spill_write(spill_client* client, const char* path, const void* buf, size_t len) {
   ClearError();
   if (client == nullptr) return Fail(EINVAL, "null handle");
+  client->AdoptAfterFork();
   return client->Write(path, buf, len);
 }
 
 int64_t spill_read(spill_client* client, const char* path, void* buf, size_t len, uint64_t offset) {
   ClearError();
   if (client == nullptr) return Fail(EINVAL, "null handle");
+  client->AdoptAfterFork();
   return client->Read(path, buf, len, offset);
 }
 
@@ -949,12 +991,14 @@ int spill_read_rows(spill_client* client, const char* path, uint64_t row_bytes, 
                     void* out) {
   ClearError();
   if (client == nullptr) return Fail(EINVAL, "null handle");
+  client->AdoptAfterFork();
   return client->ReadRows(path, row_bytes, rows, n, out);
 }
 
 int spill_forget(spill_client* client, const char* path) {
   ClearError();
   if (client == nullptr) return Fail(EINVAL, "null handle");
+  client->AdoptAfterFork();
   return client->Forget(path);
 }
 

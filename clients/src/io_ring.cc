@@ -2,6 +2,7 @@
 
 #include <liburing.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -32,19 +33,30 @@ namespace {
 
 constexpr unsigned kRingEntries = kMaxQueueDepth;
 
-// The ring of one thread and its registered slot region.
+// The ring of one thread and its registered slot region. Set up at first
+// use, and set up again after a failed setup (a passing EMFILE or ENOMEM must
+// not fail the thread for good) and in a child after fork(): the child's copy
+// would submit into the parent's queues (their memory is shared), and its
+// reads into the registered slots would land in the parent's pages.
 class ThreadRing {
  public:
-  ThreadRing() { status_ = io_uring_queue_init(kRingEntries, &ring_, 0); }
-  ~ThreadRing() {
-    if (status_ == 0) io_uring_queue_exit(&ring_);  // unregisters the buffer
-    FreeAligned(slots_, slots_bytes_);
+  ThreadRing() = default;
+  ~ThreadRing() { Reset(); }
+  ThreadRing(const ThreadRing&) = delete;
+  ThreadRing& operator=(const ThreadRing&) = delete;
+
+  // The ring, (re)made when needed; null when it cannot be (status() says why).
+  io_uring* Ring() {
+    if (status_ == 0 && owner_ == getpid()) return &ring_;
+    Reset();
+    owner_ = getpid();
+    status_ = io_uring_queue_init(kRingEntries, &ring_, 0);
+    return status_ == 0 ? &ring_ : nullptr;
   }
-  io_uring* ring() { return status_ == 0 ? &ring_ : nullptr; }
   int status() const { return status_; }
 
   // A region of at least `bytes`, registered as fixed buffer 0 when the
-  // kernel allows it (registered() says whether it is).
+  // kernel allows it (registered() says whether it is). Ring() first.
   char* Slots(size_t bytes) {
     if (bytes <= slots_bytes_) return static_cast<char*>(slots_);
     if (registered_) {
@@ -63,8 +75,21 @@ class ThreadRing {
   bool registered() const { return registered_; }
 
  private:
+  // Lets go of this process's view of the ring and slots. In a child after
+  // fork() that is its own mappings and descriptor only: the parent's ring
+  // and registration stay as they are.
+  void Reset() {
+    if (status_ == 0) io_uring_queue_exit(&ring_);  // the last user unregisters the buffer
+    status_ = -1;
+    FreeAligned(slots_, slots_bytes_);
+    slots_ = nullptr;
+    slots_bytes_ = 0;
+    registered_ = false;
+  }
+
   io_uring ring_{};
   int status_ = -1;
+  pid_t owner_ = 0;
   void* slots_ = nullptr;
   size_t slots_bytes_ = 0;
   bool registered_ = false;
@@ -161,7 +186,7 @@ class IoRun {
 
   // Sets up the flights (and bounce slots); 0 or -errno.
   int Init(ThreadRing& thread_ring, TaskPool* pool) {
-    ring_ = thread_ring.ring();
+    ring_ = thread_ring.Ring();
     bool bounce = false;
     for (const IoOp& op : ops_) {
       if (op.buffer == nullptr) {
@@ -368,7 +393,7 @@ int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const 
           uint64_t* completed, TaskPool* pool) {
   if (ops.empty()) return 0;
   ThreadRing& thread_ring = CurrentRing();
-  if (thread_ring.ring() == nullptr) {
+  if (thread_ring.Ring() == nullptr) {
     return Fail(-thread_ring.status(), WithErrno("io_uring setup failed", -thread_ring.status()));
   }
   queue_depth = std::clamp(queue_depth, 1u, kMaxQueueDepth);

@@ -181,3 +181,62 @@ def test_stats_count_the_direct_path(client):
     assert after["bytes_written"] - before["bytes_written"] == 8192
     assert after["bytes_read"] - before["bytes_read"] == 8192
     assert after["layouts"] > before["layouts"]
+
+
+def _in_child(body):
+    """Runs body() in a fork()ed child (what a DataLoader worker is); the
+    child's verdict is its exit code, and a hang is killed after 20 s."""
+    pid = os.fork()
+    if pid == 0:
+        import signal
+        signal.alarm(20)
+        code = 1
+        try:
+            code = 0 if body() else 2
+        except BaseException as e:  # noqa: BLE001 - the child must report, not unwind into pytest
+            print("child:", repr(e), file=sys.stderr)
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.mark.parametrize("verify", [0, 1])
+def test_a_forked_child_reads_its_own_bytes_and_closes(mount, verify):
+    # The parent has used everything a child inherits: the thread's io_uring
+    # ring and its registered bounce slots, the checksum workers, a cached
+    # layout with its lease, the control channel.
+    c = spillfs.Client(mount, verify=verify)
+    a, b = b"\xaa" * (1 << 20), b"\xbb" * (1 << 20) + b"tail"
+    c.write("fork_a", a)
+    c.write("fork_b", b)
+    assert bytes(c.read_rows("fork_a", 4096, [0, 1, 2])) == a[:12288]
+    assert c.read("fork_a", len(a)) == a
+
+    def child():
+        ok = bytes(c.read_rows("fork_b", 4096, [0, 1, 2])) == b[:12288]
+        ok = ok and c.read("fork_b", len(b)) == b
+        c.write("fork_c", b"child " * 1000)
+        ok = ok and c.read("fork_c", 6000) == b"child " * 1000
+        c.close()  # joins nothing of the parent's
+        return ok
+
+    assert _in_child(child) == 0
+    # The parent goes on with what it had.
+    assert bytes(c.read_rows("fork_a", 4096, [3, 4])) == a[:8192]
+    assert c.read("fork_b", len(b)) == b
+    assert c.read("fork_c", 6000) == b"child " * 1000
+    c.close()
+
+
+def test_a_forked_child_that_only_closes_does_not_hang(mount):
+    c = spillfs.Client(mount)
+    c.write("fork_d", b"d" * 70000)
+    assert c.read("fork_d", 70000) == b"d" * 70000  # the pool's workers exist now
+
+    def child():
+        c.close()
+        return True
+
+    assert _in_child(child) == 0
+    assert c.read("fork_d", 10) == b"d" * 10
+    c.close()
