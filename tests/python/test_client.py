@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -240,3 +241,32 @@ def test_a_forked_child_that_only_closes_does_not_hang(mount):
     assert _in_child(child) == 0
     assert c.read("fork_d", 10) == b"d" * 10
     c.close()
+
+
+def test_close_waits_for_calls_under_way_in_other_threads(mount):
+    import threading
+    c = spillfs.Client(mount)
+    data = os.urandom(4 << 20)
+    c.write("closing", data)
+    outcomes = []
+
+    def reader():
+        try:
+            while True:
+                assert c.read("closing", len(data)) == data
+                outcomes.append("read")
+        except ValueError as e:  # the handle closed between two calls
+            outcomes.append(str(e))
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    while len(outcomes) < 6:  # every reader is under way
+        time.sleep(0.001)
+    c.close()
+    for t in threads:
+        t.join(timeout=20)
+        assert not t.is_alive()
+    assert outcomes.count("the spillfs client is closed") == 3
+    with pytest.raises(ValueError):
+        c.read("closing", 1)

@@ -18,6 +18,7 @@ import ctypes
 import errno as _errno
 import json
 import os
+import threading
 
 __all__ = ["Client", "SpillError", "load_library"]
 
@@ -144,6 +145,9 @@ class Client:
     """A direct-path handle on the spillfs mount at `mountpoint`."""
 
     def __init__(self, mountpoint, **settings):
+        self._guard = threading.Condition()
+        self._active = 0  # calls under way (see _call)
+        self._handle = None
         self._lib = load_library()
         self.mountpoint = os.path.realpath(mountpoint)
         handle = self._lib.spill_client_open(os.fsencode(mountpoint))
@@ -164,15 +168,34 @@ class Client:
             self._raise(-rc, what)
         return rc
 
-    def _h(self):
-        if not self._handle:
-            raise ValueError("the spillfs client is closed")
-        return self._handle
+    def _call(self, fn, *args):
+        """fn(handle, *args), the handle kept open until fn returns: close()
+        from another thread waits for calls under way instead of freeing
+        the handle under them."""
+        with self._guard:
+            if not self._handle:
+                raise ValueError("the spillfs client is closed")
+            self._active += 1
+        try:
+            return fn(self._handle, *args)
+        finally:
+            with self._guard:
+                self._active -= 1
+                if not self._active:
+                    self._guard.notify_all()
 
     def close(self):
-        if getattr(self, "_handle", None):
-            self._lib.spill_client_close(self._handle)
-            self._handle = None
+        """Closes the handle once the calls under way in other threads return;
+        later calls raise ValueError."""
+        guard = getattr(self, "_guard", None)
+        if guard is None:
+            return
+        with guard:
+            handle, self._handle = self._handle, None
+            while self._active:
+                guard.wait()
+        if handle:
+            self._lib.spill_client_close(handle)
 
     def __enter__(self):
         return self
@@ -188,16 +211,16 @@ class Client:
 
     def set(self, key, value):
         """A tunable of the library (see spill_client_set in spillfs/client.h)."""
-        self._check(self._lib.spill_client_set(self._h(), key.encode(), int(value)), "set " + key)
+        self._check(self._call(self._lib.spill_client_set, key.encode(), int(value)), "set " + key)
 
     def stats(self):
         s = _Stats()
-        self._check(self._lib.spill_client_get_stats(self._h(), ctypes.byref(s)), "stats")
+        self._check(self._call(self._lib.spill_client_get_stats, ctypes.byref(s)), "stats")
         return {name: getattr(s, name) for name, _ in _Stats._fields_}
 
     def forget(self, path=None):
         """Drops the kept layout (and lease) of `path`, or of every path."""
-        self._check(self._lib.spill_forget(self._h(), None if path is None else os.fsencode(path)),
+        self._check(self._call(self._lib.spill_forget, None if path is None else os.fsencode(path)),
                     "forget")
 
     def _full(self, path):
@@ -216,7 +239,7 @@ class Client:
         del keep
 
     def _write_ptr(self, path, addr, nbytes):
-        self._check(self._lib.spill_write(self._h(), os.fsencode(path), addr, nbytes), "write " + str(path))
+        self._check(self._call(self._lib.spill_write, os.fsencode(path), addr, nbytes), "write " + str(path))
 
     def read_into(self, path, buf, offset=0):
         """Reads into the writable buffer `buf`; returns the bytes read."""
@@ -226,7 +249,7 @@ class Client:
         return got
 
     def _read_ptr(self, path, addr, nbytes, offset=0):
-        rc = self._lib.spill_read(self._h(), os.fsencode(path), addr, nbytes, int(offset))
+        rc = self._call(self._lib.spill_read, os.fsencode(path), addr, nbytes, int(offset))
         return self._check(rc, "read " + str(path))
 
     def read(self, path, nbytes, offset=0):
@@ -260,7 +283,7 @@ class Client:
             addr, n, keep_out = _writable_pointer(out)
         if n < count * row_bytes:
             raise ValueError(f"read_rows: out holds {n} bytes, {count * row_bytes} needed")
-        rc = self._lib.spill_read_rows(self._h(), os.fsencode(path), int(row_bytes), rows_addr,
+        rc = self._call(self._lib.spill_read_rows, os.fsencode(path), int(row_bytes), rows_addr,
                                        count, addr)
         del keep_rows, keep_out
         self._check(rc, "read_rows " + str(path))
