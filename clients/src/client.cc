@@ -612,10 +612,19 @@ struct spill_client {
       if (out != nullptr) *out = std::move(r);
       return 0;
     };
+    // Waits for both helpers; the first error (and its message, which a
+    // later one would overwrite) is the one reported.
     auto settle_all = [&](int first_rc) {
-      int r0 = settle(0, nullptr), r1 = settle(1, nullptr);
-      if (first_rc != 0) return first_rc;
-      return r0 != 0 ? r0 : r1;
+      std::string message = LastError();
+      int rc = first_rc;
+      for (int i : {0, 1}) {
+        int r = settle(i, nullptr);
+        if (rc == 0 && r != 0) {
+          rc = r;
+          message = LastError();
+        }
+      }
+      return rc == 0 ? 0 : Fail(-rc, message);
     };
 
     Reservation current = ReserveStep(txn[0].get(), rel, step_len(0));
