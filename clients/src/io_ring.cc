@@ -32,6 +32,9 @@ void FreeAligned(void* p, size_t bytes) {
 namespace {
 
 constexpr unsigned kRingEntries = kMaxQueueDepth;
+// The default runs need 32 MiB (spill_read/spill_write: 32 x 1 MiB) and
+// 16 MiB (spill_read_rows: 128 x 128 KiB) of bounce slots.
+constexpr size_t kKeptSlotBytes = 64u << 20;
 
 // The ring of one thread and its registered slot region. Set up at first
 // use, and set up again after a failed setup (a passing EMFILE or ENOMEM must
@@ -56,9 +59,14 @@ class ThreadRing {
   int status() const { return status_; }
 
   // A region of at least `bytes`, registered as fixed buffer 0 when the
-  // kernel allows it (registered() says whether it is). Ring() first.
+  // kernel allows it (registered() says whether it is). Ring() first. Kept
+  // from run to run (registering pins its pages, which costs), but a region
+  // past kKeptSlotBytes is given back when a run needs a quarter of it or
+  // less: one run of a deep queue of large I/Os must not keep its memory
+  // pinned for the thread's lifetime.
   char* Slots(size_t bytes) {
-    if (bytes <= slots_bytes_) return static_cast<char*>(slots_);
+    const bool oversized = slots_bytes_ > kKeptSlotBytes && bytes <= slots_bytes_ / 4;
+    if (bytes <= slots_bytes_ && !oversized) return static_cast<char*>(slots_);
     if (registered_) {
       io_uring_unregister_buffers(&ring_);
       registered_ = false;

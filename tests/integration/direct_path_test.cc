@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -218,6 +219,39 @@ TEST_F(DirectPathTest, DirectWriteReadsBackThroughTheMount) {
       }
     }
   }
+}
+
+// Pages pinned by this process (io_uring's registered bounce slots among them).
+uint64_t PinnedBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmPin:", 0) == 0) return std::stoull(line.substr(6)) * 1024;  // "VmPin:  N kB"
+  }
+  return 0;
+}
+
+// One run of a deep queue of large I/Os registers a large bounce region for
+// its thread; a later run that needs a quarter of it or less gives it back.
+TEST_F(DirectPathTest, ADeepQueueOfLargeIosDoesNotKeepItsSlotsPinned) {
+  const size_t size = 96 * kMiB;
+  std::vector<char> data = RandomBytes(size, 77);
+  ASSERT_EQ(spill_write(client(), "deep", data.data(), size), 0) << spill_last_error();
+  ASSERT_EQ(spill_client_set(client(), "io_bytes", 4 * kMiB), 0) << spill_last_error();
+  ASSERT_EQ(spill_client_set(client(), "queue_depth", 24), 0) << spill_last_error();
+  std::vector<char> back(size + 1);
+  // An unaligned destination: every I/O goes through a bounce slot.
+  ASSERT_EQ(spill_read(client(), "deep", back.data() + 1, size, 0), static_cast<int64_t>(size)) << spill_last_error();
+  EXPECT_EQ(std::memcmp(back.data() + 1, data.data(), size), 0);
+  // This thread's region (the one of the write above replaced) is pinned.
+  EXPECT_GE(PinnedBytes(), 96 * kMiB) << "the 96 MiB region is registered for the run";
+
+  ASSERT_EQ(spill_client_set(client(), "io_bytes", 1 * kMiB), 0) << spill_last_error();
+  ASSERT_EQ(spill_client_set(client(), "queue_depth", 8), 0) << spill_last_error();
+  ASSERT_EQ(spill_read(client(), "deep", back.data() + 1, 8 * kMiB, 0), static_cast<int64_t>(8 * kMiB))
+      << spill_last_error();
+  EXPECT_EQ(std::memcmp(back.data() + 1, data.data(), 8 * kMiB), 0);
+  EXPECT_LE(PinnedBytes(), 16 * kMiB) << "a small run gives the large region back (it needs 8 MiB)";
 }
 
 // Overwriting a file the kernel has cached: the mount must show the new bytes.
