@@ -81,6 +81,8 @@ class ThreadRing {
     return static_cast<char*>(slots_);
   }
   bool registered() const { return registered_; }
+  // Gives the ring up after a failure; the next Ring() makes a new one.
+  void Abandon() { Reset(); }
 
  private:
   // Lets go of this process's view of the ring and slots. In a child after
@@ -223,6 +225,9 @@ class IoRun {
     return 0;
   }
 
+  // True after a failed submit left the ring in an unknown state.
+  bool ring_broken() const { return ring_broken_; }
+
   // Runs every operation (or stops at the first error); 0 or the error.
   int Run(uint64_t* completed) {
     while (true) {
@@ -241,9 +246,12 @@ class IoRun {
       }
       int ret = io_uring_submit_and_wait(ring_, 1);
       if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
-        // Nothing more can be reaped reliably; the ring is reset by the
-        // kernel only at exit, so report and leave (in-flight buffers are
-        // ours). Callbacks already queued must finish: they use this frame.
+        // Nothing more can be reaped reliably. The ring still holds this
+        // run's SQEs and completions, which point at its flights: the
+        // thread's next run must not see them, so the ring is given up
+        // (RunIo) and the next run makes a new one. Callbacks already queued
+        // must finish: they use this frame.
+        ring_broken_ = true;
         if (offload_) offload_->Wait();
         return Fail(-ret, WithErrno("io_uring submit failed", -ret));
       }
@@ -392,6 +400,7 @@ class IoRun {
   size_t next_ = 0;
   unsigned inflight_ = 0;
   int error_ = 0;
+  bool ring_broken_ = false;
   uint64_t count_ = 0;
 };
 
@@ -408,7 +417,9 @@ int RunIo(std::span<IoOp> ops, unsigned queue_depth, uint32_t slot_bytes, const 
   queue_depth = static_cast<unsigned>(std::min<size_t>(queue_depth, ops.size()));
   IoRun run(ops, queue_depth, slot_bytes, fill, done);
   if (int rc = run.Init(thread_ring, pool); rc != 0) return rc;
-  return run.Run(completed);
+  int rc = run.Run(completed);
+  if (run.ring_broken()) thread_ring.Abandon();
+  return rc;
 }
 
 }  // namespace spillfs::client
