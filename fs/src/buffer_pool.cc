@@ -13,14 +13,14 @@ BufferPool::~BufferPool() {
 }
 
 char* BufferPool::Acquire() {
-  std::unique_lock lock(mu_);
+  std::lock_guard lock(mu_);
   if (free_.empty()) {
-    // Mapped outside the lock; its pages fault in as the buffers are used.
-    lock.unlock();
+    // Mapped under the lock (a mapping is cheap: its pages fault in as the
+    // buffers are used), so writers that find the pool empty together map
+    // one slab, not one each.
     void* slab = mmap(nullptr, slab_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (slab == MAP_FAILED) throw std::bad_alloc();
     madvise(slab, slab_bytes_, MADV_HUGEPAGE);
-    lock.lock();
     slabs_.push_back(slab);
     char* base = static_cast<char*>(slab);
     // Pushed last to first, so the slab is used from its start.

@@ -6,7 +6,7 @@
 // Header-only (xxhash is the only dependency) so the self-contained client
 // library can use it too.
 //
-// The calls go through libxxhash's runtime-dispatched entry points, which
+// On x86 the calls go through libxxhash's runtime-dispatched entry points, which
 // pick AVX-512, AVX2 or SSE2 as the CPU offers; the values are the same as the
 // portable build's. Measured on the 2-core VM (4 KiB blocks, in cache):
 // 17 GB/s against 11-12 GB/s, and block verification was the read-ahead
@@ -14,8 +14,11 @@
 #pragma once
 
 #include <xxhash.h>
-// After xxhash.h: maps XXH3_64bits / XXH3_128bits to the dispatched versions.
+#if defined(__x86_64__) || defined(__i386__)
+// After xxhash.h: maps XXH3_64bits / XXH3_128bits to the dispatched versions
+// (x86 builds of libxxhash only; elsewhere the portable entry points stay).
 #include <xxh_x86dispatch.h>
+#endif
 
 #include <cstddef>
 #include <cstdint>
