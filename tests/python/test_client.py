@@ -270,3 +270,26 @@ def test_close_waits_for_calls_under_way_in_other_threads(mount):
     assert outcomes.count("the spillfs client is closed") == 3
     with pytest.raises(ValueError):
         c.read("closing", 1)
+
+
+def test_a_child_forked_while_another_thread_is_in_a_call_can_use_the_client(mount):
+    import threading
+    c = spillfs.Client(mount)
+    data = os.urandom(8 << 20)
+    c.write("fork_busy", data)
+    stop = threading.Event()
+
+    def reader():  # keeps a call under way (and the call guard busy) in the parent
+        while not stop.is_set():
+            assert c.read("fork_busy", len(data)) == data
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        time.sleep(0.05)
+        for _ in range(3):
+            assert _in_child(lambda: c.read("fork_busy", 4096) == data[:4096] and c.close() is None) == 0
+    finally:
+        stop.set()
+        t.join()
+    c.close()

@@ -19,6 +19,7 @@ import errno as _errno
 import json
 import os
 import threading
+import weakref
 
 __all__ = ["Client", "SpillError", "load_library"]
 
@@ -140,6 +141,21 @@ def _readable_pointer(buf):
 
 _TENSOR_XATTR = "user.spillfs.tensor"
 
+# Every open Client, so a fork()ed child (a DataLoader worker) can renew their
+# call guards: one may have been copied held by a thread that does not exist
+# in the child, and the calls it counts are the parent's. (The C library
+# renews its own state in the child.)
+_open_clients = weakref.WeakSet()
+
+
+def _renew_guards_in_child():
+    for client in list(_open_clients):
+        client._guard = threading.Condition()
+        client._active = 0
+
+
+os.register_at_fork(after_in_child=_renew_guards_in_child)
+
 
 class Client:
     """A direct-path handle on the spillfs mount at `mountpoint`."""
@@ -154,6 +170,7 @@ class Client:
         if not handle:
             self._raise(ctypes.get_errno() or _errno.EIO, "open " + mountpoint)
         self._handle = handle
+        _open_clients.add(self)
         for key, value in settings.items():
             self.set(key, value)
 
