@@ -45,6 +45,33 @@ Status ForEachExtent(const Index& index, InodeNumber ino, uint64_t start, uint64
   return cursor->status();
 }
 
+// Visits the written and unwritten extents of `ino` overlapping [start, end)
+// in file order, each clipped to that range, with only the checksums of the
+// clipped blocks decoded (ExtentView says why). `start` and `end` are block
+// aligned; so are extents.
+template <typename Fn>
+Status ForEachExtentClipped(const Index& index, InodeNumber ino, uint64_t start, uint64_t end, uint64_t block,
+                            Fn&& fn) {
+  auto cursor = index.NewCursor(Family::kExtent, keys::Ino(ino));
+  cursor->SeekForPrev(keys::Extent(ino, start));
+  if (!cursor->Valid()) cursor->Seek(keys::Extent(ino, start));
+  for (; cursor->Valid(); cursor->Next()) {
+    if (cursor->key().size() != 16) return Status::Corruption("malformed extent key");
+    uint64_t offset = keys::ExtentOffset(cursor->key());
+    if (offset >= end) break;
+    SPILLFS_ASSIGN_OR_RETURN(ExtentView view, ExtentView::Parse(cursor->value()));
+    if (offset + view.length <= start) continue;
+    if (view.checksum_count != 0 && view.checksum_count != view.length / block) {
+      return Status::Corruption(fmt::format("extent of inode {} at {} has {} checksums for {} bytes", ino, offset,
+                                            view.checksum_count, view.length));
+    }
+    const uint64_t from = std::max(start, offset);
+    const uint64_t to = std::min(end, offset + view.length);
+    SPILLFS_RETURN_IF_ERROR(fn(MappedExtent{from, view.Slice(from - offset, to - from, block)}));
+  }
+  return cursor->status();
+}
+
 // The part of `record` from byte `skip` on, `length` bytes long.
 ExtentRecord Slice(const ExtentRecord& record, uint64_t skip, uint64_t length, uint64_t block) {
   ExtentRecord out = record;
@@ -98,13 +125,11 @@ Status Filesystem::ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t co
     if (to > zeroed_to) std::memset(out + (zeroed_to - start), 0, to - zeroed_to);
     zeroed_to = std::max(zeroed_to, to);
   };
-  SPILLFS_RETURN_IF_ERROR(ForEachExtent(index_, ino, start, end, [&](MappedExtent e) {
+  SPILLFS_RETURN_IF_ERROR(ForEachExtentClipped(index_, ino, start, end, block_size_, [&](MappedExtent e) {
     if (e.record.unwritten()) return Status::OK();
-    uint64_t from = std::max(start, e.file_offset);
-    uint64_t to = std::min(end, e.end());
-    zero_to(from);
-    zeroed_to = std::max(zeroed_to, to);
-    slices.push_back(IoSlice{e.record.physical + (from - e.file_offset), out + (from - start), to - from});
+    zero_to(e.file_offset);
+    zeroed_to = std::max(zeroed_to, e.end());
+    slices.push_back(IoSlice{e.record.physical, out + (e.file_offset - start), e.record.length});
     sources.push_back(std::move(e));
     return Status::OK();
   }));

@@ -92,19 +92,46 @@ std::string ExtentRecord::Encode() const {
   return out;
 }
 
-Result<ExtentRecord> ExtentRecord::Decode(std::string_view bytes) {
+Result<ExtentView> ExtentView::Parse(std::string_view bytes) {
   coding::Reader reader(bytes);
   SPILLFS_RETURN_IF_ERROR(CheckVersion(&reader, kExtentVersion, "extent"));
-  ExtentRecord r;
-  uint64_t count = 0;
-  std::string_view sums;
-  if (!reader.GetVarint64(&r.physical) || !reader.GetVarint64(&r.length) || !reader.GetVarint32(&r.flags) ||
-      !reader.GetVarint64(&r.blob_id) || !reader.GetVarint64(&count) || count > bytes.size() ||
-      !reader.GetBytes(count * 4, &sums)) {
+  ExtentView v;
+  if (!reader.GetVarint64(&v.physical) || !reader.GetVarint64(&v.length) || !reader.GetVarint32(&v.flags) ||
+      !reader.GetVarint64(&v.blob_id) || !reader.GetVarint64(&v.checksum_count) || v.checksum_count > bytes.size() ||
+      !reader.GetBytes(v.checksum_count * 4, &v.checksums)) {
     return Truncated("extent");
   }
-  r.block_checksums.reserve(count);
-  for (uint64_t i = 0; i < count; ++i) r.block_checksums.push_back(coding::DecodeFixed32BE(sums.data() + 4 * i));
+  return v;
+}
+
+ExtentRecord ExtentView::Slice(uint64_t skip, uint64_t slice_length, uint64_t block_size) const {
+  ExtentRecord r;
+  r.physical = physical + skip;
+  r.length = slice_length;
+  r.flags = flags;
+  r.blob_id = blob_id;
+  const uint64_t first = skip / block_size;
+  const uint64_t count = slice_length / block_size;
+  if (checksum_count > 0 && first + count <= checksum_count) {
+    r.block_checksums.reserve(count);
+    for (uint64_t i = first; i < first + count; ++i) {
+      r.block_checksums.push_back(coding::DecodeFixed32BE(checksums.data() + 4 * i));
+    }
+  }
+  return r;
+}
+
+Result<ExtentRecord> ExtentRecord::Decode(std::string_view bytes) {
+  SPILLFS_ASSIGN_OR_RETURN(ExtentView view, ExtentView::Parse(bytes));
+  ExtentRecord r;
+  r.physical = view.physical;
+  r.length = view.length;
+  r.flags = view.flags;
+  r.blob_id = view.blob_id;
+  r.block_checksums.reserve(view.checksum_count);
+  for (uint64_t i = 0; i < view.checksum_count; ++i) {
+    r.block_checksums.push_back(coding::DecodeFixed32BE(view.checksums.data() + 4 * i));
+  }
   return r;
 }
 

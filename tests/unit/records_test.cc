@@ -203,6 +203,40 @@ TEST(RecordsTest, EveryTruncationOfADirentIsRefused) {
   ExpectEveryTruncationRefused<DirentRecord>(DirentRecord{}.Encode(), DirentRecord::Decode);
 }
 
+// A read of a few blocks of a large extent decodes only their checksums, and
+// gets the same record as slicing the fully decoded one.
+TEST(RecordsTest, ExtentViewSlicesEqualTheDecodedRecordsSlices) {
+  ExtentRecord r;
+  r.physical = 1 << 20;
+  r.length = 8 * 4096;
+  r.flags = 0;
+  r.blob_id = 77;
+  for (uint32_t i = 0; i < 8; ++i) r.block_checksums.push_back(0x01020304u * (i + 1));
+  const std::string bytes = r.Encode();
+  auto view = ExtentView::Parse(bytes);
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  EXPECT_EQ(view->physical, r.physical);
+  EXPECT_EQ(view->length, r.length);
+  EXPECT_EQ(view->blob_id, r.blob_id);
+  EXPECT_EQ(view->checksum_count, 8u);
+  ExtentRecord slice = view->Slice(3 * 4096, 2 * 4096, 4096);
+  EXPECT_EQ(slice.physical, r.physical + 3 * 4096);
+  EXPECT_EQ(slice.length, 2u * 4096);
+  EXPECT_EQ(slice.blob_id, r.blob_id);
+  EXPECT_EQ(slice.block_checksums, (std::vector<uint32_t>{r.block_checksums[3], r.block_checksums[4]}));
+  ExtentRecord whole = view->Slice(0, r.length, 4096);
+  EXPECT_EQ(whole, r);
+  EXPECT_EQ(*ExtentRecord::Decode(bytes), r);
+
+  r.block_checksums.clear();  // checksums off: a slice has none either
+  auto bare = ExtentView::Parse(r.Encode());
+  ASSERT_TRUE(bare.ok());
+  EXPECT_TRUE(bare->Slice(4096, 4096, 4096).block_checksums.empty());
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    EXPECT_FALSE(ExtentView::Parse(std::string_view(bytes).substr(0, cut)).ok()) << "cut at " << cut;
+  }
+}
+
 TEST(RecordsTest, EveryTruncationOfAnExtentIsRefused) {
   for (size_t sums : {0u, 1u, 5u, 64u}) {
     ExpectEveryTruncationRefused<ExtentRecord>(FullExtent(sums).Encode(), ExtentRecord::Decode);
