@@ -104,35 +104,45 @@ Result<ExtentView> ExtentView::Parse(std::string_view bytes) {
   return v;
 }
 
-ExtentRecord ExtentView::Slice(uint64_t skip, uint64_t slice_length, uint64_t block_size) const {
+namespace {
+
+// The fields of `view` for its bytes [skip, skip + length), no checksums.
+ExtentRecord ExtentFields(const ExtentView& view, uint64_t skip, uint64_t length) {
   ExtentRecord r;
-  r.physical = physical + skip;
-  r.length = slice_length;
-  r.flags = flags;
-  r.blob_id = blob_id;
+  r.physical = view.physical + skip;
+  r.length = length;
+  r.flags = view.flags;
+  r.blob_id = view.blob_id;
+  return r;
+}
+
+// Decodes checksums [first, first + count) of `view` into r->block_checksums.
+void DecodeChecksums(const ExtentView& view, uint64_t first, uint64_t count, ExtentRecord* r) {
+  r->block_checksums.reserve(count);
+  for (uint64_t i = first; i < first + count; ++i) {
+    r->block_checksums.push_back(coding::DecodeFixed32BE(view.checksums.data() + 4 * i));
+  }
+}
+
+}  // namespace
+
+ExtentRecord ExtentView::Slice(uint64_t skip, uint64_t slice_length, uint64_t block_size) const {
+  ExtentRecord r = ExtentFields(*this, skip, slice_length);
   const uint64_t first = skip / block_size;
   const uint64_t count = slice_length / block_size;
-  if (checksum_count > 0 && first + count <= checksum_count) {
-    r.block_checksums.reserve(count);
-    for (uint64_t i = first; i < first + count; ++i) {
-      r.block_checksums.push_back(coding::DecodeFixed32BE(checksums.data() + 4 * i));
-    }
-  }
+  if (checksum_count > 0 && first + count <= checksum_count) DecodeChecksums(*this, first, count, &r);
+  return r;
+}
+
+ExtentRecord ExtentView::Record() const {
+  ExtentRecord r = ExtentFields(*this, 0, length);
+  DecodeChecksums(*this, 0, checksum_count, &r);
   return r;
 }
 
 Result<ExtentRecord> ExtentRecord::Decode(std::string_view bytes) {
   SPILLFS_ASSIGN_OR_RETURN(ExtentView view, ExtentView::Parse(bytes));
-  ExtentRecord r;
-  r.physical = view.physical;
-  r.length = view.length;
-  r.flags = view.flags;
-  r.blob_id = view.blob_id;
-  r.block_checksums.reserve(view.checksum_count);
-  for (uint64_t i = 0; i < view.checksum_count; ++i) {
-    r.block_checksums.push_back(coding::DecodeFixed32BE(view.checksums.data() + 4 * i));
-  }
-  return r;
+  return view.Record();
 }
 
 std::string BlobRecord::Encode() const {

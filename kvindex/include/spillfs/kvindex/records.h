@@ -86,6 +86,8 @@ struct ExtentView {
 
   bool unwritten() const { return (flags & kExtentUnwritten) != 0; }
   static Result<ExtentView> Parse(std::string_view bytes);
+  // The whole record, every checksum decoded.
+  ExtentRecord Record() const;
   // The record of bytes [skip, skip + length) of this extent (block aligned,
   // within it), with the checksums of those blocks only (none if it has none).
   ExtentRecord Slice(uint64_t skip, uint64_t length, uint64_t block_size) const;
