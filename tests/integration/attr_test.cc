@@ -27,27 +27,11 @@
 
 #include <gtest/gtest.h>
 
+#include "errno_names.h"
 #include "mounted_volume.h"
 
 namespace spillfs::testing {
 namespace {
-
-std::string ErrnoName(int e) {
-  if (e == 0) return "success";
-  const char* name = strerrorname_np(e);
-  return name != nullptr ? name : std::to_string(e);
-}
-
-// Evaluates CALL (a system call returning -1 and setting errno on failure) and
-// expects it to fail with errno EXPECTED, or to succeed when EXPECTED is 0.
-#define EXPECT_ERRNO(expected, call)                                                                            \
-  do {                                                                                                          \
-    errno = 0;                                                                                                  \
-    long rc_ = static_cast<long>(call);                                                                         \
-    int err_ = rc_ < 0 ? errno : 0;                                                                             \
-    EXPECT_EQ(err_, (expected)) << #call << " returned " << rc_ << " with " << ErrnoName(err_) << ", expected " \
-                                << ErrnoName(expected);                                                         \
-  } while (0)
 
 class Fd {
  public:

@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "errno_names.h"
 #include "mounted_volume.h"
 
 namespace spillfs::testing {
@@ -28,13 +29,6 @@ namespace {
 
 constexpr uid_t kNobody = 65534;
 constexpr gid_t kNogroup = 65534;
-
-std::string ErrnoName(int e) {
-  if (e == 0) return "success";
-  if (e < 0) return "child process failure " + std::to_string(e);
-  const char* name = strerrorname_np(e);
-  return name != nullptr ? name : std::to_string(e);
-}
 
 // The result of a system call: 0 on success, errno on failure.
 int Err(long rc) { return rc < 0 ? errno : 0; }

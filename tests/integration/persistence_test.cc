@@ -32,16 +32,11 @@
 
 #include <gtest/gtest.h>
 
+#include "errno_names.h"
 #include "mounted_volume.h"
 
 namespace spillfs::testing {
 namespace {
-
-std::string ErrnoName(int e) {
-  if (e == 0) return "success";
-  const char* name = strerrorname_np(e);
-  return name != nullptr ? name : std::to_string(e);
-}
 
 constexpr off_t kKiB = 1024;
 constexpr off_t kMiB = 1024 * 1024;
