@@ -589,10 +589,11 @@ struct statvfs Filesystem::StatFs() {
 
 // ---- open files ----
 
-Status Filesystem::Open(InodeNumber ino) {
+Status Filesystem::Open(InodeNumber ino, bool* ephemeral) {
   std::lock_guard lock(mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   ++inodes_[ino].opens;
+  if (ephemeral != nullptr) *ephemeral = (record.flags & kInodeEphemeral) != 0;
   return Status::OK();
 }
 

@@ -75,12 +75,21 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
   const uint64_t first_chunk = first_block / per_chunk;
   const uint64_t last_chunk = (last_block - 1) / per_chunk;
   for (uint64_t chunk = first_chunk; chunk <= last_chunk; ++chunk) cache_.ChunkFor(*file, chunk * per_chunk);
+  // The old bytes of a block past both the committed and the cached size are
+  // zeros: no index lookup (an unaligned sequential writer, such as a direct_io
+  // handle under torch.save, has such a block at the end of every write).
+  const uint64_t size_before = std::max(record.size, file->size);
   auto prime_edge = [&](uint64_t block) -> Status {
     uint64_t block_start = block * block_size_;
     WriteBackCache::Chunk& chunk = cache_.ChunkFor(*file, block);
     if (offset <= block_start && end >= block_start + block_size_) return Status::OK();  // wholly written
     if (chunk.valid[block % per_chunk]) return Status::OK();
-    return ReadBlocks(ino, block, 1, chunk.data.data() + (block % per_chunk) * block_size_);
+    char* old_bytes = chunk.data.data() + (block % per_chunk) * block_size_;
+    if (block_start >= size_before) {
+      std::memset(old_bytes, 0, block_size_);
+      return Status::OK();
+    }
+    return ReadBlocks(ino, block, 1, old_bytes);
   };
   SPILLFS_RETURN_IF_ERROR(prime_edge(first_block));
   if (last_block - 1 != first_block) SPILLFS_RETURN_IF_ERROR(prime_edge(last_block - 1));

@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -758,8 +759,8 @@ TEST_F(DataTest, MmapConsistentWithReadWrite) {
 }
 
 // What other handles and mappings have cached of a file must not hide the
-// writes of a write-only handle (also the guard for handing such handles
-// direct_io one day: tools/bench/RESULTS.md says why they are not).
+// writes of a write-only handle (also the guard for the direct_io that write-
+// only handles of ephemeral files get, and others might one day).
 TEST_F(DataTest, WriteOnlyHandleWritesAreSeenByCachedReadersAndMappings) {
   const size_t size = 2 * kMiB;
   std::string path = Path("cached");
@@ -783,6 +784,49 @@ TEST_F(DataTest, WriteOnlyHandleWritesAreSeenByCachedReadersAndMappings) {
   EXPECT_TRUE(SameBytes("cached reader after a write-only handle's write", 0, buf.data(), model.data(), size));
   EXPECT_TRUE(SameBytes("mapping after a write-only handle's write", 0, map, model.data(), size));
   ASSERT_EQ(munmap(p, size), 0) << Errno();
+}
+
+// Pages of `path` in the page cache (mincore of a mapping, which faults
+// nothing in); -1 when it cannot tell.
+long ResidentPages(const std::string& path, size_t size) {
+  Fd fd(open(path.c_str(), O_RDONLY));
+  if (fd.get() < 0) return -1;
+  void* p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) return -1;
+  const size_t pages = (size + 4095) / 4096;
+  std::vector<unsigned char> resident(pages);
+  long count = mincore(p, size, resident.data()) == 0 ? 0 : -1;
+  for (size_t i = 0; count >= 0 && i < pages; ++i) count += resident[i] & 1;
+  munmap(p, size);
+  return count;
+}
+
+// A write-only handle of an ephemeral file skips the page cache (direct_io,
+// the activation-spill mode); other files' writes stay in it. Both read back
+// exactly, from a first write that leaves every later one unaligned.
+TEST_F(DataTest, WriteOnlyHandlesOfEphemeralFilesBypassThePageCache) {
+  ASSERT_EQ(mkdir(Path("eph").c_str(), 0755), 0) << Errno();
+  ASSERT_EQ(setxattr(Path("eph").c_str(), "user.spillfs.ephemeral", "1", 1, 0), 0) << Errno();
+  const size_t size = 320 + 3 * kMiB;
+  std::vector<char> model = PatternVector(72, 0, size);
+  for (const std::string dir : {"", "eph/"}) {
+    const std::string path = Path(dir + "spill");
+    Fd fd(open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+    ASSERT_GE(fd.get(), 0) << Errno();
+    ASSERT_TRUE(PwriteAll(fd.get(), model.data(), 320, 0));
+    for (size_t at = 320; at < size; at += kMiB) ASSERT_TRUE(PwriteAll(fd.get(), model.data() + at, kMiB, at));
+    long resident = ResidentPages(path, size);
+    if (dir.empty()) {
+      EXPECT_GT(resident, 0) << "a plain file's writes go through the page cache";
+    } else {
+      EXPECT_EQ(resident, 0) << "an ephemeral file's write-only handle bypasses the page cache";
+    }
+    std::vector<char> back(size);
+    Fd reader(open(path.c_str(), O_RDONLY));
+    ASSERT_GE(reader.get(), 0) << Errno();
+    ASSERT_TRUE(PreadExact(reader.get(), back.data(), size, 0));
+    EXPECT_TRUE(SameBytes(("read back " + path).c_str(), 0, back.data(), model.data(), size));
+  }
 }
 
 // ---------------------------------------------------------------------------

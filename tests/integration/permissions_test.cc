@@ -383,9 +383,9 @@ TEST_F(PermissionsTest, XattrAccessFollowsFilePermissions) {
   EXPECT_EQ(buf[0], 'v');
 }
 
-TEST_F(PermissionsTest, UnprivilegedWriteClearsSetuid) {
-  ASSERT_EQ(mkdir(P("open").c_str(), 0777), 0);
-  const std::string f = P("open/prog");
+// A write by a non-root user into a file of `dir` drops S_ISUID.
+void ExpectUnprivilegedWriteClearsSetuid(const std::string& dir) {
+  const std::string f = dir + "/prog";
   EXPECT_AS_NOBODY(0, [&] {
     int fd = open(f.c_str(), O_CREAT | O_WRONLY, 0755);
     if (fd < 0) return errno;
@@ -402,6 +402,19 @@ TEST_F(PermissionsTest, UnprivilegedWriteClearsSetuid) {
     return err;
   }());
   EXPECT_EQ(Stat(f).st_mode & 07777, 0755u) << "a write by a non-root user drops S_ISUID";
+}
+
+TEST_F(PermissionsTest, UnprivilegedWriteClearsSetuid) {
+  ASSERT_EQ(mkdir(P("open").c_str(), 0777), 0);
+  ExpectUnprivilegedWriteClearsSetuid(P("open"));
+}
+
+// Write-only handles of ephemeral files bypass the page cache (direct_io), so
+// the kernel leaves dropping the bit to the daemon.
+TEST_F(PermissionsTest, UnprivilegedWriteClearsSetuidOfAnEphemeralFile) {
+  ASSERT_EQ(mkdir(P("eph").c_str(), 0777), 0);
+  ASSERT_EQ(setxattr(P("eph").c_str(), "user.spillfs.ephemeral", "1", 1, 0), 0);
+  ExpectUnprivilegedWriteClearsSetuid(P("eph"));
 }
 
 TEST_F(PermissionsTest, SetgidDirectoryForANonMember) {

@@ -633,6 +633,47 @@ TEST_P(FilesystemDataTest, HolesReadAsZerosIntoAReusedBuffer) {
   }
 }
 
+// A block that a write only partly covers keeps its old bytes elsewhere;
+// past the end of the file those are zeros, even when the RAM tier hands the
+// write a buffer that held another file's bytes (the pool reuses the most
+// recently released first). Covers the sequential unaligned writer (every
+// write ends in a partial block past the end), a gap past the end, and the
+// end moved down by truncate before and after a flush.
+TEST_P(FilesystemDataTest, PartialBlocksPastTheEndReadAsZerosInReusedBuffers) {
+  std::mt19937_64 rng(12);
+  InodeNumber junk = MakeFile(kRootInode, "junk");
+  WriteAt(junk, 0, std::string(2 << 20, '\xCD'));
+  ASSERT_TRUE(fs_->Unlink(kRootInode, "junk").ok());  // its RAM-tier buffers go back to the pool
+
+  InodeNumber ino = MakeFile(kRootInode, "f");
+  std::string model;
+  auto write = [&](uint64_t offset, size_t length) {
+    std::string bytes = RandomBytes(length, &rng);
+    WriteAt(ino, offset, bytes);
+    if (model.size() < offset + length) model.resize(offset + length, '\0');
+    model.replace(offset, length, bytes);
+  };
+  auto truncate = [&](uint64_t size) {
+    SetAttrRequest request;
+    request.size = size;
+    ASSERT_TRUE(fs_->SetAttr(ino, request).ok());
+    model.resize(size, '\0');
+  };
+  for (uint64_t k = 0; k < 8; ++k) write(320 + k * 65536, 65536);  // torch.save's offsets
+  write((1 << 20) + 100, 10);                                      // a gap past the end
+  ASSERT_TRUE(SameBytes(ReadAll(ino), model)) << "unaligned sequential writes and a gap";
+  truncate(500000);
+  write(600007, 5);
+  ASSERT_TRUE(SameBytes(ReadAll(ino), model)) << "after truncate in the RAM tier";
+  ASSERT_TRUE(fs_->Fsync(ino, false).ok());
+  truncate(1000);
+  write(5000, 10);
+  ASSERT_TRUE(SameBytes(ReadAll(ino), model)) << "after truncate of flushed data";
+  ASSERT_TRUE(fs_->Fsync(ino, false).ok());
+  EXPECT_TRUE(SameBytes(ReadAll(ino), model)) << "from the SSD";
+  ExpectExtentMapSane(ino);
+}
+
 TEST_P(FilesystemDataTest, FallocateAndZeroRange) {
   std::mt19937_64 rng(6);
   InodeNumber ino = MakeFile(kRootInode, "fa");

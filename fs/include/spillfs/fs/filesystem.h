@@ -137,7 +137,8 @@ class Filesystem {
 
   // --- open files ---
   // Counts an open handle; the inode outlives its last link until Release.
-  Status Open(InodeNumber ino);
+  // `ephemeral` (optional) is set to whether the file is ephemeral.
+  Status Open(InodeNumber ino, bool* ephemeral = nullptr);
   Status Release(InodeNumber ino);
   // The bytes of a read, in order, valid only during the call. They may be
   // RAM-tier chunks, under the file's I/O lock (shared) meanwhile: a sink
