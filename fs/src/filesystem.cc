@@ -589,11 +589,10 @@ struct statvfs Filesystem::StatFs() {
 
 // ---- open files ----
 
-Status Filesystem::Open(InodeNumber ino, bool* ephemeral) {
+Status Filesystem::Open(InodeNumber ino) {
   std::lock_guard lock(mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   ++inodes_[ino].opens;
-  if (ephemeral != nullptr) *ephemeral = (record.flags & kInodeEphemeral) != 0;
   return Status::OK();
 }
 

@@ -178,19 +178,19 @@ void OnLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* n
   ReplyEntry(req, Fs(req).Link(ino, new_parent, new_name));
 }
 
-// A write-only handle of an ephemeral file (an activation spill) skips the
+// A write-only handle (torch.save, np.save, an activation spill) skips the
 // page cache (direct_io): its write()s reach the daemon as they are, without
-// the kernel first copying them into page-cache pages, which halved the
-// ingest of 1 MiB writes (H200 run 19: 1175-1222 MB/s buffered against
-// 2201-2345 direct). Nothing is lost: the handle neither reads nor maps, the
+// the kernel first copying them into page-cache pages. H200, runs 19 and 21:
+// 1 MiB writes into an ephemeral file 942-1222 MB/s through the page cache
+// against 1755-2345 direct; one unaligned 1 GiB write + fsync 973-1108
+// against 1355-1465. Nothing is lost: the handle neither reads nor maps, the
 // RAM tier is the cache, and the kernel drops cached pages of the range it
-// writes directly. Not for other files: an unaligned writer (torch.save)
-// into a direct_io handle was slower on the H200 (run 20), and ext4-like
-// write-then-read-back through the page cache is what those files expect.
+// writes directly (handles that can read keep the page cache). Not under
+// --writeback-cache, whose point is that the kernel gathers small writes.
 constexpr uint64_t kBypassesPageCache = 1;  // fi->fh of such a handle
 
-void ChoosePageCacheUse(bool ephemeral, fuse_file_info* fi) {
-  if (!ephemeral || (fi->flags & O_ACCMODE) != O_WRONLY) return;
+void ChoosePageCacheUse(fuse_req_t req, fuse_file_info* fi) {
+  if ((fi->flags & O_ACCMODE) != O_WRONLY || Daemon(req).options().writeback_cache) return;
   fi->direct_io = 1;
   fi->fh = kBypassesPageCache;
 }
@@ -230,11 +230,10 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     auto truncated = Fs(req).SetAttr(ino, truncate);
     if (!truncated.ok()) return ReplyError(req, truncated.status());
   }
-  bool ephemeral = false;
-  Status s = Fs(req).Open(ino, &ephemeral);
+  Status s = Fs(req).Open(ino);
   if (!s.ok()) return ReplyError(req, s);
   fi->keep_cache = 1;  // every change goes through this mount, so the page cache stays valid
-  ChoosePageCacheUse(ephemeral, fi);
+  ChoosePageCacheUse(req, fi);
   if (fuse_reply_open(req, fi) == -ENOENT) (void)Fs(req).Release(ino);
 }
 
@@ -242,11 +241,10 @@ void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, 
   if (Reserved(parent, name)) return ReplyError(req, Status::Error(EEXIST, ""));
   auto entry = Fs(req).MakeNode(parent, name, mode, 0, CallerOf(req));
   if (!entry.ok()) return ReplyError(req, entry.status());
-  bool ephemeral = false;
-  Status s = Fs(req).Open(entry->ino, &ephemeral);
+  Status s = Fs(req).Open(entry->ino);
   if (!s.ok()) return ReplyError(req, s);
   fi->keep_cache = 1;
-  ChoosePageCacheUse(ephemeral, fi);
+  ChoosePageCacheUse(req, fi);
   fuse_entry_param param{};
   param.ino = entry->ino;
   param.generation = entry->generation;

@@ -383,8 +383,9 @@ TEST_F(PermissionsTest, XattrAccessFollowsFilePermissions) {
   EXPECT_EQ(buf[0], 'v');
 }
 
-// A write by a non-root user into a file of `dir` drops S_ISUID.
-void ExpectUnprivilegedWriteClearsSetuid(const std::string& dir) {
+// A write by a non-root user through a handle opened with `access` into a
+// file of `dir` drops S_ISUID.
+void ExpectUnprivilegedWriteClearsSetuid(const std::string& dir, int access) {
   const std::string f = dir + "/prog";
   EXPECT_AS_NOBODY(0, [&] {
     int fd = open(f.c_str(), O_CREAT | O_WRONLY, 0755);
@@ -395,7 +396,7 @@ void ExpectUnprivilegedWriteClearsSetuid(const std::string& dir) {
   }());
   ASSERT_EQ(Stat(f).st_mode & 07777, 04755u);
   EXPECT_AS_NOBODY(0, [&] {
-    int fd = open(f.c_str(), O_WRONLY);
+    int fd = open(f.c_str(), access);
     if (fd < 0) return errno;
     int err = write(fd, "x", 1) == 1 ? 0 : errno;
     close(fd);
@@ -404,17 +405,16 @@ void ExpectUnprivilegedWriteClearsSetuid(const std::string& dir) {
   EXPECT_EQ(Stat(f).st_mode & 07777, 0755u) << "a write by a non-root user drops S_ISUID";
 }
 
+// A write-only handle bypasses the page cache (direct_io), so the kernel
+// leaves dropping the bit to the daemon; a read-write one goes through it.
 TEST_F(PermissionsTest, UnprivilegedWriteClearsSetuid) {
   ASSERT_EQ(mkdir(P("open").c_str(), 0777), 0);
-  ExpectUnprivilegedWriteClearsSetuid(P("open"));
+  ExpectUnprivilegedWriteClearsSetuid(P("open"), O_WRONLY);
 }
 
-// Write-only handles of ephemeral files bypass the page cache (direct_io), so
-// the kernel leaves dropping the bit to the daemon.
-TEST_F(PermissionsTest, UnprivilegedWriteClearsSetuidOfAnEphemeralFile) {
-  ASSERT_EQ(mkdir(P("eph").c_str(), 0777), 0);
-  ASSERT_EQ(setxattr(P("eph").c_str(), "user.spillfs.ephemeral", "1", 1, 0), 0);
-  ExpectUnprivilegedWriteClearsSetuid(P("eph"));
+TEST_F(PermissionsTest, UnprivilegedWriteThroughTheCacheClearsSetuid) {
+  ASSERT_EQ(mkdir(P("rw").c_str(), 0777), 0);
+  ExpectUnprivilegedWriteClearsSetuid(P("rw"), O_RDWR);
 }
 
 TEST_F(PermissionsTest, SetgidDirectoryForANonMember) {

@@ -137,8 +137,7 @@ class Filesystem {
 
   // --- open files ---
   // Counts an open handle; the inode outlives its last link until Release.
-  // `ephemeral` (optional) is set to whether the file is ephemeral.
-  Status Open(InodeNumber ino, bool* ephemeral = nullptr);
+  Status Open(InodeNumber ino);
   Status Release(InodeNumber ino);
   // The bytes of a read, in order, valid only during the call. They may be
   // RAM-tier chunks, under the file's I/O lock (shared) meanwhile: a sink
