@@ -30,6 +30,7 @@
 
 #include "control.h"
 #include "error.h"
+#include "fork_guard.h"
 #include "io_ring.h"
 #include "layout_reply.h"
 #include "spillfs/kvindex/block_checksum.h"
@@ -162,6 +163,10 @@ struct spill_client {
   std::list<std::shared_ptr<Layout>> cache;
   uint64_t next_generation = 1;
 
+  // The three mutexes above are held across fork(): a child's copies of the
+  // pool, the descriptor map and the layout list are whole.
+  ForkGuard fork_guard{&pool_mu, &data_mu, &cache_mu};
+
   // Counters.
   std::atomic<uint64_t> bytes_written{0}, bytes_read{0}, ios{0}, layouts{0}, cache_hits{0}, checksum_errors{0};
 
@@ -178,14 +183,14 @@ struct spill_client {
   // Called first by every entry point. In a child after fork() (a PyTorch
   // DataLoader worker, say) only the forking thread exists: the pool's
   // workers are gone (a task queued there would never run, and joining them
-  // never returns), a mutex may have been copied locked by a thread that is
-  // not here, and the control channels share their open files with the
+  // never returns), and the control channels share their open files with the
   // parent, whose requests and replies would interleave with the child's.
-  // So the child leaves all of that to the parent and starts afresh: new
-  // mutexes, no pool yet (made at first use), no cached layouts (their
-  // leases stay the parent's; the child opens its own channels as it goes).
-  // The backing store descriptors are kept: positioned I/O shares nothing
-  // but the file. (The io_uring ring is per thread: io_ring.cc renews it.)
+  // So the child leaves all of that to the parent and starts afresh: no pool
+  // yet (made at first use), no cached layouts (their leases stay the
+  // parent's; the child opens its own channels as it goes). The backing store
+  // descriptors are kept: positioned I/O shares nothing but the file. The
+  // mutexes and what they guard came across whole (fork_guard). (The
+  // io_uring ring is per thread: io_ring.cc renews it.)
   void AdoptAfterFork() {
     const pid_t self = getpid();
     if (owner.load(std::memory_order_acquire) == self) return;
@@ -194,9 +199,6 @@ struct spill_client {
       return;
     }
     if (owner.load(std::memory_order_acquire) != self) {
-      new (&pool_mu) std::mutex;
-      new (&data_mu) std::mutex;
-      new (&cache_mu) std::mutex;
       // Left alone, never destroyed: ~TaskPool would join threads of the parent.
       if (pool) new std::shared_ptr<TaskPool>(std::move(pool));
       pool.reset();

@@ -293,3 +293,45 @@ def test_a_child_forked_while_another_thread_is_in_a_call_can_use_the_client(mou
         stop.set()
         t.join()
     c.close()
+
+
+def test_children_forked_while_another_thread_churns_the_layout_cache(mount):
+    # The parent's other thread keeps inserting into and evicting from the
+    # layout cache (a list under a mutex): a child forked mid-change would
+    # inherit a broken list, and its first call clears it. The client holds
+    # that mutex across fork(), so every child finds it whole and usable.
+    import threading
+    c = spillfs.Client(mount)
+    c.set("layout_cache", 1)  # every read_rows of the other file evicts
+    rows = {name: os.urandom(8 * 4096) for name in ("churn_a", "churn_b")}
+    for name, data in rows.items():
+        c.write(name, data)
+    stop = threading.Event()
+    errors = []
+
+    def churn():
+        try:
+            while not stop.is_set():
+                for name, data in rows.items():
+                    assert bytes(c.read_rows(name, 4096, [1, 5])) == data[4096:8192] + data[20480:24576]
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(repr(e))
+
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        time.sleep(0.05)
+        for i in range(40):
+            name = ("churn_a", "churn_b")[i % 2]
+
+            def child():
+                ok = bytes(c.read_rows(name, 4096, [7])) == rows[name][28672:]
+                c.forget()
+                return ok and bytes(c.read_rows(name, 4096, [0])) == rows[name][:4096]
+
+            assert _in_child(child) == 0, f"child {i}"
+    finally:
+        stop.set()
+        t.join()
+    assert errors == []
+    c.close()
