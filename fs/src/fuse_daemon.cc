@@ -195,19 +195,32 @@ void ChoosePageCacheUse(fuse_req_t req, fuse_file_info* fi) {
   fi->fh = kBypassesPageCache;
 }
 
-// A write by a user without CAP_FSETID drops set-user-ID (and set-group-ID of
-// a group-executable file), as ext4 does. The kernel does it (by a setattr)
-// for writes through the page cache; for direct_io handles it leaves it to us.
-// Root stands for CAP_FSETID (the daemon cannot see capabilities).
-Status DropSetIdBits(Filesystem& fs, fuse_ino_t ino) {
-  auto entry = fs.GetAttr(ino);
-  if (!entry.ok()) return entry.status();
-  mode_t mode = entry->attr.st_mode;
-  mode_t drop = (mode & S_ISUID) | ((mode & S_IXGRP) ? (mode & S_ISGID) : 0);
-  if (drop == 0) return Status::OK();
-  SetAttrRequest request;
-  request.mode = mode & 07777 & ~drop;
-  return fs.SetAttr(ino, request).status();
+// What the kernel's file_remove_privs does before a write through the page
+// cache, done here for direct_io handles (for those it leaves it to the
+// server): unless the writer is root (standing for CAP_FSETID, which the
+// daemon cannot see), drop set-user-ID, and set-group-ID of a group-
+// executable file (should_remove_suid: group membership does not matter);
+// for every writer, remove file capabilities (security.capability). The kernel's cached mode
+// is then stale: invalidated (attributes only; no page is touched).
+Status RemovePrivsForDirectWrite(fuse_req_t req, fuse_ino_t ino) {
+  Filesystem& fs = Fs(req);
+  if (fuse_req_ctx(req)->uid != 0) {
+    auto entry = fs.GetAttr(ino);
+    if (!entry.ok()) return entry.status();
+    const mode_t mode = entry->attr.st_mode;
+    mode_t drop = mode & S_ISUID;
+    if ((mode & S_ISGID) && (mode & S_IXGRP)) drop |= S_ISGID;
+    if (drop != 0) {
+      SetAttrRequest request;
+      request.mode = mode & 07777 & ~drop;
+      SPILLFS_RETURN_IF_ERROR(fs.SetAttr(ino, request).status());
+      fuse_lowlevel_notify_inval_inode(Daemon(req).session(), ino, -1, 0);
+    }
+  }
+  constexpr const char* kCapabilities = "security.capability";
+  auto capabilities = fs.GetXattr(ino, kCapabilities);  // without the namespace lock: most files have none
+  Status removed = capabilities.ok() ? fs.RemoveXattr(ino, kCapabilities) : capabilities.status();
+  return removed.code() == ENODATA ? Status::OK() : removed;
 }
 
 void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -281,9 +294,9 @@ void OnWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t
     fuse_reply_write(req, *n);
     return;
   }
-  if (fi->fh == kBypassesPageCache && fuse_req_ctx(req)->uid != 0) {
-    Status dropped = DropSetIdBits(Fs(req), ino);
-    if (!dropped.ok()) return ReplyError(req, dropped);
+  if (fi->fh == kBypassesPageCache) {
+    Status removed = RemovePrivsForDirectWrite(req, ino);
+    if (!removed.ok()) return ReplyError(req, removed);
   }
   // Answered as soon as the write cannot fail (before the RAM tier's copy),
   // so the kernel sends the next request while this thread copies.

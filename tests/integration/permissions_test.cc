@@ -383,38 +383,70 @@ TEST_F(PermissionsTest, XattrAccessFollowsFilePermissions) {
   EXPECT_EQ(buf[0], 'v');
 }
 
-// A write by a non-root user through a handle opened with `access` into a
-// file of `dir` drops S_ISUID.
-void ExpectUnprivilegedWriteClearsSetuid(const std::string& dir, int access) {
-  const std::string f = dir + "/prog";
-  EXPECT_AS_NOBODY(0, [&] {
-    int fd = open(f.c_str(), O_CREAT | O_WRONLY, 0755);
-    if (fd < 0) return errno;
-    int err = fchmod(fd, 04755) == 0 ? 0 : errno;
-    close(fd);
-    return err;
-  }());
-  ASSERT_EQ(Stat(f).st_mode & 07777, 04755u);
-  EXPECT_AS_NOBODY(0, [&] {
+// A write by uid 65534 (gid 65534, no other groups) through a handle opened
+// with `access` to its own file in `dir` of group `group` and mode `mode`
+// leaves mode `expected`, as seen by the writer at once (statx asking only
+// for the mode: answered from the kernel's cache unless the daemon said it
+// changed) and afterwards.
+void ExpectWriteLeavesMode(const std::string& dir, int access, gid_t group, mode_t mode, mode_t expected) {
+  const std::string f = dir + "/prog" + std::to_string(mode) + "_" + std::to_string(group);
+  ASSERT_EQ(OpenCloseErr(f, O_CREAT | O_WRONLY, 0755), 0);
+  ASSERT_EQ(chown(f.c_str(), kNobody, group), 0);
+  ASSERT_EQ(chmod(f.c_str(), mode), 0);
+  ASSERT_EQ(Stat(f).st_mode & 07777, mode);
+  const int seen_by_writer = AsNobody([&] {
     int fd = open(f.c_str(), access);
-    if (fd < 0) return errno;
-    int err = write(fd, "x", 1) == 1 ? 0 : errno;
+    if (fd < 0) return -100 - errno;
+    bool written = write(fd, "x", 1) == 1;
     close(fd);
-    return err;
-  }());
-  EXPECT_EQ(Stat(f).st_mode & 07777, 0755u) << "a write by a non-root user drops S_ISUID";
+    struct statx stx {};
+    if (!written || statx(AT_FDCWD, f.c_str(), 0, STATX_MODE, &stx) != 0) return -200 - errno;
+    return static_cast<int>(stx.stx_mode & 07777);
+  });
+  EXPECT_EQ(seen_by_writer, static_cast<int>(expected)) << f << " right after the write";
+  EXPECT_EQ(Stat(f).st_mode & 07777, expected) << f;
 }
 
-// A write-only handle bypasses the page cache (direct_io), so the kernel
-// leaves dropping the bit to the daemon; a read-write one goes through it.
+// What a write by a user without CAP_FSETID drops, as on ext4 (the kernel's
+// should_remove_suid): S_ISUID, and S_ISGID of a group-executable file,
+// whatever the writer's groups. A write-only handle bypasses the page cache (direct_io), where
+// the kernel leaves this to the daemon; a read-write one goes through it.
+void ExpectUnprivilegedWritesDropSetIdBits(const std::string& dir, int access) {
+  constexpr gid_t kOtherGroup = 4321;
+  ExpectWriteLeavesMode(dir, access, kNogroup, 04755, 0755);
+  ExpectWriteLeavesMode(dir, access, kOtherGroup, 02755, 0755);
+  ExpectWriteLeavesMode(dir, access, kOtherGroup, 02745, 02745);  // not group-executable: kept
+  ExpectWriteLeavesMode(dir, access, kNogroup, 02745, 02745);
+}
+
 TEST_F(PermissionsTest, UnprivilegedWriteClearsSetuid) {
   ASSERT_EQ(mkdir(P("open").c_str(), 0777), 0);
-  ExpectUnprivilegedWriteClearsSetuid(P("open"), O_WRONLY);
+  ExpectUnprivilegedWritesDropSetIdBits(P("open"), O_WRONLY);
 }
 
 TEST_F(PermissionsTest, UnprivilegedWriteThroughTheCacheClearsSetuid) {
   ASSERT_EQ(mkdir(P("rw").c_str(), 0777), 0);
-  ExpectUnprivilegedWriteClearsSetuid(P("rw"), O_RDWR);
+  ExpectUnprivilegedWritesDropSetIdBits(P("rw"), O_RDWR);
+}
+
+// Every write removes file capabilities, root's too (the kernel's
+// file_remove_privs; the daemon's own for write-only handles).
+TEST_F(PermissionsTest, WritesRemoveFileCapabilities) {
+  // A version 2 vfs_cap_data: magic and flags, then permitted/inheritable pairs.
+  const uint32_t caps[5] = {0x02000000u, 1u << 10, 0, 0, 0};  // CAP_NET_BIND_SERVICE permitted
+  for (int access : {O_WRONLY, O_RDWR}) {
+    const std::string f = P(access == O_WRONLY ? "capw" : "caprw");
+    ASSERT_EQ(OpenCloseErr(f, O_CREAT | O_WRONLY, 0755), 0);
+    ASSERT_EQ(setxattr(f.c_str(), "security.capability", caps, sizeof caps, 0), 0) << strerror(errno);
+    ASSERT_EQ(getxattr(f.c_str(), "security.capability", nullptr, 0), static_cast<ssize_t>(sizeof caps));
+    int fd = open(f.c_str(), access);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    EXPECT_EQ(write(fd, "x", 1), 1) << strerror(errno);
+    close(fd);
+    errno = 0;
+    EXPECT_EQ(getxattr(f.c_str(), "security.capability", nullptr, 0), -1) << f;
+    EXPECT_EQ(errno, ENODATA) << f;
+  }
 }
 
 TEST_F(PermissionsTest, SetgidDirectoryForANonMember) {

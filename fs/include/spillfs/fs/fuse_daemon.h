@@ -46,6 +46,8 @@ class FuseDaemon {
   Filesystem& fs() { return *fs_; }
   const FuseOptions& options() const { return options_; }
   ControlPlane& control() { return *control_; }
+  // For notifications to the kernel; null before Mount.
+  ::fuse_session* session() const { return session_; }
 
  private:
   std::unique_ptr<Filesystem> fs_;
