@@ -172,12 +172,19 @@ struct spill_client {
 
   // The process the state below belongs to (see AdoptAfterFork).
   std::atomic<pid_t> owner{getpid()};
-  std::atomic<bool> adopting{false};
 
   ~spill_client() {
     AdoptAfterFork();
-    cache.clear();
-    for (auto& [path, fd] : data_fds) close(fd);
+    std::list<std::shared_ptr<Layout>> layouts;
+    std::map<std::string, int> fds;
+    {
+      // Emptied under the locks (a fork by another thread now copies whole
+      // containers), closed after them.
+      std::scoped_lock lock(pool_mu, data_mu, cache_mu);
+      layouts.splice(layouts.begin(), cache);
+      fds.swap(data_fds);
+    }
+    for (auto& [path, fd] : fds) close(fd);
   }
 
   // Called first by every entry point. In a child after fork() (a PyTorch
@@ -189,24 +196,27 @@ struct spill_client {
   // yet (made at first use), no cached layouts (their leases stay the
   // parent's; the child opens its own channels as it goes). The backing store
   // descriptors are kept: positioned I/O shares nothing but the file. The
-  // mutexes and what they guard came across whole (fork_guard). (The
-  // io_uring ring is per thread: io_ring.cc renews it.)
+  // mutexes and what they guard came across whole (fork_guard), and the
+  // adoption runs under them, so a fork by another thread of the child never
+  // sees it half done. (The io_uring ring is per thread: io_ring.cc renews it.)
   void AdoptAfterFork() {
     const pid_t self = getpid();
     if (owner.load(std::memory_order_acquire) == self) return;
-    if (adopting.exchange(true, std::memory_order_acq_rel)) {
-      while (owner.load(std::memory_order_acquire) != self) std::this_thread::yield();
-      return;
-    }
-    if (owner.load(std::memory_order_acquire) != self) {
-      // Left alone, never destroyed: ~TaskPool would join threads of the parent.
-      if (pool) new std::shared_ptr<TaskPool>(std::move(pool));
-      pool.reset();
-      cache.clear();    // closes this process's copies of the lease descriptors only
-      control.reset();  // used only by spill_client_open
+    std::shared_ptr<TaskPool> parents_pool;
+    std::list<std::shared_ptr<Layout>> parents_layouts;
+    std::unique_ptr<ControlChannel> parents_control;
+    {
+      std::scoped_lock lock(pool_mu, data_mu, cache_mu);
+      if (owner.load(std::memory_order_acquire) == self) return;  // another thread adopted it
+      parents_pool = std::move(pool);
+      parents_layouts.splice(parents_layouts.begin(), cache);
+      parents_control = std::move(control);  // used only by spill_client_open
       owner.store(self, std::memory_order_release);
     }
-    adopting.store(false, std::memory_order_release);
+    // Left alone, never destroyed: ~TaskPool would join threads of the parent.
+    if (parents_pool) new std::shared_ptr<TaskPool>(std::move(parents_pool));
+    // parents_layouts and parents_control close this process's copies of the
+    // lease descriptors only, outside the locks (a close is a FUSE round trip).
   }
 
   // "/a/b" for "a/b", "/a/b" or MOUNTPOINT "/a/b".
@@ -240,10 +250,20 @@ struct spill_client {
     return 0;
   }
 
+  // Threads are started and an old pool joined outside pool_mu: it is held
+  // across fork() (fork_guard), so it is only ever held briefly.
   std::shared_ptr<TaskPool> Pool() {
-    std::lock_guard lock(pool_mu);
     const unsigned threads = checksum_threads.load();
-    if (!pool || pool->size() != threads) pool = std::make_shared<TaskPool>(threads);
+    {
+      std::lock_guard lock(pool_mu);
+      if (pool && pool->size() == threads) return pool;
+    }
+    auto fresh = std::make_shared<TaskPool>(threads);
+    std::shared_ptr<TaskPool> old;  // joined when the last call using it is done, after the lock
+    std::lock_guard lock(pool_mu);
+    if (pool && pool->size() == threads) return pool;  // another thread made one meanwhile
+    old = std::move(pool);
+    pool = fresh;
     return pool;
   }
 
@@ -707,6 +727,9 @@ struct spill_client {
       int e = errno;
       return Fail(e, WithErrno("cannot stat " + file_path, e));
     }
+    // Layouts leaving the cache are destroyed (their lease descriptors closed:
+    // a FUSE round trip) after cache_mu, which is held across fork().
+    std::list<std::shared_ptr<Layout>> evicted;
     {
       std::lock_guard lock(cache_mu);
       for (auto it = cache.begin(); it != cache.end(); ++it) {
@@ -721,7 +744,7 @@ struct spill_client {
           cache.splice(cache.begin(), cache, it);
           return 0;
         }
-        cache.erase(it);  // stale: its lease goes when the last reader is done
+        evicted.splice(evicted.end(), cache, it);  // stale: its lease goes when the last reader is done
         break;
       }
     }
@@ -738,12 +761,12 @@ struct spill_client {
     if (capacity > 0) {
       for (auto it = cache.begin(); it != cache.end(); ++it) {
         if ((*it)->path == rel) {
-          cache.erase(it);
+          evicted.splice(evicted.end(), cache, it);
           break;
         }
       }
       cache.push_front(layout);
-      while (cache.size() > capacity) cache.pop_back();
+      while (cache.size() > capacity) evicted.splice(evicted.end(), cache, std::prev(cache.end()));
     }
     *out = std::move(layout);
     return 0;
@@ -869,15 +892,18 @@ struct spill_client {
   }
 
   int Forget(const char* path) {
-    std::lock_guard lock(cache_mu);
-    if (path == nullptr) {
-      cache.clear();
-      return 0;
-    }
     std::string rel;
-    int rc = Normalize(path, &rel);
-    if (rc != 0) return rc;
-    cache.remove_if([&](const std::shared_ptr<Layout>& l) { return l->path == rel; });
+    if (path != nullptr) {
+      int rc = Normalize(path, &rel);
+      if (rc != 0) return rc;
+    }
+    std::list<std::shared_ptr<Layout>> dropped;  // destroyed after the lock
+    std::lock_guard lock(cache_mu);
+    for (auto it = cache.begin(); it != cache.end();) {
+      auto next = std::next(it);
+      if (path == nullptr || (*it)->path == rel) dropped.splice(dropped.end(), cache, it);
+      it = next;
+    }
     return 0;
   }
 };
@@ -976,8 +1002,10 @@ int spill_client_set(spill_client* client, const char* key, uint64_t value) {
     client->verify = value != 0;
   } else if (k == "layout_cache") {
     client->layout_cache_capacity = static_cast<size_t>(value);
+    std::list<std::shared_ptr<Layout>> dropped;  // destroyed after the lock
     std::lock_guard lock(client->cache_mu);
-    while (client->cache.size() > value) client->cache.pop_back();
+    auto& cache = client->cache;
+    while (cache.size() > value) dropped.splice(dropped.end(), cache, std::prev(cache.end()));
   } else {
     return Fail(EINVAL, "unknown setting " + k);
   }

@@ -5,6 +5,10 @@
 // takes every registered mutex (after the threads inside them leave), and
 // both processes unlock them after it. The critical sections guarded so must
 // be short and must never wait for the forking thread.
+//
+// Not covered: a child made without the atfork handlers (_Fork(), a raw
+// clone) inherits the mutexes as they were, and a fork() from a signal
+// handler that interrupted a guarded section deadlocks in the handler.
 #pragma once
 
 #include <initializer_list>

@@ -297,9 +297,11 @@ def test_a_child_forked_while_another_thread_is_in_a_call_can_use_the_client(mou
 
 def test_children_forked_while_another_thread_churns_the_layout_cache(mount):
     # The parent's other thread keeps inserting into and evicting from the
-    # layout cache (a list under a mutex): a child forked mid-change would
-    # inherit a broken list, and its first call clears it. The client holds
-    # that mutex across fork(), so every child finds it whole and usable.
+    # layout cache (a list under a mutex, held across fork() by the client):
+    # every child must find the mutex free and the list usable, and no fork
+    # may hang. (A torn list is a window of a few pointer writes: this test
+    # does not reliably hit it without the guard; it fails, by hanging
+    # children, when the guard leaves the mutexes locked in the child.)
     import threading
     c = spillfs.Client(mount)
     c.set("layout_cache", 1)  # every read_rows of the other file evicts
