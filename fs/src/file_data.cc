@@ -390,6 +390,13 @@ struct BlockRewrite {
 }  // namespace
 
 Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request) {
+  // Advanced on the way out (after the commit, or a failure: harmless).
+  struct EpochAdvance {
+    std::atomic<uint64_t>* epoch;
+    ~EpochAdvance() {
+      if (epoch != nullptr) epoch->fetch_add(1, std::memory_order_acq_rel);
+    }
+  } advance{request.mode || request.uid || request.gid ? &privilege_epoch_ : nullptr};
   std::lock_guard flush_lock(FlushLock(ino));  // cached chunks may be dropped or rewritten
   std::unique_lock io_lock(IoLock(ino));
   ContentChange change(&read_ahead_, ino);  // before io_lock lets readers in

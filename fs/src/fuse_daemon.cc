@@ -6,6 +6,7 @@
 #include <fuse3/fuse_lowlevel.h>
 #include <sys/xattr.h>
 
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -187,12 +188,19 @@ void OnLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* n
 // RAM tier is the cache, and the kernel drops cached pages of the range it
 // writes directly (handles that can read keep the page cache). Not under
 // --writeback-cache, whose point is that the kernel gathers small writes.
-constexpr uint64_t kBypassesPageCache = 1;  // fi->fh of such a handle
+// fi->fh of such a handle points to its DirectWriteHandle (other regular-file
+// handles have fh 0).
+struct DirectWriteHandle {
+  // Filesystem::privilege_epoch() when a write last found nothing to strip.
+  std::atomic<uint64_t> clean_epoch{0};
+};
+
+DirectWriteHandle* DirectHandleOf(const fuse_file_info* fi) { return reinterpret_cast<DirectWriteHandle*>(fi->fh); }
 
 void ChoosePageCacheUse(fuse_req_t req, fuse_file_info* fi) {
   if ((fi->flags & O_ACCMODE) != O_WRONLY || Daemon(req).options().writeback_cache) return;
   fi->direct_io = 1;
-  fi->fh = kBypassesPageCache;
+  fi->fh = reinterpret_cast<uint64_t>(new DirectWriteHandle);
 }
 
 // What the kernel's file_remove_privs does before a write through the page
@@ -200,27 +208,31 @@ void ChoosePageCacheUse(fuse_req_t req, fuse_file_info* fi) {
 // server): unless the writer is root (standing for CAP_FSETID, which the
 // daemon cannot see), drop set-user-ID, and set-group-ID of a group-
 // executable file (should_remove_suid: group membership does not matter);
-// for every writer, remove file capabilities (security.capability). The kernel's cached mode
-// is then stale: invalidated (attributes only; no page is touched).
-Status RemovePrivsForDirectWrite(fuse_req_t req, fuse_ino_t ino) {
+// for every writer, remove file capabilities (security.capability). The
+// kernel's cached mode is then stale: invalidated (attributes only; no page
+// is touched). A handle that found nothing to strip skips the lookups until
+// a mode, owner or security attribute changes (the privilege epoch), as the
+// kernel's S_NOSEC does for its own path.
+Status RemovePrivsForDirectWrite(fuse_req_t req, fuse_ino_t ino, DirectWriteHandle* handle) {
   Filesystem& fs = Fs(req);
-  if (fuse_req_ctx(req)->uid != 0) {
-    auto entry = fs.GetAttr(ino);
-    if (!entry.ok()) return entry.status();
-    const mode_t mode = entry->attr.st_mode;
-    mode_t drop = mode & S_ISUID;
-    if ((mode & S_ISGID) && (mode & S_IXGRP)) drop |= S_ISGID;
-    if (drop != 0) {
-      SetAttrRequest request;
-      request.mode = mode & 07777 & ~drop;
-      SPILLFS_RETURN_IF_ERROR(fs.SetAttr(ino, request).status());
-      fuse_lowlevel_notify_inval_inode(Daemon(req).session(), ino, -1, 0);
-    }
+  const uint64_t epoch = fs.privilege_epoch();
+  if (handle->clean_epoch.load(std::memory_order_acquire) == epoch) return Status::OK();
+  auto entry = fs.GetAttr(ino);
+  if (!entry.ok()) return entry.status();
+  const mode_t mode = entry->attr.st_mode;
+  const mode_t setid = (mode & S_ISUID) | ((mode & S_IXGRP) ? (mode & S_ISGID) : 0);
+  if (setid != 0 && fuse_req_ctx(req)->uid != 0) {
+    SetAttrRequest request;
+    request.mode = mode & 07777 & ~setid;
+    SPILLFS_RETURN_IF_ERROR(fs.SetAttr(ino, request).status());
+    fuse_lowlevel_notify_inval_inode(Daemon(req).session(), ino, -1, 0);
   }
   constexpr const char* kCapabilities = "security.capability";
   auto capabilities = fs.GetXattr(ino, kCapabilities);  // without the namespace lock: most files have none
-  Status removed = capabilities.ok() ? fs.RemoveXattr(ino, kCapabilities) : capabilities.status();
-  return removed.code() == ENODATA ? Status::OK() : removed;
+  if (capabilities.ok()) return fs.RemoveXattr(ino, kCapabilities);
+  if (capabilities.status().code() != ENODATA) return capabilities.status();
+  if (setid == 0) handle->clean_epoch.store(epoch, std::memory_order_release);
+  return Status::OK();
 }
 
 void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -247,7 +259,10 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (!s.ok()) return ReplyError(req, s);
   fi->keep_cache = 1;  // every change goes through this mount, so the page cache stays valid
   ChoosePageCacheUse(req, fi);
-  if (fuse_reply_open(req, fi) == -ENOENT) (void)Fs(req).Release(ino);
+  if (fuse_reply_open(req, fi) == -ENOENT) {  // the open was interrupted
+    delete DirectHandleOf(fi);
+    (void)Fs(req).Release(ino);
+  }
 }
 
 void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
@@ -265,6 +280,7 @@ void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, 
   param.attr_timeout = kAttrTimeout;
   param.entry_timeout = kEntryTimeout;
   if (fuse_reply_create(req, &param, fi) == -ENOENT) {
+    delete DirectHandleOf(fi);
     (void)Fs(req).Release(entry->ino);
     Fs(req).Forget(entry->ino, 1);
   }
@@ -294,8 +310,8 @@ void OnWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t
     fuse_reply_write(req, *n);
     return;
   }
-  if (fi->fh == kBypassesPageCache) {
-    Status removed = RemovePrivsForDirectWrite(req, ino);
+  if (DirectWriteHandle* handle = DirectHandleOf(fi)) {
+    Status removed = RemovePrivsForDirectWrite(req, ino, handle);
     if (!removed.ok()) return ReplyError(req, removed);
   }
   // Answered as soon as the write cannot fail (before the RAM tier's copy),
@@ -321,6 +337,7 @@ void OnRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     Control(req).Release(ControlHandle(fi));
     return ReplyError(req, Status::OK());
   }
+  delete DirectHandleOf(fi);
   ReplyError(req, Fs(req).Release(ino));
 }
 

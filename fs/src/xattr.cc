@@ -21,6 +21,8 @@ Status CheckXattrName(std::string_view name) {
   return Status::Error(EOPNOTSUPP, fmt::format("attribute {} has no known namespace", name));
 }
 
+bool IsSecurityXattr(std::string_view name) { return name.substr(0, 9) == "security."; }
+
 }  // namespace
 
 Status Filesystem::SetXattr(InodeNumber ino, std::string_view name, std::string_view value, int flags) {
@@ -46,7 +48,9 @@ Status Filesystem::SetXattr(InodeNumber ino, std::string_view name, std::string_
   txn.batch.Put(Family::kXattr, keys::Xattr(ino, name), value);
   record.ctime_ns = NowNs();
   PutInode(&txn, ino, record);
-  return CommitTxn(&txn);
+  Status committed = CommitTxn(&txn);
+  if (IsSecurityXattr(name)) privilege_epoch_.fetch_add(1, std::memory_order_acq_rel);
+  return committed;
 }
 
 Result<std::string> Filesystem::GetXattr(InodeNumber ino, std::string_view name) {
@@ -83,7 +87,9 @@ Status Filesystem::RemoveXattr(InodeNumber ino, std::string_view name) {
   txn.batch.Delete(Family::kXattr, keys::Xattr(ino, name));
   record.ctime_ns = NowNs();
   PutInode(&txn, ino, record);
-  return CommitTxn(&txn);
+  Status committed = CommitTxn(&txn);
+  if (IsSecurityXattr(name)) privilege_epoch_.fetch_add(1, std::memory_order_acq_rel);
+  return committed;
 }
 
 }  // namespace spillfs

@@ -429,6 +429,37 @@ TEST_F(PermissionsTest, UnprivilegedWriteThroughTheCacheClearsSetuid) {
   ExpectUnprivilegedWritesDropSetIdBits(P("rw"), O_RDWR);
 }
 
+// A write-only handle whose writes found nothing to strip looks again after
+// a change of mode or of a security attribute (the daemon's privilege epoch).
+TEST_F(PermissionsTest, AWriteOnlyHandleStripsWhatIsAddedWhileItIsOpen) {
+  ASSERT_EQ(mkdir(P("again").c_str(), 0777), 0);
+  const std::string f = P("again/prog");
+  ASSERT_EQ(OpenCloseErr(f, O_CREAT | O_WRONLY, 0755), 0);
+  ASSERT_EQ(chown(f.c_str(), kNobody, kNogroup), 0);
+  const int mode_seen = AsNobody([&] {
+    int fd = open(f.c_str(), O_WRONLY);
+    if (fd < 0) return -100 - errno;
+    bool ok = write(fd, "x", 1) == 1 && fchmod(fd, 04755) == 0 && write(fd, "y", 1) == 1;
+    close(fd);
+    struct stat st {};
+    if (!ok || stat(f.c_str(), &st) != 0) return -200 - errno;
+    return static_cast<int>(st.st_mode & 07777);
+  });
+  EXPECT_EQ(mode_seen, 0755) << "S_ISUID set while the handle was open, then a write";
+
+  const uint32_t caps[5] = {0x02000000u, 1u << 10, 0, 0, 0};
+  ASSERT_EQ(chmod(f.c_str(), 0755), 0);  // nothing to strip: the handle's first write finds it clean
+  int fd = open(f.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  EXPECT_EQ(write(fd, "x", 1), 1);
+  ASSERT_EQ(setxattr(f.c_str(), "security.capability", caps, sizeof caps, 0), 0) << strerror(errno);
+  EXPECT_EQ(write(fd, "y", 1), 1);
+  close(fd);
+  errno = 0;
+  EXPECT_EQ(getxattr(f.c_str(), "security.capability", nullptr, 0), -1) << "capabilities set while open";
+  EXPECT_EQ(errno, ENODATA);
+}
+
 // Every write removes file capabilities, root's too (the kernel's
 // file_remove_privs; the daemon's own for write-only handles).
 TEST_F(PermissionsTest, WritesRemoveFileCapabilities) {

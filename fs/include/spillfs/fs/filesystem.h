@@ -121,6 +121,10 @@ class Filesystem {
   void Forget(InodeNumber ino, uint64_t count);
   Result<Entry> GetAttr(InodeNumber ino);
   Result<Entry> SetAttr(InodeNumber ino, const SetAttrRequest& request);
+  // Advanced after every change of an inode's mode or owner and of a
+  // security.* attribute: a writer that found nothing to strip (set-id bits,
+  // file capabilities) at epoch E need not look again while it is still E.
+  uint64_t privilege_epoch() const { return privilege_epoch_.load(std::memory_order_acquire); }
   Result<Entry> MakeNode(InodeNumber parent, std::string_view name, uint32_t mode, uint64_t rdev, const Caller& caller);
   Result<Entry> MakeDir(InodeNumber parent, std::string_view name, uint32_t mode, const Caller& caller);
   Result<Entry> Symlink(InodeNumber parent, std::string_view name, std::string_view target, const Caller& caller);
@@ -365,6 +369,7 @@ class Filesystem {
   ReadAhead read_ahead_;  // after what its fetches use: destroyed (joined) first
   std::atomic<bool> stopping_{false};
   std::thread flusher_;
+  std::atomic<uint64_t> privilege_epoch_{1};
 
   std::mutex mu_;  // commit lock: namespace changes, inode table, next_ino
   InodeNumber next_ino_ = 0;
