@@ -429,6 +429,10 @@ TEST_F(PermissionsTest, UnprivilegedWriteThroughTheCacheClearsSetuid) {
   ExpectUnprivilegedWritesDropSetIdBits(P("rw"), O_RDWR);
 }
 
+// File capabilities to set: a version 2 vfs_cap_data (magic and flags, then
+// permitted/inheritable pairs) with CAP_NET_BIND_SERVICE permitted.
+constexpr uint32_t kSomeFileCapabilities[5] = {0x02000000u, 1u << 10, 0, 0, 0};
+
 // A write-only handle whose writes found nothing to strip looks again after
 // a change of mode or of a security attribute (the daemon's privilege epoch).
 TEST_F(PermissionsTest, AWriteOnlyHandleStripsWhatIsAddedWhileItIsOpen) {
@@ -447,7 +451,7 @@ TEST_F(PermissionsTest, AWriteOnlyHandleStripsWhatIsAddedWhileItIsOpen) {
   });
   EXPECT_EQ(mode_seen, 0755) << "S_ISUID set while the handle was open, then a write";
 
-  const uint32_t caps[5] = {0x02000000u, 1u << 10, 0, 0, 0};
+  const auto& caps = kSomeFileCapabilities;
   ASSERT_EQ(chmod(f.c_str(), 0755), 0);  // nothing to strip: the handle's first write finds it clean
   int fd = open(f.c_str(), O_WRONLY);
   ASSERT_GE(fd, 0) << strerror(errno);
@@ -463,8 +467,7 @@ TEST_F(PermissionsTest, AWriteOnlyHandleStripsWhatIsAddedWhileItIsOpen) {
 // Every write removes file capabilities, root's too (the kernel's
 // file_remove_privs; the daemon's own for write-only handles).
 TEST_F(PermissionsTest, WritesRemoveFileCapabilities) {
-  // A version 2 vfs_cap_data: magic and flags, then permitted/inheritable pairs.
-  const uint32_t caps[5] = {0x02000000u, 1u << 10, 0, 0, 0};  // CAP_NET_BIND_SERVICE permitted
+  const auto& caps = kSomeFileCapabilities;
   for (int access : {O_WRONLY, O_RDWR}) {
     const std::string f = P(access == O_WRONLY ? "capw" : "caprw");
     ASSERT_EQ(OpenCloseErr(f, O_CREAT | O_WRONLY, 0755), 0);
