@@ -16,6 +16,22 @@ constexpr unsigned kReadsToStart = 2;
 
 }  // namespace
 
+ReadAhead::Options ReadAhead::Options::ForBytesAhead(uint64_t bytes_ahead) {
+  Options options;
+  if (bytes_ahead == 0) {
+    options.windows_ahead = 0;
+    options.threads = 0;
+    return options;
+  }
+  constexpr uint64_t kBlock = 4096;
+  const uint64_t windows = (bytes_ahead + options.window_bytes - 1) / options.window_bytes;
+  const uint64_t per_window = (bytes_ahead + windows - 1) / windows;
+  options.window_bytes = (per_window + kBlock - 1) / kBlock * kBlock;
+  options.windows_ahead = static_cast<unsigned>(windows);
+  options.threads = std::max(options.threads, options.windows_ahead);
+  return options;
+}
+
 ReadAhead::ReadAhead(Options options, Fetch fetch) : options_(options), fetch_(std::move(fetch)) {
   for (unsigned i = 0; i < options_.threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }

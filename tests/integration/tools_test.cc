@@ -313,6 +313,10 @@ TEST_F(ToolsTest, ErrorsExitOne) {
   // One bad path among good ones: the good ones are still listed.
   out = Run("ls --volume " + vol_ + " /nope /empty", 1);
   EXPECT_NE(out.find("/empty\n"), std::string::npos) << out;
+  out = Run("mount " + vol_ + " " + mnt_ + " --read-ahead 1T", 1);
+  EXPECT_NE(out.find("spillfs mount: --read-ahead: 1T is more than the most, 256.0 MiB"), std::string::npos) << out;
+  out = Run("mount " + vol_ + " " + mnt_ + " --read-ahead lots", 1);
+  EXPECT_NE(out.find("spillfs mount: --read-ahead: "), std::string::npos) << out;
   // Nothing was left locked: the volume still mounts.
   std::string error;
   EXPECT_TRUE(volume_->Mount(&error)) << error;

@@ -141,6 +141,7 @@ class TemplateVolume : public ::testing::Environment {
 class FilesystemTestBase : public ::testing::Test {
  protected:
   virtual uint64_t RamTier() const { return 0; }
+  virtual uint64_t ReadAheadBytes() const { return FilesystemOptions::kDefaultReadAheadBytes; }
 
   void SetUp() override {
     vol_ = dir_.path() + "/vol";
@@ -156,6 +157,7 @@ class FilesystemTestBase : public ::testing::Test {
     ASSERT_TRUE(volume.ok()) << volume.status().ToString();
     FilesystemOptions options;
     options.ram_tier_bytes = RamTier();
+    options.read_ahead_bytes = ReadAheadBytes();
     auto fs = Filesystem::Open(std::move(volume).value(), options);
     ASSERT_TRUE(fs.ok()) << fs.status().ToString();
     fs_ = std::move(fs).value();
@@ -1436,6 +1438,45 @@ TEST_P(ReadAheadTest, SequentialReadsAreServedByReadAhead) {
     EXPECT_TRUE(*got == data.substr(at, 4096));
   }
   EXPECT_EQ(fs_->read_ahead_stats().windows_started, started);
+}
+
+TEST(ReadAheadOptionsTest, BytesAheadBecomeWindowsWithAThreadEach) {
+  ReadAhead::Options none = ReadAhead::Options::ForBytesAhead(0);
+  EXPECT_EQ(none.windows_ahead, 0u);
+  EXPECT_EQ(none.threads, 0u);
+  ReadAhead::Options standard = ReadAhead::Options::ForBytesAhead(16 << 20);
+  EXPECT_EQ(standard.window_bytes, 4u << 20);
+  EXPECT_EQ(standard.windows_ahead, 4u);
+  EXPECT_EQ(standard.threads, 4u);
+  ReadAhead::Options deep = ReadAhead::Options::ForBytesAhead(64 << 20);
+  EXPECT_EQ(deep.windows_ahead, 16u);
+  EXPECT_EQ(deep.threads, 16u);
+  // Uneven amounts are split evenly, in whole blocks.
+  ReadAhead::Options uneven = ReadAhead::Options::ForBytesAhead(6 << 20);
+  EXPECT_EQ(uneven.windows_ahead, 2u);
+  EXPECT_EQ(uneven.window_bytes, 3u << 20);
+  ReadAhead::Options tiny = ReadAhead::Options::ForBytesAhead(1000);
+  EXPECT_EQ(tiny.windows_ahead, 1u);
+  EXPECT_EQ(tiny.window_bytes, 4096u);
+  EXPECT_EQ(tiny.threads, 4u);
+}
+
+class NoReadAheadTest : public ReadAheadTest {
+ protected:
+  uint64_t ReadAheadBytes() const override { return 0; }
+};
+
+INSTANTIATE_TEST_SUITE_P(Tiers, NoReadAheadTest, ::testing::Values(uint64_t{0}, uint64_t{32} << 20),
+                         [](const ::testing::TestParamInfo<uint64_t>& info) {
+                           return info.param == 0 ? std::string("WriteThrough") : std::string("RamTier");
+                         });
+
+TEST_P(NoReadAheadTest, ReadAheadOfZeroFetchesNothing) {
+  std::string data;
+  InodeNumber ino = MakeFlushedFile(43, &data);
+  ExpectSequentialReads(ino, data, 0, data.size());
+  EXPECT_EQ(fs_->read_ahead_stats().windows_started, 0u);
+  EXPECT_EQ(fs_->read_ahead_stats().bytes_served, 0u);
 }
 
 // Windows fetched before a write, truncate or hole punch never answer a read

@@ -26,6 +26,9 @@ namespace {
 
 namespace stdfs = std::filesystem;
 
+// Each 4 MiB of read-ahead is a fetch thread of the daemon.
+constexpr uint64_t kMaxReadAheadBytes = 256ull << 20;
+
 struct MountArgs {
   std::string volume;
   std::string mountpoint;
@@ -34,7 +37,8 @@ struct MountArgs {
   std::string options;
   unsigned threads = 16;
   bool writeback_cache = false;
-  std::string ram_tier;  // size of the write-back RAM tier ("" = default)
+  std::string ram_tier;    // size of the write-back RAM tier ("" = default)
+  std::string read_ahead;  // bytes fetched ahead of a sequential reader ("" = default)
   int64_t flush_age_ms = 2000;
   FilesystemOptions fs_options;
 };
@@ -145,6 +149,15 @@ int RunMount(MountArgs args) {
     if (!bytes.ok()) return Fail("mount", "--ram-tier: " + bytes.status().message());
     args.fs_options.ram_tier_bytes = *bytes;
   }
+  if (!args.read_ahead.empty()) {
+    auto bytes = ParseSize(args.read_ahead);
+    if (!bytes.ok()) return Fail("mount", "--read-ahead: " + bytes.status().message());
+    if (*bytes > kMaxReadAheadBytes) {
+      return Fail("mount", fmt::format("--read-ahead: {} is more than the most, {}", args.read_ahead,
+                                       HumanBytes(kMaxReadAheadBytes)));
+    }
+    args.fs_options.read_ahead_bytes = *bytes;
+  }
   args.fs_options.flush_age_ms = args.flush_age_ms;
   if (!args.foreground) return RunBackground(args);
   return Serve(args, [&](const Status& s) {
@@ -202,6 +215,8 @@ void RegisterMount(CLI::App& app, int* exit_code) {
                 "through this mount, and direct-path readers see only data that was fsynced or closed)");
   cmd->add_option("--ram-tier", args->ram_tier,
                   "Write-back RAM tier size, e.g. 4G; 0 writes through (default: 1/4 of RAM, at most 8G)");
+  cmd->add_option("--read-ahead", args->read_ahead,
+                  "Bytes read ahead of each sequential reader, e.g. 32M; 0 turns read-ahead off (default: 16M)");
   cmd->add_flag(
       "--no-dedup", [args](int64_t) { args->fs_options.dedup = false; },
       "Do not deduplicate data flushed during this mount");

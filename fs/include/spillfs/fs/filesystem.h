@@ -76,6 +76,9 @@ struct FilesystemOptions {
   int64_t flush_age_ms = 2000;
   // Deduplicate flushed data (only where the volume was made with dedup on).
   bool dedup = true;
+  // Bytes fetched ahead of each sequential reader (ReadAhead); 0: none.
+  uint64_t read_ahead_bytes = kDefaultReadAheadBytes;
+  static constexpr uint64_t kDefaultReadAheadBytes = 16ull << 20;
   // A quarter of physical memory, at most 8 GiB.
   static uint64_t DefaultRamTierBytes();
 };

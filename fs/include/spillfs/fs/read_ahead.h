@@ -38,6 +38,11 @@ class ReadAhead {
     unsigned windows_ahead = 4;        // kept in flight ahead of the reader
     unsigned max_streams = 16;         // files followed at once (least recent dropped)
     unsigned threads = 4;              // fetch threads
+
+    // `bytes_ahead` kept in flight ahead of each sequential reader, in
+    // windows of at most 4 MiB, with a fetch thread per window (a fetch
+    // waits for its I/O): 0 turns read-ahead off.
+    static Options ForBytesAhead(uint64_t bytes_ahead);
   };
   struct Stats {
     uint64_t windows_started = 0;
