@@ -3,6 +3,7 @@
 // fresh space, writes it itself and commits the mapping here.
 #include <fmt/format.h>
 
+#include "rounding.h"
 #include "spillfs/fs/clock.h"
 #include "spillfs/fs/filesystem.h"
 #include "spillfs/kvindex/keys.h"
@@ -71,7 +72,7 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
   // Written blocks past EOF would show through a later truncate up. Checked
   // before MapExtents: that changes the allocator's persisted map, so no
   // return may come between it and the commit.
-  if (file_offset + length > (std::max(record.size, size) + block_size_ - 1) / block_size_ * block_size_) {
+  if (file_offset + length > RoundUp(std::max(record.size, size), block_size_)) {
     return Status::Error(EINVAL, "commit maps blocks past the end of the file: give size");
   }
   Txn txn(index_);

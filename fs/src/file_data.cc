@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include "rounding.h"
 #include "spillfs/fs/clock.h"
 #include "spillfs/fs/filesystem.h"
 #include "spillfs/kvindex/block_checksum.h"
@@ -17,9 +18,6 @@ namespace spillfs {
 namespace {
 
 constexpr int64_t kDayNs = 24LL * 3600 * 1000000000;
-
-uint64_t RoundDown(uint64_t value, uint64_t unit) { return value / unit * unit; }
-uint64_t RoundUp(uint64_t value, uint64_t unit) { return (value + unit - 1) / unit * unit; }
 
 // A decoded extent with its file offset.
 struct MappedExtent {

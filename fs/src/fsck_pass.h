@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "rounding.h"
 #include "spillfs/fs/aligned_buffer.h"
 #include "spillfs/fs/fsck.h"
 #include "spillfs/kvindex/records.h"
@@ -24,9 +25,6 @@ inline constexpr uint64_t kScrubBatchBytes = 16ull << 20;
 inline constexpr uint64_t kProgressEvery = 4096;  // records between progress calls
 inline constexpr size_t kMaxPathDepth = 4096;
 inline constexpr const char* kLostAndFound = "lost+found";
-
-inline uint64_t RoundUp(uint64_t value, uint64_t unit) { return (value + unit - 1) / unit * unit; }
-inline uint64_t RoundDown(uint64_t value, uint64_t unit) { return value / unit * unit; }
 
 inline bool IsDirMode(uint32_t mode) { return S_ISDIR(mode); }
 

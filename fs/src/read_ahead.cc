@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "rounding.h"
+
 namespace spillfs {
 namespace {
 
@@ -24,9 +26,8 @@ ReadAhead::Options ReadAhead::Options::ForBytesAhead(uint64_t bytes_ahead) {
     return options;
   }
   constexpr uint64_t kBlock = 4096;
-  const uint64_t windows = (bytes_ahead + options.window_bytes - 1) / options.window_bytes;
-  const uint64_t per_window = (bytes_ahead + windows - 1) / windows;
-  options.window_bytes = (per_window + kBlock - 1) / kBlock * kBlock;
+  const uint64_t windows = DivideRoundingUp(bytes_ahead, options.window_bytes);
+  options.window_bytes = RoundUp(DivideRoundingUp(bytes_ahead, windows), kBlock);
   options.windows_ahead = static_cast<unsigned>(windows);
   options.threads = std::max(options.threads, options.windows_ahead);
   return options;

@@ -11,6 +11,7 @@
 #include <system_error>
 #include <thread>
 
+#include "rounding.h"
 #include "spillfs/fs/clock.h"
 #include "spillfs/fs/filesystem.h"
 #include "spillfs/kvindex/block_checksum.h"
@@ -46,7 +47,7 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
   const uint64_t per_chunk = cache_.blocks_per_chunk();
   uint64_t first_block = offset / block_size_;
   uint64_t end = offset + size;
-  uint64_t last_block = (end + block_size_ - 1) / block_size_;
+  uint64_t last_block = DivideRoundingUp(end, block_size_);
   std::unique_lock io_lock(IoLock(ino), std::defer_lock);
   LockSpinning(io_lock, std::chrono::microseconds(200));
   ContentChange change(&read_ahead_, ino);  // before io_lock lets readers in

@@ -1,0 +1,13 @@
+// Internal to the daemon (not installed): rounding to a unit (a block, a
+// window). The client library keeps its own copy: it builds without fs/.
+#pragma once
+
+#include <cstdint>
+
+namespace spillfs {
+
+inline constexpr uint64_t RoundDown(uint64_t value, uint64_t unit) { return value / unit * unit; }
+inline constexpr uint64_t RoundUp(uint64_t value, uint64_t unit) { return (value + unit - 1) / unit * unit; }
+inline constexpr uint64_t DivideRoundingUp(uint64_t value, uint64_t unit) { return (value + unit - 1) / unit; }
+
+}  // namespace spillfs
