@@ -233,6 +233,7 @@ RuntimeStats ControlPlane::Runtime() const {
   r.bytes_read = c.bytes_read.load();
   r.writes = c.writes.load();
   r.reads = c.reads.load();
+  if (fuse_ring_requests_ != nullptr) r.fuse_ring_requests = fuse_ring_requests_->load(std::memory_order_relaxed);
   r.uptime_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   return r;
 }

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <vector>
 
+#include "fuse_ring.h"
+
 namespace spillfs {
 namespace {
 
@@ -539,6 +541,7 @@ FuseDaemon::FuseDaemon(std::unique_ptr<Filesystem> fs, FuseOptions options)
     : fs_(std::move(fs)), control_(std::make_unique<ControlPlane>(fs_.get())), options_(std::move(options)) {}
 
 FuseDaemon::~FuseDaemon() {
+  if (ring_) ring_->Stop();  // its threads run requests in session_
   if (session_ != nullptr) {
     if (mounted_) fuse_session_unmount(session_);
     fuse_remove_signal_handlers(session_);
@@ -567,6 +570,34 @@ Status FuseDaemon::Mount() {
   }
   mounted_ = true;
   RaiseReadAhead(options_.mountpoint, kReadAheadKib);
+  if (options_.fuse_uring) return RouteThroughRing();
+  return Status::OK();
+}
+
+namespace {
+
+// FUSE over io_uring (fuse_ring.h): the device I/O goes through the ring.
+ssize_t RingRead(int fd, void* buf, size_t len, void* userdata) {
+  return static_cast<FuseDaemon*>(userdata)->ring()->Read(fd, buf, len);
+}
+
+ssize_t RingWritev(int fd, iovec* iov, int count, void* userdata) {
+  return static_cast<FuseDaemon*>(userdata)->ring()->Writev(fd, iov, count);
+}
+
+}  // namespace
+
+Status FuseDaemon::RouteThroughRing() {
+  const int fd = fuse_session_fd(session_);
+  FuseRing::Options ring_options;
+  ring_options.threads_per_cpu = options_.ring_threads_per_cpu;
+  ring_options.fuse_threads = options_.max_threads;
+  ring_ = std::make_unique<FuseRing>(session_, fd, ring_options);
+  const fuse_custom_io io = {RingWritev, RingRead, nullptr, nullptr};
+  if (int rc = fuse_session_custom_io(session_, &io, fd); rc != 0) {
+    return Status::Error(-rc, "cannot route FUSE requests through io_uring");
+  }
+  control_->SetFuseRingRequests(&ring_->requests());
   return Status::OK();
 }
 

@@ -314,6 +314,7 @@ Result<nlohmann::json> Inspector::Stat(const RuntimeStats& runtime) const {
   out["writes"] = runtime.writes;
   out["reads"] = runtime.reads;
   out["queue_depth"] = runtime.queue_depth;
+  out["fuse_ring_requests"] = runtime.fuse_ring_requests;
   out["uptime_seconds"] = runtime.uptime_seconds;
   return out;
 }
@@ -554,6 +555,7 @@ constexpr MetricInfo kMetrics[] = {
     {"writes", "Write operations since mount.", true},
     {"reads", "Read operations since mount.", true},
     {"queue_depth", "SSD I/Os in flight.", false},
+    {"fuse_ring_requests", "FUSE requests answered over io_uring since mount.", true},
     {"uptime_seconds", "Seconds since mount.", false},
 };
 

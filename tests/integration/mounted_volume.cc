@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -72,6 +74,15 @@ bool MountedVolume::Mount(std::string* error) {
     args.push_back(options_.mount_options);
   }
   args.insert(args.end(), options_.mount_args.begin(), options_.mount_args.end());
+  // More arguments for every mount of a test run (e.g. the FUSE ring).
+  if (const char* more = std::getenv(kExtraMountArgsEnv)) {
+    std::istringstream words(more);
+    for (std::string word; words >> word;) {
+      args.push_back(word);
+      // The kernel offers the ring only with this set (root; best effort).
+      if (word == "--fuse-uring") std::ofstream("/sys/module/fuse/parameters/enable_uring") << "Y";
+    }
+  }
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);

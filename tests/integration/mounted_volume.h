@@ -10,6 +10,10 @@
 
 namespace spillfs::testing {
 
+// Extra `spillfs mount` arguments for every MountedVolume of the process,
+// separated by spaces (CMake runs some suites again with --fuse-uring).
+inline constexpr const char* kExtraMountArgsEnv = "SPILLFS_TEST_MOUNT_ARGS";
+
 // Path of the spillfs binary under test (set by CMake).
 const char* SpillfsBinary();
 

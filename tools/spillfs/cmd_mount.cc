@@ -37,6 +37,7 @@ struct MountArgs {
   std::string options;
   unsigned threads = 16;
   bool writeback_cache = false;
+  bool fuse_uring = false;
   std::string ram_tier;    // size of the write-back RAM tier ("" = default)
   std::string read_ahead;  // bytes fetched ahead of a sequential reader ("" = default)
   int64_t flush_age_ms = 2000;
@@ -90,6 +91,7 @@ int Serve(const MountArgs& args, const std::function<void(const Status&)>& repor
   options.extra_options = args.options;
   options.max_threads = args.threads;
   options.writeback_cache = args.writeback_cache;
+  options.fuse_uring = args.fuse_uring;
   options.debug = args.debug;
   FuseDaemon daemon(std::move(*fs), options);
   Status mounted = daemon.Mount();
@@ -213,6 +215,9 @@ void RegisterMount(CLI::App& app, int* exit_code) {
                 "Let the kernel cache writes and send them in large background requests (faster small writes; "
                 "but ENOSPC shows at fsync/close instead of write(), and direct-path size changes are not seen "
                 "through this mount, and direct-path readers see only data that was fsynced or closed)");
+  cmd->add_flag("--fuse-uring", args->fuse_uring,
+                "Carry FUSE requests over io_uring where the kernel offers it (Linux 6.14+ with "
+                "/sys/module/fuse/parameters/enable_uring set to Y; /dev/fuse otherwise, said in spillfs.log)");
   cmd->add_option("--ram-tier", args->ram_tier,
                   "Write-back RAM tier size, e.g. 4G; 0 writes through (default: 1/4 of RAM, at most 8G)");
   cmd->add_option("--read-ahead", args->read_ahead,

@@ -64,6 +64,8 @@ class ControlPlane {
   };
   // Called after a direct commit changed a file behind the kernel's back.
   void SetInvalidator(std::function<void(InodeNumber)> invalidate) { invalidate_ = std::move(invalidate); }
+  // Counts FUSE requests answered over io_uring (shown by stat); must outlive this.
+  void SetFuseRingRequests(const std::atomic<uint64_t>* requests) { fuse_ring_requests_ = requests; }
   Result<Handle*> Open(InodeNumber ino, int flags, uint32_t uid);
   Result<size_t> Write(Handle* handle, uint64_t offset, std::string_view data);
   // Bytes of the reply at [offset, offset + size) (the reply is worked out at
@@ -80,6 +82,7 @@ class ControlPlane {
   std::optional<std::string> AnswerDirect(Handle& handle, const nlohmann::json& request, const Inspector& inspector);
 
   std::function<void(InodeNumber)> invalidate_;
+  const std::atomic<uint64_t>* fuse_ring_requests_ = nullptr;
 
   Filesystem* fs_;
   std::chrono::steady_clock::time_point started_;

@@ -1,7 +1,8 @@
 // FuseDaemon: serves a Filesystem to the kernel through libfuse's low-level
-// API with a multithreaded session loop. It only translates: every decision
-// about names, permissions of created inodes, sizes and errors is made by
-// Filesystem; FUSE types never leave fuse_daemon.cc.
+// API with a multithreaded session loop (and, asked for, FUSE over io_uring:
+// fs/src/fuse_ring.h). It only translates: every decision about names,
+// permissions of created inodes, sizes and errors is made by Filesystem;
+// FUSE types never leave fuse_daemon.cc and fuse_ring.cc.
 #pragma once
 
 #include <functional>
@@ -16,6 +17,8 @@ struct fuse_session;
 
 namespace spillfs {
 
+class FuseRing;
+
 struct FuseOptions {
   std::string mountpoint;
   std::string fsname;         // shown as the mount source (the volume path)
@@ -28,6 +31,10 @@ struct FuseOptions {
   // direct-path readers miss data still dirty in the kernel (until fsync or
   // close), and st_blocks lags until the data reaches the daemon.
   bool writeback_cache = false;
+  // Carry requests over io_uring where the kernel offers it (FuseRing);
+  // /dev/fuse otherwise, with a line in the log saying why.
+  bool fuse_uring = false;
+  unsigned ring_threads_per_cpu = 0;  // 0: FuseRing's default
   bool debug = false;
 };
 
@@ -48,12 +55,17 @@ class FuseDaemon {
   ControlPlane& control() { return *control_; }
   // For notifications to the kernel; null before Mount.
   ::fuse_session* session() const { return session_; }
+  // The io_uring transport; null unless FuseOptions::fuse_uring.
+  FuseRing* ring() const { return ring_.get(); }
 
  private:
+  Status RouteThroughRing();
+
   std::unique_ptr<Filesystem> fs_;
   std::unique_ptr<ControlPlane> control_;
   FuseOptions options_;
   ::fuse_session* session_ = nullptr;
+  std::unique_ptr<FuseRing> ring_;  // with FuseOptions::fuse_uring
   bool mounted_ = false;
 };
 

@@ -70,6 +70,8 @@ struct RuntimeStats {
   uint64_t writes = 0;         // write operations
   uint64_t reads = 0;          // read operations
   uint64_t queue_depth = 0;    // SSD I/Os in flight now
+  // FUSE requests answered over io_uring (mount --fuse-uring) since mount.
+  uint64_t fuse_ring_requests = 0;
 
   double uptime_seconds = 0;  // since mount
 };

@@ -1,0 +1,102 @@
+// Internal to the daemon (not installed). FuseRing: FUSE requests carried
+// over io_uring instead of read()/writev() on /dev/fuse ("FUSE over
+// io_uring", Linux 6.14+, when the fuse module's enable_uring is set), for
+// libfuse 3.14, which knows only /dev/fuse.
+//
+// How: FuseDaemon routes the session's device I/O through Read and Writev
+// (libfuse's custom I/O). Read notes whether the kernel offers the ring in its
+// INIT request; Writev adds the ring to libfuse's INIT reply, and then every
+// possible CPU gets a queue of ring entries (the kernel sends a request to the
+// queue of the CPU its caller runs on, and waits for all queues to be
+// registered before it uses any). Each entry is served by a thread pinned to
+// that CPU, which waits for a request and sends the answer to the last one in
+// one io_uring_enter. A request arrives split into its header, its opcode's
+// argument and its payload; the thread lays the first two out in front of
+// the payload, so libfuse parses the same bytes read() would have returned
+// (the payload, e.g. a write's data, is not copied), and the answer, caught
+// in Writev, is committed once the handler has returned: a handler may
+// answer early (OnWrite does) and still be reading the request's payload.
+// FORGET, INTERRUPT and requests sent before the queues are registered still
+// come through /dev/fuse, served by libfuse's own loop as before;
+// notifications still go to /dev/fuse.
+//
+// Every answer is sent from the thread that runs the handler, before the
+// handler returns (true of every operation in fuse_daemon.cc); a request left
+// unanswered (a FORGET that came over the ring) is committed empty.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "spillfs/status.h"
+
+struct fuse_session;
+struct iovec;
+
+namespace spillfs {
+
+class FuseRing {
+ public:
+  struct Options {
+    // Ring threads (an entry each) per online CPU; 0: at least 2, and enough
+    // for `fuse_threads` in all.
+    unsigned threads_per_cpu = 0;
+    unsigned fuse_threads = 16;
+  };
+
+  FuseRing(::fuse_session* session, int device_fd, Options options);
+  ~FuseRing();  // Stop()
+  FuseRing(const FuseRing&) = delete;
+  FuseRing& operator=(const FuseRing&) = delete;
+
+  // libfuse's custom I/O on the device (see above).
+  ssize_t Read(int fd, void* buf, size_t len);
+  ssize_t Writev(int fd, iovec* iov, int count);
+
+  // Ends the ring threads: those whose entries the unmount released have
+  // ended already; the others are woken. The session must outlive this call.
+  void Stop();
+
+  // The kernel took the ring at INIT (entries may still be registering).
+  bool active() const { return active_.load(std::memory_order_acquire); }
+  // Requests answered over the ring since mount.
+  const std::atomic<uint64_t>& requests() const { return requests_; }
+  // Why the ring is not in use, when it is not ("" while it is).
+  std::string why_not() const;
+
+ private:
+  struct Slot;
+  struct Worker;
+
+  ssize_t ReplyToInit(int fd, iovec* iov, int count);
+  Status PrepareWorkers(size_t payload_bytes);
+  void Serve(Worker* worker);
+  void Handle(Slot* slot);
+  ssize_t HoldAnswer(Slot* slot, const iovec* iov, int count);
+  void QueueCommand(Worker* worker, Slot* slot, uint32_t command);
+
+  ::fuse_session* const session_;
+  const int device_fd_;
+  const Options options_;
+  int stop_fd_ = -1;  // eventfd: readable once Stop() is called
+  uint64_t init_unique_ = 0;
+  bool offered_ = false;  // the kernel's INIT offered the ring
+  std::atomic<bool> active_{false};
+  std::atomic<uint64_t> requests_{0};
+  mutable std::mutex mu_;  // why_not_
+  std::string why_not_ = "the kernel has not sent INIT yet";
+  size_t payload_bytes_ = 0;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  bool stopped_ = false;
+  // The slot whose request this thread is handling (Writev catches its answer).
+  static thread_local Slot* serving_;
+};
+
+}  // namespace spillfs
