@@ -541,9 +541,9 @@ FuseDaemon::FuseDaemon(std::unique_ptr<Filesystem> fs, FuseOptions options)
     : fs_(std::move(fs)), control_(std::make_unique<ControlPlane>(fs_.get())), options_(std::move(options)) {}
 
 FuseDaemon::~FuseDaemon() {
-  if (ring_) ring_->Stop();  // its threads run requests in session_
   if (session_ != nullptr) {
-    if (mounted_) fuse_session_unmount(session_);
+    if (mounted_) fuse_session_unmount(session_);  // ends the ring's entries
+    if (ring_) ring_->Stop();                      // its threads run requests in session_
     fuse_remove_signal_handlers(session_);
     fuse_session_destroy(session_);
   }
@@ -592,6 +592,7 @@ Status FuseDaemon::RouteThroughRing() {
   FuseRing::Options ring_options;
   ring_options.threads_per_cpu = options_.ring_threads_per_cpu;
   ring_options.fuse_threads = options_.max_threads;
+  ring_options.mountpoint = options_.mountpoint;
   ring_ = std::make_unique<FuseRing>(session_, fd, ring_options);
   const fuse_custom_io io = {RingWritev, RingRead, nullptr, nullptr};
   if (int rc = fuse_session_custom_io(session_, &io, fd); rc != 0) {

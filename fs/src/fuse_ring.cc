@@ -1,6 +1,7 @@
 #define FUSE_USE_VERSION 314
 #include "fuse_ring.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fuse3/fuse_lowlevel.h>
 #include <liburing.h>
@@ -15,12 +16,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
 #include <set>
+#include <sstream>
+#include <system_error>
 
 #include "rounding.h"
 
@@ -59,10 +63,12 @@ static_assert(sizeof(RingRequestHeader) == 288);
 static_assert(sizeof(RingCommand) == 24);
 static_assert(offsetof(fuse_init_out, flags2) == 32);
 
-constexpr size_t kPage = 4096;
 constexpr uint64_t kStopTag = 1;  // user_data of the poll on stop_fd_
 // Room in front of a payload for the request's header and first argument.
-constexpr size_t kHeadroom = kPage;
+constexpr size_t kHeadroom = 4096;
+// A slot whose entry the kernel dropped after an error is registered again
+// this many times before it is given up.
+constexpr int kMaxRegisterRetries = 3;
 
 // CPUs in a sysfs list such as "0-3,8,10-11".
 std::set<unsigned> ReadCpuList(const std::string& path) {
@@ -110,9 +116,9 @@ struct FuseRing::Slot {
   RingRequestHeader* header = nullptr;
   char* payload = nullptr;
   iovec iov[2]{};
-  bool live = true;
+  int register_retries = 0;
   // The request being served and its answer.
-  uint64_t unique = 0;
+  uint64_t unique = 0;  // 0: not yet registered (or registered again)
   bool request_has_payload = false;
   bool answered = false;
   int32_t error = 0;
@@ -133,6 +139,7 @@ struct FuseRing::Worker {
   std::thread thread;
 
   ~Worker() {
+    if (thread.joinable()) thread.join();
     if (ring_ready) io_uring_queue_exit(&ring);
   }
 };
@@ -140,18 +147,17 @@ struct FuseRing::Worker {
 thread_local FuseRing::Slot* FuseRing::serving_ = nullptr;
 
 FuseRing::FuseRing(::fuse_session* session, int device_fd, Options options)
-    : session_(session), device_fd_(device_fd), options_(options) {
+    : session_(session),
+      device_fd_(fcntl(device_fd, F_DUPFD_CLOEXEC, 0)),
+      options_(std::move(options)),
+      page_bytes_(static_cast<size_t>(sysconf(_SC_PAGESIZE))) {
   stop_fd_ = eventfd(0, EFD_CLOEXEC);
 }
 
 FuseRing::~FuseRing() {
   Stop();
   if (stop_fd_ >= 0) close(stop_fd_);
-}
-
-std::string FuseRing::why_not() const {
-  std::lock_guard lock(mu_);
-  return why_not_;
+  if (device_fd_ >= 0) close(device_fd_);
 }
 
 ssize_t FuseRing::Read(int fd, void* buf, size_t len) {
@@ -164,14 +170,13 @@ ssize_t FuseRing::Read(int fd, void* buf, size_t len) {
               std::min(sizeof(init), static_cast<size_t>(n) - sizeof(fuse_in_header)));
   uint64_t flags = init.flags;
   if (flags & FUSE_INIT_EXT) flags |= static_cast<uint64_t>(init.flags2) << 32;
-  init_unique_ = in->unique;
-  offered_ = (flags & kFuseOverIoUring) != 0;
-  if (!offered_) {
-    std::lock_guard lock(mu_);
-    why_not_ =
-        "the kernel does not offer FUSE over io_uring (Linux 6.14+ with "
-        "/sys/module/fuse/parameters/enable_uring set to Y)";
-    fmt::print(stderr, "spillfs: --fuse-uring: {}; serving /dev/fuse\n", why_not_);
+  const bool offered = (flags & kFuseOverIoUring) != 0;
+  offered_.store(offered, std::memory_order_relaxed);
+  init_unique_.store(in->unique, std::memory_order_release);
+  if (!offered) {
+    fmt::print(stderr,
+               "spillfs: --fuse-uring: the kernel does not offer FUSE over io_uring (Linux 6.14+ with "
+               "/sys/module/fuse/parameters/enable_uring set to Y); serving /dev/fuse\n");
   }
   return n;
 }
@@ -181,27 +186,29 @@ ssize_t FuseRing::Writev(int fd, iovec* iov, int count) {
   if (Slot* slot = serving_; slot != nullptr && out->unique == slot->unique && !slot->answered) {
     return HoldAnswer(slot, iov, count);
   }
-  if (out->unique != 0 && out->unique == init_unique_) return ReplyToInit(fd, iov, count);
+  if (out->unique != 0 && out->unique == init_unique_.load(std::memory_order_acquire)) {
+    return ReplyToInit(fd, iov, count);
+  }
   return ::writev(fd, iov, count);
 }
 
 ssize_t FuseRing::ReplyToInit(int fd, iovec* iov, int count) {
-  init_unique_ = 0;
+  init_unique_.store(0, std::memory_order_relaxed);
   const auto* out = static_cast<const fuse_out_header*>(iov[0].iov_base);
-  if (!offered_ || out->error != 0 || count != 2 || iov[1].iov_len < offsetof(fuse_init_out, flags2) + 4) {
+  if (!offered_.load(std::memory_order_relaxed) || out->error != 0 || count != 2 ||
+      iov[1].iov_len < offsetof(fuse_init_out, flags2) + 4) {
     return ::writev(fd, iov, count);
   }
   fuse_init_out init{};
   std::memcpy(&init, iov[1].iov_base, std::min(sizeof(init), iov[1].iov_len));
   // The payload the kernel will ask each entry to hold (fuse_uring_create).
   const uint64_t max_pages = (init.flags & FUSE_MAX_PAGES) ? std::max<uint16_t>(init.max_pages, 1) : 32;
-  const size_t payload_bytes =
-      RoundUp(std::max<uint64_t>({8192, std::max<uint32_t>(init.max_write, 4096), max_pages * kPage}), kPage);
+  const size_t payload_bytes = RoundUp(
+      std::max<uint64_t>({8192, std::max<uint32_t>(init.max_write, 4096), max_pages * page_bytes_}), page_bytes_);
   if (Status prepared = PrepareWorkers(payload_bytes); !prepared.ok()) {
-    workers_.clear();
-    std::lock_guard lock(mu_);
-    why_not_ = "cannot set up the io_uring rings: " + prepared.ToString();
-    fmt::print(stderr, "spillfs: --fuse-uring: {}; serving /dev/fuse\n", why_not_);
+    StartWorkers(Start::kCancel);
+    fmt::print(stderr, "spillfs: --fuse-uring: cannot set up the io_uring rings ({}); serving /dev/fuse\n",
+               prepared.ToString());
     return ::writev(fd, iov, count);
   }
   init.flags |= FUSE_INIT_EXT;
@@ -210,63 +217,78 @@ ssize_t FuseRing::ReplyToInit(int fd, iovec* iov, int count) {
   ssize_t n = ::writev(fd, patched, 2);
   if (n < 0) {
     int saved = errno;
-    workers_.clear();
+    StartWorkers(Start::kCancel);
     errno = saved;
     return n;
   }
   // The kernel is initialized once the reply is written: entries may register.
-  for (auto& worker : workers_) worker->thread = std::thread([this, w = worker.get()] { Serve(w); });
-  active_.store(true, std::memory_order_release);
-  {
-    std::lock_guard lock(mu_);
-    why_not_.clear();
-  }
+  StartWorkers(Start::kGo);
   fmt::print(stderr, "spillfs: FUSE over io_uring: {} queues, {} ring threads, {} KiB per entry\n",
              ReadCpuList("/sys/devices/system/cpu/possible").size(), workers_.size(), payload_bytes / 1024);
   return n;
 }
 
+void FuseRing::StartWorkers(Start how) {
+  {
+    std::lock_guard lock(start_mu_);
+    start_ = how;
+  }
+  start_cv_.notify_all();
+  if (how == Start::kCancel) workers_.clear();  // joins the threads
+}
+
 Status FuseRing::PrepareWorkers(size_t payload_bytes) {
-  if (stop_fd_ < 0) return Status::IOError("eventfd failed");
+  if (stop_fd_ < 0 || device_fd_ < 0) return Status::IOError("eventfd or dup failed");
   payload_bytes_ = payload_bytes;
   const std::set<unsigned> possible = ReadCpuList("/sys/devices/system/cpu/possible");
   const std::set<unsigned> online = ReadCpuList("/sys/devices/system/cpu/online");
   if (possible.empty() || online.empty()) return Status::IOError("cannot read the CPU lists in /sys");
-  // The kernel has a queue for each possible CPU, numbered 0..n-1.
+  // The kernel has a queue for each possible CPU, numbered 0..n-1, and sends
+  // a request to the queue of the CPU its caller runs on (queue 0 for a CPU
+  // numbered n or more, where the possible CPUs are not 0..n-1).
   const unsigned queues = static_cast<unsigned>(possible.size());
+  live_entries_ = std::make_unique<std::atomic<int>[]>(queues);
   unsigned per_cpu = options_.threads_per_cpu;
   if (per_cpu == 0) {
     per_cpu = std::max<unsigned>(2, static_cast<unsigned>(DivideRoundingUp(options_.fuse_threads, online.size())));
   }
-  auto new_slot = [&](uint16_t qid) -> Result<std::unique_ptr<Slot>> {
+  auto new_slot = [&](unsigned qid) -> Result<std::unique_ptr<Slot>> {
     auto slot = std::make_unique<Slot>();
-    slot->qid = qid;
-    slot->mapping_bytes = kPage + kHeadroom + payload_bytes;
+    slot->qid = static_cast<uint16_t>(qid);
+    slot->mapping_bytes = page_bytes_ + kHeadroom + payload_bytes;
     void* mapping =
         mmap(nullptr, slot->mapping_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (mapping == MAP_FAILED) return Status::Error(errno, "mmap of a ring entry");
     slot->mapping = static_cast<char*>(mapping);
     slot->header = reinterpret_cast<RingRequestHeader*>(slot->mapping);
-    slot->payload = slot->mapping + kPage + kHeadroom;
+    slot->payload = slot->mapping + page_bytes_ + kHeadroom;
     slot->iov[0] = {slot->header, sizeof(RingRequestHeader)};
     slot->iov[1] = {slot->payload, payload_bytes};
+    live_entries_[qid].fetch_add(1, std::memory_order_relaxed);
     return slot;
   };
-  std::unique_ptr<Worker> offline;  // one worker holds an entry for every offline CPU's queue
-  for (unsigned qid = 0; qid < queues; ++qid) {
-    if (!online.count(qid)) {
-      if (!offline) offline = std::make_unique<Worker>();
-      SPILLFS_ASSIGN_OR_RETURN(auto slot, new_slot(static_cast<uint16_t>(qid)));
-      offline->slots.push_back(std::move(slot));
-      continue;
-    }
+  auto add_pinned = [&](unsigned qid, unsigned cpu) -> Status {
     for (unsigned i = 0; i < per_cpu; ++i) {
       auto worker = std::make_unique<Worker>();
-      worker->cpu = static_cast<int>(qid);
-      SPILLFS_ASSIGN_OR_RETURN(auto slot, new_slot(static_cast<uint16_t>(qid)));
+      worker->cpu = static_cast<int>(cpu);
+      SPILLFS_ASSIGN_OR_RETURN(auto slot, new_slot(qid));
       worker->slots.push_back(std::move(slot));
       workers_.push_back(std::move(worker));
     }
+    return Status::OK();
+  };
+  std::unique_ptr<Worker> offline;  // one worker holds an entry for every offline CPU's queue
+  for (unsigned qid = 0; qid < queues; ++qid) {
+    if (online.count(qid)) {
+      SPILLFS_RETURN_IF_ERROR(add_pinned(qid, qid));
+      continue;
+    }
+    if (!offline) offline = std::make_unique<Worker>();
+    SPILLFS_ASSIGN_OR_RETURN(auto slot, new_slot(qid));
+    offline->slots.push_back(std::move(slot));
+  }
+  for (unsigned cpu : online) {
+    if (cpu >= queues) SPILLFS_RETURN_IF_ERROR(add_pinned(0, cpu));
   }
   if (offline) workers_.push_back(std::move(offline));
   for (auto& worker : workers_) {
@@ -278,6 +300,12 @@ Status FuseRing::PrepareWorkers(size_t payload_bytes) {
     }
     worker->ring_ready = true;
   }
+  // Threads now, so that none is missing once the kernel has taken the ring.
+  try {
+    for (auto& worker : workers_) worker->thread = std::thread([this, w = worker.get()] { Serve(w); });
+  } catch (const std::system_error& e) {
+    return Status::Error(e.code().value(), "cannot start the ring threads");
+  }
   return Status::OK();
 }
 
@@ -287,6 +315,7 @@ void FuseRing::QueueCommand(Worker* worker, Slot* slot, uint32_t command) {
   sqe->fd = device_fd_;
   sqe->cmd_op = command;
   if (command == kCommandRegister) {
+    slot->unique = 0;
     sqe->addr = reinterpret_cast<uint64_t>(slot->iov);
     sqe->len = 2;
   }
@@ -297,6 +326,11 @@ void FuseRing::QueueCommand(Worker* worker, Slot* slot, uint32_t command) {
 }
 
 void FuseRing::Serve(Worker* worker) {
+  {
+    std::unique_lock lock(start_mu_);
+    start_cv_.wait(lock, [this] { return start_ != Start::kWaiting; });
+    if (start_ == Start::kCancel) return;
+  }
   pthread_setname_np(pthread_self(), "spillfs-ring");
   if (worker->cpu >= 0) {
     cpu_set_t cpus;
@@ -309,10 +343,16 @@ void FuseRing::Serve(Worker* worker) {
   io_uring_prep_poll_add(poll, stop_fd_, POLLIN);
   poll->user_data = kStopTag;
   size_t live = worker->slots.size();
-  while (live > 0) {
+  bool stopping = false;
+  while (live > 0 && !stopping) {
     int rc = io_uring_submit_and_wait(&worker->ring, 1);
-    if (rc < 0 && rc != -EINTR) {
-      fmt::print(stderr, "spillfs: FUSE ring thread: io_uring_enter: {}\n", std::strerror(-rc));
+    if (rc == -EINTR) continue;
+    if (rc == -EAGAIN || rc == -EBUSY || rc == -ENOMEM) {  // short of resources: again shortly
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    if (rc < 0) {
+      AbortConnection(fmt::format("io_uring_enter: {}", std::strerror(-rc)));
       return;
     }
     io_uring_cqe* cqe = nullptr;
@@ -320,24 +360,57 @@ void FuseRing::Serve(Worker* worker) {
       const uint64_t tag = cqe->user_data;
       const int res = cqe->res;
       io_uring_cqe_seen(&worker->ring, cqe);
-      if (tag == kStopTag) return;
+      if (tag == kStopTag) {
+        stopping = true;  // after this batch: its requests are answered first
+        continue;
+      }
       Slot* slot = reinterpret_cast<Slot*>(tag);
       if (res == 0) {
+        slot->register_retries = 0;
         Handle(slot);
         QueueCommand(worker, slot, kCommandCommitAndFetch);
       } else if (res == -EAGAIN || res == -EINTR) {
         // Not taken: the same command again (a commit's answer is still in place).
         QueueCommand(worker, slot, slot->unique == 0 ? kCommandRegister : kCommandCommitAndFetch);
+      } else if (res == -ENOTCONN || res == -ECONNABORTED || res == -ECANCELED) {
+        --live;  // the connection ended (unmount)
+      } else if (slot->unique != 0 || ++slot->register_retries <= kMaxRegisterRetries) {
+        // A refused commit loses the kernel's entry: register the slot again.
+        fmt::print(stderr, "spillfs: FUSE ring entry of queue {}: {}; registering it again\n", slot->qid,
+                   std::strerror(-res));
+        QueueCommand(worker, slot, kCommandRegister);
       } else {
-        // -ENOTCONN / -ECONNABORTED: the connection ended (unmount).
-        if (res != -ENOTCONN && res != -ECONNABORTED && res != -ECANCELED) {
-          fmt::print(stderr, "spillfs: FUSE ring entry of queue {}: {}\n", slot->qid, std::strerror(-res));
-        }
-        slot->live = false;
         --live;
+        LoseEntry(slot, std::strerror(-res));
       }
     }
   }
+  if (stopping) io_uring_submit(&worker->ring);  // the answers of the last batch
+}
+
+void FuseRing::LoseEntry(Slot* slot, const std::string& why) {
+  fmt::print(stderr, "spillfs: FUSE ring entry of queue {} given up: {}\n", slot->qid, why);
+  if (live_entries_[slot->qid].fetch_sub(1) == 1 && requests_.load() > 0) {
+    // A failed first REGISTER makes the kernel fall back to /dev/fuse; once
+    // requests have come over the ring, a queue without entries hangs its CPU.
+    AbortConnection(fmt::format("queue {} has no entries left", slot->qid));
+  }
+}
+
+void FuseRing::AbortConnection(const std::string& why) {
+  // The connection's number is the minor of the mount's device (0:N in mountinfo).
+  std::ifstream mountinfo("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(mountinfo, line)) {
+    std::istringstream fields(line);
+    std::string id, parent, device, root, point;
+    if (!(fields >> id >> parent >> device >> root >> point) || point != options_.mountpoint) continue;
+    const std::string abort = "/sys/fs/fuse/connections/" + device.substr(device.find(':') + 1) + "/abort";
+    std::ofstream(abort) << "1";
+    fmt::print(stderr, "spillfs: FUSE ring: {}: connection aborted through {}\n", why, abort);
+    return;
+  }
+  fmt::print(stderr, "spillfs: FUSE ring: {}: cannot find the connection to abort\n", why);
 }
 
 void FuseRing::Handle(Slot* slot) {
@@ -355,9 +428,7 @@ void FuseRing::Handle(Slot* slot) {
   if (in.len < sizeof(in) + payload || argument > sizeof(header->op_in) || payload > payload_bytes_) {
     fmt::print(stderr, "spillfs: FUSE ring: malformed request (opcode {}, len {}, payload {})\n", in.opcode, in.len,
                payload);
-    slot->error = -EIO;
-    slot->answered = true;
-    return;
+    return Fail(slot, -EIO);
   }
   char* start = slot->payload - argument - sizeof(in);
   std::memcpy(start, &in, sizeof(in));
@@ -370,11 +441,23 @@ void FuseRing::Handle(Slot* slot) {
   fuse_session_process_buf(session_, &buf);
   serving_ = nullptr;
   requests_.fetch_add(1, std::memory_order_relaxed);
-  // An unanswered request (fuse_reply_none) is committed empty, or its entry
-  // would be lost.
+  SealAnswer(slot);
+}
+
+void FuseRing::Fail(Slot* slot, int error) {
+  slot->error = error;
+  slot->answer_bytes = 0;
+  slot->answer_aside = false;
+  slot->answered = true;
+  SealAnswer(slot);
+}
+
+// The answer into the entry, for the commit. An unanswered request
+// (fuse_reply_none) is committed empty, or its entry would be lost.
+void FuseRing::SealAnswer(Slot* slot) {
   slot->answered = true;
   fuse_out_header out{};
-  out.len = sizeof(out) + slot->answer_bytes;
+  out.len = static_cast<uint32_t>(sizeof(out) + slot->answer_bytes);
   out.error = slot->error;
   out.unique = slot->unique;
   std::memcpy(slot->header->in_out, &out, sizeof(out));
@@ -386,6 +469,9 @@ ssize_t FuseRing::HoldAnswer(Slot* slot, const iovec* iov, int count) {
   size_t bytes = 0;
   for (int i = 1; i < count; ++i) bytes += iov[i].iov_len;
   if (bytes > payload_bytes_) {
+    slot->error = -EIO;
+    slot->answer_bytes = 0;
+    slot->answered = true;
     errno = EINVAL;
     return -1;
   }
@@ -416,10 +502,7 @@ void FuseRing::Stop() {
     ssize_t n = ::write(stop_fd_, &one, sizeof(one));
     (void)n;
   }
-  for (auto& worker : workers_) {
-    if (worker->thread.joinable()) worker->thread.join();
-  }
-  workers_.clear();  // exiting a ring cancels its entries still registered
+  StartWorkers(Start::kCancel);  // wakes workers still waiting to start; joins all
 }
 
 }  // namespace spillfs

@@ -22,12 +22,19 @@
 //
 // Every answer is sent from the thread that runs the handler, before the
 // handler returns (true of every operation in fuse_daemon.cc); a request left
-// unanswered (a FORGET that came over the ring) is committed empty.
+// unanswered (a FORGET that came over the ring) is committed empty. An answer
+// is taken as sent: a handler's check for an interrupted request (reply ==
+// -ENOENT) never fires over the ring.
+//
+// The kernel never moves a request to another CPU's queue: an entry lost to
+// an error is registered again, and a queue left with none (which would hang
+// every caller on that CPU) aborts the connection instead.
 #pragma once
 
 #include <sys/types.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -49,8 +56,12 @@ class FuseRing {
     // for `fuse_threads` in all.
     unsigned threads_per_cpu = 0;
     unsigned fuse_threads = 16;
+    // Where the session is mounted (to find its connection, to abort it).
+    std::string mountpoint;
   };
 
+  // `device_fd` is the session's /dev/fuse descriptor (duplicated: the ring
+  // keeps using it after libfuse closes its own at unmount).
   FuseRing(::fuse_session* session, int device_fd, Options options);
   ~FuseRing();  // Stop()
   FuseRing(const FuseRing&) = delete;
@@ -61,39 +72,47 @@ class FuseRing {
   ssize_t Writev(int fd, iovec* iov, int count);
 
   // Ends the ring threads: those whose entries the unmount released have
-  // ended already; the others are woken. The session must outlive this call.
+  // ended already; the others answer what they hold and end. The session
+  // must outlive this call; call it after unmounting.
   void Stop();
 
-  // The kernel took the ring at INIT (entries may still be registering).
-  bool active() const { return active_.load(std::memory_order_acquire); }
   // Requests answered over the ring since mount.
   const std::atomic<uint64_t>& requests() const { return requests_; }
-  // Why the ring is not in use, when it is not ("" while it is).
-  std::string why_not() const;
 
  private:
   struct Slot;
   struct Worker;
+  enum class Start { kWaiting, kGo, kCancel };
 
   ssize_t ReplyToInit(int fd, iovec* iov, int count);
   Status PrepareWorkers(size_t payload_bytes);
+  void StartWorkers(Start how);
   void Serve(Worker* worker);
   void Handle(Slot* slot);
+  void Fail(Slot* slot, int error);
+  void SealAnswer(Slot* slot);
   ssize_t HoldAnswer(Slot* slot, const iovec* iov, int count);
   void QueueCommand(Worker* worker, Slot* slot, uint32_t command);
+  // An entry is gone for good: when it was its queue's last, the callers on
+  // that CPU would wait forever, so the connection is aborted.
+  void LoseEntry(Slot* slot, const std::string& why);
+  void AbortConnection(const std::string& why);
 
   ::fuse_session* const session_;
   const int device_fd_;
   const Options options_;
+  const size_t page_bytes_;
   int stop_fd_ = -1;  // eventfd: readable once Stop() is called
-  uint64_t init_unique_ = 0;
-  bool offered_ = false;  // the kernel's INIT offered the ring
-  std::atomic<bool> active_{false};
+  std::atomic<uint64_t> init_unique_{0};
+  std::atomic<bool> offered_{false};  // the kernel's INIT offered the ring
   std::atomic<uint64_t> requests_{0};
-  mutable std::mutex mu_;  // why_not_
-  std::string why_not_ = "the kernel has not sent INIT yet";
   size_t payload_bytes_ = 0;
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::unique_ptr<std::atomic<int>[]> live_entries_;  // by queue
+  // Workers are made before the INIT reply and wait here until it is sent.
+  std::mutex start_mu_;
+  std::condition_variable start_cv_;
+  Start start_ = Start::kWaiting;
   bool stopped_ = false;
   // The slot whose request this thread is handling (Writev catches its answer).
   static thread_local Slot* serving_;

@@ -65,6 +65,34 @@ MountedVolume::~MountedVolume() {
   std::filesystem::remove_all(root_, ec);
 }
 
+namespace {
+
+// Makes the kernel offer FUSE over io_uring (root, Linux 6.14+); true if it does.
+bool OfferFuseRing() {
+  const char* parameter = "/sys/module/fuse/parameters/enable_uring";
+  std::ofstream(parameter) << "Y";
+  std::string value;
+  std::ifstream(parameter) >> value;
+  return value == "Y";
+}
+
+// A mount asked to use the ring where the kernel offers it: `spillfs stat`
+// (itself requests through the mount) must find requests answered over it.
+bool RequestsCameOverTheRing(const std::string& mountpoint, std::string* error) {
+  std::string out;
+  if (RunSpillfs("stat --json " + mountpoint, &out) != 0) {
+    if (error) *error = "spillfs stat failed: " + out;
+    return false;
+  }
+  const std::string key = "\"fuse_ring_requests\":";
+  size_t at = out.find(key);
+  if (at != std::string::npos && std::strtoull(out.c_str() + at + key.size(), nullptr, 10) > 0) return true;
+  if (error) *error = "mounted with --fuse-uring where the kernel offers it, but no request came over the ring";
+  return false;
+}
+
+}  // namespace
+
 bool MountedVolume::Mount(std::string* error) {
   // The arguments are built before fork: the child of a threaded process may
   // only call async-signal-safe functions.
@@ -75,12 +103,12 @@ bool MountedVolume::Mount(std::string* error) {
   }
   args.insert(args.end(), options_.mount_args.begin(), options_.mount_args.end());
   // More arguments for every mount of a test run (e.g. the FUSE ring).
+  bool check_ring = false;
   if (const char* more = std::getenv(kExtraMountArgsEnv)) {
     std::istringstream words(more);
     for (std::string word; words >> word;) {
       args.push_back(word);
-      // The kernel offers the ring only with this set (root; best effort).
-      if (word == "--fuse-uring") std::ofstream("/sys/module/fuse/parameters/enable_uring") << "Y";
+      if (word == "--fuse-uring") check_ring = OfferFuseRing();
     }
   }
   std::vector<char*> argv;
@@ -98,7 +126,7 @@ bool MountedVolume::Mount(std::string* error) {
   while (std::chrono::steady_clock::now() < deadline) {
     if (IsMountPoint(mountpoint_)) {
       daemon_pid_ = pid;
-      return true;
+      return !check_ring || RequestsCameOverTheRing(mountpoint_, error);
     }
     int status = 0;
     if (waitpid(pid, &status, WNOHANG) == pid) {

@@ -160,6 +160,13 @@ int RunMount(MountArgs args) {
     }
     args.fs_options.read_ahead_bytes = *bytes;
   }
+  if (args.fuse_uring && args.writeback_cache) {
+    // A handler that drops the kernel's cached pages (a direct-path commit)
+    // may need the kernel to write dirty pages back through the FUSE queue of
+    // its own CPU first: with every entry of that queue so waiting, it would
+    // wait forever.
+    return Fail("mount", "--fuse-uring and --writeback-cache cannot be used together");
+  }
   args.fs_options.flush_age_ms = args.flush_age_ms;
   if (!args.foreground) return RunBackground(args);
   return Serve(args, [&](const Status& s) {
