@@ -67,9 +67,10 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
       gate_(
           [this](const std::vector<PhysicalExtent>& extents, uint64_t commit) { allocator_.Release(extents, commit); }),
       cache_(options.ram_tier_bytes, block_size_),
-      read_ahead_(ReadAhead::Options::ForBytesAhead(options.read_ahead_bytes), [this](InodeNumber ino, uint64_t offset, uint64_t length, char* out) {
-        return FetchAhead(ino, offset, length, out);
-      }) {
+      read_ahead_(ReadAhead::Options::ForBytesAhead(options.read_ahead_bytes),
+                  [this](InodeNumber ino, uint64_t offset, uint64_t length, char* out) {
+                    return FetchAhead(ino, offset, length, out);
+                  }) {
   dedup_ = volume_->superblock().dedup && options.dedup;
   // Freed space is parked until the batch that freed it is durable
   // (allocator.h): every index sync, wherever it comes from, releases it.

@@ -23,9 +23,9 @@
 #include <fstream>
 #include <mutex>
 #include <set>
-#include <sstream>
 #include <system_error>
 
+#include "mountinfo.h"
 #include "rounding.h"
 
 namespace spillfs {
@@ -398,19 +398,15 @@ void FuseRing::LoseEntry(Slot* slot, const std::string& why) {
 }
 
 void FuseRing::AbortConnection(const std::string& why) {
-  // The connection's number is the minor of the mount's device (0:N in mountinfo).
-  std::ifstream mountinfo("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(mountinfo, line)) {
-    std::istringstream fields(line);
-    std::string id, parent, device, root, point;
-    if (!(fields >> id >> parent >> device >> root >> point) || point != options_.mountpoint) continue;
-    const std::string abort = "/sys/fs/fuse/connections/" + device.substr(device.find(':') + 1) + "/abort";
-    std::ofstream(abort) << "1";
-    fmt::print(stderr, "spillfs: FUSE ring: {}: connection aborted through {}\n", why, abort);
+  // The connection's number is the minor of the mount's device.
+  auto device = MountDevice(options_.mountpoint);
+  if (!device) {
+    fmt::print(stderr, "spillfs: FUSE ring: {}: cannot find the connection to abort\n", why);
     return;
   }
-  fmt::print(stderr, "spillfs: FUSE ring: {}: cannot find the connection to abort\n", why);
+  const std::string abort = "/sys/fs/fuse/connections/" + device->substr(device->find(':') + 1) + "/abort";
+  std::ofstream(abort) << "1";
+  fmt::print(stderr, "spillfs: FUSE ring: {}: connection aborted through {}\n", why, abort);
 }
 
 void FuseRing::Handle(Slot* slot) {
