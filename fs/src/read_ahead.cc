@@ -33,7 +33,10 @@ ReadAhead::Options ReadAhead::Options::ForBytesAhead(uint64_t bytes_ahead) {
   return options;
 }
 
-ReadAhead::ReadAhead(Options options, Fetch fetch) : options_(options), fetch_(std::move(fetch)) {
+ReadAhead::ReadAhead(Options options, Fetch fetch)
+    : options_(options),
+      fetch_(std::move(fetch)),
+      behind_slack_(std::max<uint64_t>(kSequentialSlack, options.windows_ahead * options.window_bytes)) {
   for (unsigned i = 0; i < options_.threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
@@ -96,9 +99,11 @@ void ReadAhead::Advance(InodeNumber ino, uint64_t offset, uint64_t end, uint64_t
   // A stream is believed only after kReadsToStart reads each starting exactly
   // where the last ended: random readers whose reads happen to land close
   // together fetch nothing. Once it runs, the kernel's out-of-order requests
-  // near the expected place still continue it.
+  // still continue it: up to behind_slack_ behind the expected place, and
+  // ahead of it up to what has been fetched (or kSequentialSlack).
   const bool running = stream.sequential_reads >= kReadsToStart;
-  bool continues = running ? offset + kSequentialSlack >= stream.next && offset <= stream.next + kSequentialSlack
+  bool continues = running ? offset + behind_slack_ >= stream.next &&
+                                 offset <= std::max(stream.next + kSequentialSlack, stream.fetched_to)
                            : offset == stream.next && (!fresh || offset == 0);
   if (!continues) {
     // A jump: follow from here; what was fetched for the old place is dropped.

@@ -114,6 +114,12 @@ class ReadAhead {
 
   const Options options_;
   const Fetch fetch_;
+  // How far behind where a running stream is expected a read may land and
+  // still continue it. The kernel's own read-ahead (read_ahead_kb) sends
+  // requests up to its window ahead of the reader, served by several threads
+  // in any order: one that finishes late is not a jump back (which would drop
+  // every window and start the stream again).
+  const uint64_t behind_slack_;
   mutable std::mutex mu_;
   std::condition_variable work_;      // tasks_ non-empty or stopping_
   std::condition_variable finished_;  // a window became done
