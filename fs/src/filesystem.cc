@@ -256,24 +256,12 @@ Status Filesystem::CommitTxn(Txn* txn) {
 
 void Filesystem::CountLookup(InodeNumber ino) { ++inodes_[ino].lookups; }
 
-Entry Filesystem::MakeEntry(InodeNumber ino, const InodeRecord& loaded) const {
-  // The RAM tier's overlay first, then, when there is none, the record again:
-  // a flush commits a file's size and only then drops its overlay, so a
-  // record loaded before that commit must not be shown without the overlay
-  // (getattr answered size 0 for a file just written: stress_test).
-  std::optional<WriteBackCache::Overlay> overlay;
-  InodeRecord reloaded;
-  const InodeRecord* current = &loaded;
-  if (S_ISREG(loaded.mode)) {
-    overlay = cache_.GetOverlay(ino);
-    if (!overlay) {
-      if (auto again = index_.GetInode(ino); again.ok()) {
-        reloaded = std::move(*again);
-        current = &reloaded;
-      }
-    }
-  }
-  const InodeRecord& r = *current;
+Entry Filesystem::MakeEntry(InodeNumber ino, const InodeRecord& record) const {
+  return MakeEntry(ino, record, S_ISREG(record.mode) ? cache_.GetOverlay(ino) : std::nullopt);
+}
+
+Entry Filesystem::MakeEntry(InodeNumber ino, const InodeRecord& r,
+                            const std::optional<WriteBackCache::Overlay>& overlay) const {
   Entry entry;
   entry.ino = ino;
   entry.generation = r.generation;
@@ -386,8 +374,14 @@ void Filesystem::Forget(InodeNumber ino, uint64_t count) {
 }
 
 Result<Entry> Filesystem::GetAttr(InodeNumber ino) {
+  // Without mu_ a flush may commit meanwhile: it commits the file's size and
+  // then drops the overlay, so the overlay is taken first and the record
+  // after. The other way round, a record loaded before that commit could be
+  // shown without the overlay (getattr answered size 0 for a file just
+  // written: stress_test).
+  std::optional<WriteBackCache::Overlay> overlay = cache_.GetOverlay(ino);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
-  return MakeEntry(ino, record);
+  return MakeEntry(ino, record, S_ISREG(record.mode) ? overlay : std::nullopt);
 }
 
 Result<Entry> Filesystem::MakeNode(InodeNumber parent, std::string_view name, uint32_t mode, uint64_t rdev,

@@ -439,6 +439,35 @@ TEST_F(FilesystemTest, CreateLookupAndReadDir) {
 
 // ---- data ----
 
+// getattr while the file's cached data is flushed: a flush commits the size
+// and then drops the RAM tier's overlay, so an attribute read that took the
+// record before the commit and looked for the overlay after the drop would
+// show the old size (0 for a new file).
+class RamTierFilesystemTest : public FilesystemTestBase {
+ protected:
+  uint64_t RamTier() const override { return 32 << 20; }
+};
+
+TEST_F(RamTierFilesystemTest, GetAttrDuringAFlushShowsTheWrittenSize) {
+  const std::string data(64 * 1024, 'x');
+  std::atomic<int> wrong{0};
+  for (int i = 0; i < 300; ++i) {
+    InodeNumber ino = MakeFile(kRootInode, "f" + std::to_string(i));
+    WriteAt(ino, 0, data);
+    std::atomic<bool> done{false};
+    std::thread watcher([&] {
+      while (!done.load()) {
+        auto entry = fs_->GetAttr(ino);
+        if (entry.ok() && entry->attr.st_size != static_cast<off_t>(data.size())) ++wrong;
+      }
+    });
+    ASSERT_TRUE(fs_->Fsync(ino, false).ok());
+    done = true;
+    watcher.join();
+  }
+  EXPECT_EQ(wrong.load(), 0);
+}
+
 TEST_P(FilesystemDataTest, UnalignedWritesAcrossBlockBoundaries) {
   std::mt19937_64 rng(11);
   InodeNumber ino = MakeFile(kRootInode, "f");

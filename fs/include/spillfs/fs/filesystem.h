@@ -253,7 +253,14 @@ class Filesystem {
   void DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& record);
   Status CommitTxn(Txn* txn);
   void CountLookup(InodeNumber ino);
+  // The attributes of `ino`: `record` with the RAM tier's overlay (the size
+  // and mtime of cached data) on top. A flush commits a file's size and then
+  // drops its overlay, both under mu_ and the flush lock: the caller holds
+  // one of them from loading `record` on, or takes the overlay first
+  // (GetAttr).
   Entry MakeEntry(InodeNumber ino, const InodeRecord& record) const;
+  Entry MakeEntry(InodeNumber ino, const InodeRecord& record,
+                  const std::optional<WriteBackCache::Overlay>& overlay) const;
   // Serializes data changes of an inode (exclusive) against reads (shared).
   std::shared_mutex& IoLock(InodeNumber ino) { return io_locks_[ino % kIoLockStripes]; }
   // Held for the whole of a flush of the inode, and by every operation that
