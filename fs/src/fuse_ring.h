@@ -21,7 +21,7 @@
 // notifications still go to /dev/fuse.
 //
 // Every answer is sent from the thread that runs the handler, before the
-// handler returns (true of every operation in fuse_daemon.cc); a request left
+// handler returns (true of every operation in fuse_ops.cc); a request left
 // unanswered (a FORGET that came over the ring) is committed empty. An answer
 // is taken as sent: a handler's check for an interrupted request (reply ==
 // -ENOENT) never fires over the ring.

@@ -845,7 +845,7 @@ TEST_F(DataTest, WriteOnlyHandlesBypassThePageCache) {
 // progress is published with release/acquire after write() returned).
 // The kernel's own read-ahead for the mount is one request (1 MiB): the
 // daemon reads further ahead itself, and a larger kernel window made
-// buffered reads 3-6 times slower (fuse_daemon.cc, OnInit).
+// buffered reads 3-6 times slower (fs/src/fuse_ops.h, kKernelReadAheadKib).
 TEST_F(DataTest, KernelReadsAheadOneRequest) {
   std::ifstream mountinfo("/proc/self/mountinfo");
   std::string line, device;

@@ -2,7 +2,8 @@
 // API with a multithreaded session loop (and, asked for, FUSE over io_uring:
 // fs/src/fuse_ring.h). It only translates: every decision about names,
 // permissions of created inodes, sizes and errors is made by Filesystem;
-// FUSE types never leave fuse_daemon.cc and fuse_ring.cc.
+// FUSE types never leave fuse_daemon.cc, fuse_ops.cc (the operations) and
+// fuse_ring.cc.
 #pragma once
 
 #include <functional>
