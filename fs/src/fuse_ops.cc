@@ -38,14 +38,19 @@ Caller CallerOf(fuse_req_t req) {
 
 void ReplyError(fuse_req_t req, const Status& status) { fuse_reply_err(req, status.ok() ? 0 : status.code()); }
 
-void ReplyEntry(fuse_req_t req, const Result<Entry>& entry) {
-  if (!entry.ok()) return ReplyError(req, entry.status());
+fuse_entry_param EntryParam(const Entry& entry) {
   fuse_entry_param param{};
-  param.ino = entry->ino;
-  param.generation = entry->generation;
-  param.attr = entry->attr;
+  param.ino = entry.ino;
+  param.generation = entry.generation;
+  param.attr = entry.attr;
   param.attr_timeout = kAttrTimeout;
   param.entry_timeout = kEntryTimeout;
+  return param;
+}
+
+void ReplyEntry(fuse_req_t req, const Result<Entry>& entry) {
+  if (!entry.ok()) return ReplyError(req, entry.status());
+  fuse_entry_param param = EntryParam(*entry);
   if (fuse_reply_entry(req, &param) == -ENOENT) Fs(req).Forget(entry->ino, 1);  // request was interrupted
 }
 
@@ -274,12 +279,7 @@ void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, 
   if (!s.ok()) return ReplyError(req, s);
   fi->keep_cache = 1;
   ChoosePageCacheUse(req, fi);
-  fuse_entry_param param{};
-  param.ino = entry->ino;
-  param.generation = entry->generation;
-  param.attr = entry->attr;
-  param.attr_timeout = kAttrTimeout;
-  param.entry_timeout = kEntryTimeout;
+  fuse_entry_param param = EntryParam(*entry);
   if (fuse_reply_create(req, &param, fi) == -ENOENT) {
     delete DirectHandleOf(fi);
     (void)Fs(req).Release(entry->ino);
@@ -390,12 +390,7 @@ void ReadDirectory(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fu
       auto control_entry = Control(req).Lookup(ino, e.name);
       auto entry = control_entry ? Result<Entry>(*control_entry) : Fs(req).Lookup(ino, e.name);
       if (!entry.ok()) continue;  // removed since the listing was taken
-      fuse_entry_param param{};
-      param.ino = entry->ino;
-      param.generation = entry->generation;
-      param.attr = entry->attr;
-      param.attr_timeout = kAttrTimeout;
-      param.entry_timeout = kEntryTimeout;
+      fuse_entry_param param = EntryParam(*entry);
       needed = fuse_add_direntry_plus(req, buffer.data() + used, room, e.name.c_str(), &param, next);
     }
     if (needed > room) break;
