@@ -1,5 +1,7 @@
 // One read of the whole index into a compact model (inodes, dirents,
-// extents without their checksums, free list), and the checks on it.
+// extents without their checksums, free list), with the checks each record
+// allows on its own; the checks across the model are in fsck_checks.cc, the
+// scrub of the data in fsck_scrub.cc.
 #include "fsck_pass.h"
 
 #include <fmt/format.h>
@@ -7,11 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <deque>
 #include <set>
-#include <tuple>
-#include <unordered_map>
-#include <unordered_set>
 
 #include "spillfs/fs/clock.h"
 #include "spillfs/kvindex/block_checksum.h"
@@ -19,7 +17,6 @@
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs::fsck::internal {
-namespace {
 
 const char* TypeName(uint32_t type) {
   switch (type & S_IFMT) {
@@ -41,6 +38,8 @@ const char* TypeName(uint32_t type) {
       return "unknown type";
   }
 }
+
+namespace {
 
 bool KnownType(uint32_t mode) {
   switch (mode & S_IFMT) {
@@ -484,306 +483,6 @@ Status Pass::ScanBlobs() {
           physical, blob.length);
     }
   }
-  return Status::OK();
-}
-
-// The free list and the mapped extents must partition the data area.
-void Pass::CheckSpace() {
-  struct Interval {
-    uint64_t start, end;
-    int64_t source;  // >= 0: extents_ index; < 0: -1 - free_ index
-  };
-  std::vector<Interval> intervals;
-  intervals.reserve(extents_.size() + free_.size());
-  auto clip = [&](uint64_t start, uint64_t length, int64_t source) {
-    uint64_t end = start + length < start ? UINT64_MAX : start + length;
-    start = std::max(RoundDown(start, bs_), sb_.data_offset);
-    end = std::min(RoundUp(end, bs_), sb_.data_size);
-    if (start < end) intervals.push_back(Interval{start, end, source});
-  };
-  // A dedup blob owns its whole range, however much of it extents still name.
-  std::vector<ExtentInfo> blob_ranges;
-  for (const auto& [physical, blob] : blobs_) {
-    ExtentInfo range;
-    range.physical = physical;
-    range.length = blob.length;
-    range.blob_id = physical;
-    blob_ranges.push_back(range);
-  }
-  for (size_t i = 0; i < extents_.size(); ++i) {
-    if (extents_[i].blob_id != 0 && blobs_.count(extents_[i].blob_id)) continue;
-    clip(extents_[i].physical, extents_[i].length, static_cast<int64_t>(i));
-  }
-  const size_t blob_base = extents_.size();
-  extents_.insert(extents_.end(), blob_ranges.begin(), blob_ranges.end());
-  for (size_t i = blob_base; i < extents_.size(); ++i)
-    clip(extents_[i].physical, extents_[i].length, static_cast<int64_t>(i));
-  for (size_t i = 0; i < free_.size(); ++i) clip(free_[i].offset, free_[i].length, -1 - static_cast<int64_t>(i));
-  std::sort(intervals.begin(), intervals.end(),
-            [](const Interval& a, const Interval& b) { return std::tie(a.start, a.end) < std::tie(b.start, b.end); });
-
-  auto describe = [&](int64_t source) -> std::string {
-    if (source < 0) return "free";
-    const ExtentInfo& e = extents_[static_cast<size_t>(source)];
-    return fmt::format("mapped to {} at file offset {}", Who(e.ino), e.file_offset);
-  };
-  std::multimap<uint64_t, size_t> active;  // end -> intervals index
-  uint64_t covered = sb_.data_offset;
-  for (size_t i = 0; i < intervals.size(); ++i) {
-    if (i % (kProgressEvery * 16) == 0) Progress("space", i, intervals.size());
-    const Interval& cur = intervals[i];
-    while (!active.empty() && active.begin()->first <= cur.start) active.erase(active.begin());
-    for (const auto& [end, j] : active) {
-      const Interval& other = intervals[j];
-      uint64_t from = cur.start, to = std::min(end, cur.end);
-      if (other.source < 0 && cur.source < 0) {
-        Add(ProblemKind::kFreeOverlap, 0, fmt::format("free-list records overlap at physical [{}, {})", from, to), {},
-            from, to - from);
-        continue;
-      }
-      if (other.source >= 0 && cur.source >= 0) {
-        const ExtentInfo& a = extents_[static_cast<size_t>(other.source)];
-        const ExtentInfo& b = extents_[static_cast<size_t>(cur.source)];
-        if (a.blob_id != 0 && a.blob_id == b.blob_id) continue;  // one dedup blob, shared
-      }
-      const int64_t mapped = cur.source >= 0 ? cur.source : other.source;
-      const ExtentInfo& m = extents_[static_cast<size_t>(mapped)];
-      Add(ProblemKind::kDoubleUse, m.ino,
-          fmt::format("physical [{}, {}) is used twice: {} and {}", from, to, describe(other.source),
-                      describe(cur.source)),
-          m.file_offset + (from - std::min(from, m.physical)), from, to - from);
-    }
-    if (cur.start > covered) {
-      Add(ProblemKind::kLeak, 0,
-          fmt::format("{} bytes at physical [{}, {}) are neither free nor mapped (leaked)", cur.start - covered,
-                      covered, cur.start),
-          {}, covered, cur.start - covered);
-    }
-    covered = std::max(covered, cur.end);
-    active.emplace(cur.end, i);
-  }
-  if (covered < sb_.data_size) {
-    Add(ProblemKind::kLeak, 0,
-        fmt::format("{} bytes at physical [{}, {}) are neither free nor mapped (leaked)", sb_.data_size - covered,
-                    covered, sb_.data_size),
-        {}, covered, sb_.data_size - covered);
-  }
-  extents_.resize(blob_base);  // the blob ranges were only for this check
-}
-
-void Pass::CheckNamespace() {
-  // Reachability: walk down from the root through live dirents.
-  std::unordered_map<InodeNumber, std::vector<InodeNumber>> children;
-  for (const DirentInfo& d : dirents_) {
-    if (d.live) children[d.parent].push_back(d.record.ino);
-  }
-  std::deque<InodeNumber> queue;
-  auto root = inodes_.find(kRootInode);
-  if (root != inodes_.end()) {
-    root->second.reachable = true;
-    queue.push_back(kRootInode);
-  }
-  while (!queue.empty()) {
-    InodeNumber dir = queue.front();
-    queue.pop_front();
-    auto it = children.find(dir);
-    if (it == children.end()) continue;
-    for (InodeNumber child : it->second) {
-      InodeInfo& c = inodes_[child];
-      if (c.reachable) continue;
-      c.reachable = true;
-      if (IsDirMode(c.record.mode)) queue.push_back(child);
-    }
-  }
-
-  uint64_t n = 0;
-  for (InodeNumber ino : inode_order_) {
-    if (++n % kProgressEvery == 0) Progress("namespace", n, inode_order_.size());
-    InodeInfo& info = inodes_[ino];
-    const InodeRecord& r = info.record;
-    bool dir = IsDirMode(r.mode);
-    if (ino == kRootInode) {
-      if (r.nlink != 2 + info.subdirs) {
-        Add(ProblemKind::kNlink, ino,
-            fmt::format("/ (inode 1) has nlink {}, {} expected (2 + {} subdirectories)", r.nlink, 2 + info.subdirs,
-                        info.subdirs));
-      }
-      if (r.parent != kRootInode) {
-        Add(ProblemKind::kParent, ino, fmt::format("/ (inode 1) names parent {}, 1 expected", r.parent));
-      }
-    } else if (info.links == 0) {
-      if (r.nlink == 0 && info.orphan) {
-        Add(ProblemKind::kOrphan, ino,
-            fmt::format("inode {} ({}, {} bytes) is an orphan: unlinked while open; the next mount "
-                        "or --repair "
-                        "reclaims it",
-                        ino, TypeName(r.mode), r.size));
-      } else if (r.nlink == 0) {
-        Add(ProblemKind::kUnlinkedInode, ino,
-            fmt::format("inode {} ({}, {} bytes) has nlink 0 and no orphan record: it is never reclaimed", ino,
-                        TypeName(r.mode), r.size));
-      } else {
-        Add(ProblemKind::kUnreachable, ino,
-            fmt::format("inode {} ({}, {} bytes, nlink {}) has no name: no dirent names it{}", ino, TypeName(r.mode),
-                        r.size, r.nlink, info.orphan ? " (yet it has an orphan record)" : ""));
-      }
-    } else {
-      if (dir && info.links > 1) {
-        Add(ProblemKind::kDirectoryLinks, ino,
-            fmt::format("directory {} has {} names (directories have exactly one)", Who(ino), info.links));
-      }
-      uint32_t expected = dir ? 2 + info.subdirs : info.links;
-      if (r.nlink != expected) {
-        Add(ProblemKind::kNlink, ino,
-            dir ? fmt::format("{} has nlink {}, {} expected (2 + {} subdirectories)", Who(ino), r.nlink, expected,
-                              info.subdirs)
-                : fmt::format("{} has nlink {}, {} expected ({} dirents name it)", Who(ino), r.nlink, expected,
-                              info.links));
-      }
-      if (dir && r.parent != info.name_parent) {
-        Add(ProblemKind::kParent, ino,
-            fmt::format("directory {} names parent {}, but it lies in directory {}", Who(ino), r.parent,
-                        info.name_parent));
-      }
-      if (!info.reachable) {
-        Add(ProblemKind::kUnreachable, ino,
-            fmt::format("inode {} (named {:?} in directory {}) is not reachable from the root (a detached "
-                        "directory cycle)",
-                        ino, info.name, info.name_parent));
-      }
-      if (info.orphan) {
-        Add(ProblemKind::kStaleOrphan, ino,
-            fmt::format("{} is linked but has an orphan record: the next mount would delete it", Who(ino)));
-      }
-    }
-    if (r.allocated_bytes != info.extent_bytes) {
-      Add(ProblemKind::kAllocatedBytes, ino,
-          fmt::format("{} has allocated_bytes {}, its extents add up to {}", Who(ino), r.allocated_bytes,
-                      info.extent_bytes));
-    }
-  }
-  for (InodeNumber ino : orphan_keys_) {
-    if (inodes_.find(ino) == inodes_.end()) {
-      Add(ProblemKind::kStaleOrphan, ino, fmt::format("orphan record of missing inode {}", ino));
-    }
-  }
-  if (next_ino_ && *next_ino_ <= max_ino_) {
-    Add(ProblemKind::kNextIno, 0,
-        fmt::format("meta next_ino is {} but inode {} exists: new files would reuse inode numbers", *next_ino_,
-                    max_ino_));
-  }
-}
-
-void Pass::VerifyExtent(const ExtentInfo& e, const std::vector<uint32_t>& sums, const char* data) {
-  uint64_t blocks = e.length / bs_;
-  report_.bytes_scrubbed += e.length;
-  report_.blocks_scrubbed += blocks;
-  if (sums.size() != blocks) return;  // reported as kChecksumCount already (or checksums are off)
-  uint64_t run_start = 0, run_blocks = 0;
-  auto flush = [&] {
-    if (run_blocks == 0) return;
-    uint64_t file_offset = e.file_offset + run_start * bs_;
-    uint64_t physical = e.physical + run_start * bs_;
-    Add(ProblemKind::kChecksumMismatch, e.ino,
-        fmt::format("{}: {} bytes at file offset {} do not match their checksums (physical {})", Who(e.ino),
-                    run_blocks * bs_, file_offset, physical),
-        file_offset, physical, run_blocks * bs_);
-    run_blocks = 0;
-  };
-  for (uint64_t b = 0; b < blocks; ++b) {
-    bool good = BlockChecksum(data + b * bs_, bs_) == sums[b];
-    if (good) {
-      flush();
-    } else {
-      if (run_blocks == 0) run_start = b;
-      ++run_blocks;
-    }
-  }
-  flush();
-}
-
-void Pass::ScrubBatch(std::vector<std::pair<ExtentInfo, std::vector<uint32_t>>>* batch, AlignedBuffer* buffer) {
-  if (batch->empty()) return;
-  uint64_t total = 0;
-  for (const auto& [e, sums] : *batch) total += e.length;
-  buffer->Resize(total);
-  std::vector<IoSlice> slices;
-  uint64_t at = 0;
-  for (const auto& [e, sums] : *batch) {
-    slices.push_back(IoSlice{e.physical, buffer->data() + at, e.length});
-    at += e.length;
-  }
-  Status read = volume_.store().ReadSlices(slices);
-  at = 0;
-  for (size_t i = 0; i < batch->size(); ++i) {
-    const auto& [e, sums] = (*batch)[i];
-    if (!read.ok()) {
-      // Find which extent failed.
-      Status one = volume_.store().ReadAt(e.physical, buffer->data() + at, e.length);
-      if (!one.ok()) {
-        Add(ProblemKind::kReadError, e.ino,
-            fmt::format("{}: cannot read {} bytes at file offset {} (physical {}): {}", Who(e.ino), e.length,
-                        e.file_offset, e.physical, one.ToString()),
-            e.file_offset, e.physical, e.length);
-        at += e.length;
-        continue;
-      }
-    }
-    VerifyExtent(e, sums, buffer->data() + at);
-    at += e.length;
-  }
-  batch->clear();
-}
-
-Status Pass::Scrub() {
-  uint64_t total = 0;
-  for (const ExtentInfo& e : extents_) {
-    if (e.sane && !e.unwritten()) total += e.length;
-  }
-  auto cursor = index_.NewCursor(Family::kExtent, "");
-  std::vector<std::pair<ExtentInfo, std::vector<uint32_t>>> batch;
-  uint64_t batch_bytes = 0;
-  AlignedBuffer buffer;
-  Progress("scrub", 0, total);
-  for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
-    if (cursor->key().size() != 16) continue;
-    auto record = ExtentRecord::Decode(cursor->value());
-    if (!record.ok() || record->unwritten()) continue;
-    ExtentInfo e;
-    e.ino = keys::DecodeIno(cursor->key());
-    e.file_offset = keys::ExtentOffset(cursor->key());
-    e.physical = record->physical;
-    e.length = record->length;
-    e.flags = record->flags;
-    if (e.length == 0 || e.length % bs_ != 0 || e.physical % bs_ != 0 || e.physical < sb_.data_offset ||
-        e.physical + e.length > sb_.data_size || e.physical + e.length < e.physical) {
-      continue;  // reported already; nothing sane to read
-    }
-    // Large extents are read in pieces of at most one batch.
-    const std::vector<uint32_t>& sums = record->block_checksums;
-    bool sums_fit = sums.size() == e.length / bs_;
-    for (uint64_t done = 0; done < e.length; done += kScrubBatchBytes) {
-      ExtentInfo piece = e;
-      piece.file_offset += done;
-      piece.physical += done;
-      piece.length = std::min(kScrubBatchBytes, e.length - done);
-      std::vector<uint32_t> piece_sums;
-      if (sums_fit) {
-        piece_sums.assign(sums.begin() + static_cast<long>(done / bs_),
-                          sums.begin() + static_cast<long>((done + piece.length) / bs_));
-      }
-      if (batch_bytes + piece.length > kScrubBatchBytes && !batch.empty()) {
-        ScrubBatch(&batch, &buffer);
-        batch_bytes = 0;
-        Progress("scrub", report_.bytes_scrubbed, total);
-      }
-      batch_bytes += piece.length;
-      batch.emplace_back(piece, std::move(piece_sums));
-    }
-  }
-  SPILLFS_RETURN_IF_ERROR(cursor->status());
-  ScrubBatch(&batch, &buffer);
-  Progress("scrub", report_.bytes_scrubbed, total);
   return Status::OK();
 }
 

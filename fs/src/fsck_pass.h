@@ -26,6 +26,9 @@ inline constexpr uint64_t kProgressEvery = 4096;  // records between progress ca
 inline constexpr size_t kMaxPathDepth = 4096;
 inline constexpr const char* kLostAndFound = "lost+found";
 
+// "file", "directory", ... for the type bits of `mode`.
+const char* TypeName(uint32_t mode);
+
 inline bool IsDirMode(uint32_t mode) { return S_ISDIR(mode); }
 
 struct InodeInfo {
