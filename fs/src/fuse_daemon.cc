@@ -17,8 +17,11 @@ namespace {
 // The bdi starts with the kernel's default read-ahead, and INIT can only
 // lower it (to max_readahead): so it is set before INIT. Best effort: needs
 // root and sysfs.
-void SetKernelReadAhead(const std::string& mountpoint, unsigned kib) {
-  if (auto device = MountDevice(mountpoint)) std::ofstream("/sys/class/bdi/" + *device + "/read_ahead_kb") << kib;
+void SetKernelReadAhead(const std::string& device, unsigned kib) {
+  std::ofstream knob("/sys/class/bdi/" + device + "/read_ahead_kb");
+  knob << kib;
+  knob.flush();
+  if (!knob) fmt::print(stderr, "spillfs: cannot set the kernel's read-ahead of bdi {} (needs root)\n", device);
 }
 
 }  // namespace
@@ -29,7 +32,10 @@ FuseDaemon::FuseDaemon(std::unique_ptr<Filesystem> fs, FuseOptions options)
 FuseDaemon::~FuseDaemon() {
   if (session_ != nullptr) {
     if (mounted_) fuse_session_unmount(session_);  // ends the ring's entries
-    if (ring_) ring_->Stop();                      // its threads run requests in session_
+    if (ring_) {
+      ring_->Stop();         // its threads run requests in session_
+      ring_->CloseDevice();  // the last descriptor of a connection still alive (lazy unmount) ends it
+    }
     fuse_remove_signal_handlers(session_);
     fuse_session_destroy(session_);
   }
@@ -55,7 +61,9 @@ Status FuseDaemon::Mount() {
     return Status::IOError(fmt::format("cannot mount on {} (is /dev/fuse available?)", options_.mountpoint));
   }
   mounted_ = true;
-  SetKernelReadAhead(options_.mountpoint, kKernelReadAheadKib);
+  // Resolved now, while the path surely names this mount.
+  device_ = MountDevice(options_.mountpoint).value_or("");
+  if (!device_.empty()) SetKernelReadAhead(device_, kKernelReadAheadKib);
   if (options_.fuse_uring) return RouteThroughRing();
   return Status::OK();
 }
@@ -78,7 +86,7 @@ Status FuseDaemon::RouteThroughRing() {
   FuseRing::Options ring_options;
   ring_options.threads_per_cpu = options_.ring_threads_per_cpu;
   ring_options.fuse_threads = options_.max_threads;
-  ring_options.mountpoint = options_.mountpoint;
+  ring_options.connection = device_.empty() ? "" : device_.substr(device_.find(':') + 1);
   ring_ = std::make_unique<FuseRing>(session_, fd, ring_options);
   const fuse_custom_io io = {RingWritev, RingRead, nullptr, nullptr};
   if (int rc = fuse_session_custom_io(session_, &io, fd); rc != 0) {

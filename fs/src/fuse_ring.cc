@@ -25,7 +25,6 @@
 #include <set>
 #include <system_error>
 
-#include "mountinfo.h"
 #include "rounding.h"
 
 namespace spillfs {
@@ -66,8 +65,9 @@ static_assert(offsetof(fuse_init_out, flags2) == 32);
 constexpr uint64_t kStopTag = 1;  // user_data of the poll on stop_fd_
 // Room in front of a payload for the request's header and first argument.
 constexpr size_t kHeadroom = 4096;
-// A slot whose entry the kernel dropped after an error is registered again
-// this many times before it is given up.
+// A slot whose entry the kernel dropped after an error (a refused commit or
+// register) is registered again this many times in a row (no request
+// delivered in between) before it is given up.
 constexpr int kMaxRegisterRetries = 3;
 
 // CPUs in a sysfs list such as "0-3,8,10-11".
@@ -157,7 +157,7 @@ FuseRing::FuseRing(::fuse_session* session, int device_fd, Options options)
 FuseRing::~FuseRing() {
   Stop();
   if (stop_fd_ >= 0) close(stop_fd_);
-  if (device_fd_ >= 0) close(device_fd_);
+  CloseDevice();
 }
 
 ssize_t FuseRing::Read(int fd, void* buf, size_t len) {
@@ -189,7 +189,9 @@ ssize_t FuseRing::Writev(int fd, iovec* iov, int count) {
   if (out->unique != 0 && out->unique == init_unique_.load(std::memory_order_acquire)) {
     return ReplyToInit(fd, iov, count);
   }
-  return ::writev(fd, iov, count);
+  // A notification from a ring thread may come while libfuse closes its own
+  // descriptor at unmount (and the number is reused): ours stays open.
+  return ::writev(serving_ != nullptr && device_fd_ >= 0 ? device_fd_ : fd, iov, count);
 }
 
 ssize_t FuseRing::ReplyToInit(int fd, iovec* iov, int count) {
@@ -374,7 +376,7 @@ void FuseRing::Serve(Worker* worker) {
         QueueCommand(worker, slot, slot->unique == 0 ? kCommandRegister : kCommandCommitAndFetch);
       } else if (res == -ENOTCONN || res == -ECONNABORTED || res == -ECANCELED) {
         --live;  // the connection ended (unmount)
-      } else if (slot->unique != 0 || ++slot->register_retries <= kMaxRegisterRetries) {
+      } else if (++slot->register_retries <= kMaxRegisterRetries) {
         // A refused commit loses the kernel's entry: register the slot again.
         fmt::print(stderr, "spillfs: FUSE ring entry of queue {}: {}; registering it again\n", slot->qid,
                    std::strerror(-res));
@@ -398,14 +400,14 @@ void FuseRing::LoseEntry(Slot* slot, const std::string& why) {
 }
 
 void FuseRing::AbortConnection(const std::string& why) {
-  // The connection's number is the minor of the mount's device.
-  auto device = MountDevice(options_.mountpoint);
-  if (!device) {
-    fmt::print(stderr, "spillfs: FUSE ring: {}: cannot find the connection to abort\n", why);
+  const std::string abort = "/sys/fs/fuse/connections/" + options_.connection + "/abort";
+  std::ofstream knob(abort);
+  knob << "1";
+  knob.flush();
+  if (options_.connection.empty() || !knob) {
+    fmt::print(stderr, "spillfs: FUSE ring: {}: cannot abort the connection through {}\n", why, abort);
     return;
   }
-  const std::string abort = "/sys/fs/fuse/connections/" + device->substr(device->find(':') + 1) + "/abort";
-  std::ofstream(abort) << "1";
   fmt::print(stderr, "spillfs: FUSE ring: {}: connection aborted through {}\n", why, abort);
 }
 
@@ -488,6 +490,11 @@ ssize_t FuseRing::HoldAnswer(Slot* slot, const iovec* iov, int count) {
   slot->answer_bytes = static_cast<uint32_t>(bytes);
   slot->answered = true;
   return static_cast<ssize_t>(sizeof(fuse_out_header) + bytes);
+}
+
+void FuseRing::CloseDevice() {
+  if (device_fd_ >= 0) close(device_fd_);
+  device_fd_ = -1;
 }
 
 void FuseRing::Stop() {

@@ -56,8 +56,9 @@ class FuseRing {
     // for `fuse_threads` in all.
     unsigned threads_per_cpu = 0;
     unsigned fuse_threads = 16;
-    // Where the session is mounted (to find its connection, to abort it).
-    std::string mountpoint;
+    // The connection's number under /sys/fs/fuse/connections (to abort it);
+    // "" if unknown.
+    std::string connection;
   };
 
   // `device_fd` is the session's /dev/fuse descriptor (duplicated: the ring
@@ -75,6 +76,8 @@ class FuseRing {
   // ended already; the others answer what they hold and end. The session
   // must outlive this call; call it after unmounting.
   void Stop();
+  // Closes the ring's own descriptor of the device (after Stop).
+  void CloseDevice();
 
   // Requests answered over the ring since mount.
   const std::atomic<uint64_t>& requests() const { return requests_; }
@@ -99,7 +102,7 @@ class FuseRing {
   void AbortConnection(const std::string& why);
 
   ::fuse_session* const session_;
-  const int device_fd_;
+  int device_fd_;
   const Options options_;
   const size_t page_bytes_;
   int stop_fd_ = -1;  // eventfd: readable once Stop() is called

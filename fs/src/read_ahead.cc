@@ -186,6 +186,7 @@ AlignedBuffer ReadAhead::TakeBufferLocked() {
 }
 
 void ReadAhead::ReturnBufferLocked(std::shared_ptr<Window> window) {
+  window->dropped = true;  // a fetch not yet started skips it
   // A window still being fetched keeps its buffer; it is freed with the
   // window when the worker lets go of it.
   if (!window->done || window.use_count() > 1) return;
@@ -203,7 +204,7 @@ void ReadAhead::WorkerLoop() {
     Window& w = *task.window;
     bool wanted = false;
     if (auto it = streams_.find(task.ino); it != streams_.end()) {
-      wanted = it->second.generation == w.generation;
+      wanted = it->second.generation == w.generation && !w.dropped;
     }
     Status s = Status::Error(ESTALE, "stale before its fetch started");
     if (wanted) {

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -1469,6 +1470,40 @@ TEST_P(ReadAheadTest, SequentialReadsAreServedByReadAhead) {
   EXPECT_EQ(fs_->read_ahead_stats().windows_started, started);
 }
 
+// Windows let go before their fetch started (the reader jumped, or they fell
+// behind) are not fetched: with a large --read-ahead a random reader would
+// otherwise queue many times the bytes it reads.
+TEST(ReadAheadDropTest, WindowsDroppedBeforeTheirFetchAreNotFetched) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> fetches{0};
+  ReadAhead::Options options;
+  options.window_bytes = 1 << 20;
+  options.windows_ahead = 8;
+  options.threads = 1;  // the first fetch holds the only thread
+  ReadAhead ahead(options, [&](InodeNumber, uint64_t, uint64_t, char*) {
+    ++fetches;
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return release; });
+    return Status::OK();
+  });
+  constexpr uint64_t kFile = 1ull << 30;
+  ahead.Advance(7, 0, 1 << 20, kFile);
+  ahead.Advance(7, 1 << 20, 2 << 20, kFile);  // the stream runs: 8 windows queued
+  EXPECT_EQ(ahead.stats().windows_started, 8u);
+  ahead.Advance(7, 500u << 20, 501u << 20, kFile);  // a jump: the queued windows are dropped
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  // The worker goes through the queue (each fetch now returns at once).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_LE(fetches.load(), 1) << "windows dropped by the jump were fetched anyway";  // 1: one had started
+  ahead.Forget(7);
+}
+
 TEST(ReadAheadOptionsTest, BytesAheadBecomeWindowsWithAThreadEach) {
   ReadAhead::Options none = ReadAhead::Options::ForBytesAhead(0);
   EXPECT_EQ(none.windows_ahead, 0u);
@@ -1534,9 +1569,6 @@ TEST_P(ReadAheadTest, ReadAheadNeverServesBytesOlderThanAChange) {
   EXPECT_GT(fs_->read_ahead_stats().bytes_served, 0u);
 }
 
-// Reads served by read-ahead reach the sink straight from the window (no
-// copy into the caller's scratch), and still never show bytes older than a
-// write.
 // The kernel's read-ahead (read_ahead_kb past 1 MiB) sends a reader's next
 // requests at once, served by several threads in any order: a request that
 // lands ahead of or behind where the stream is expected, but within what it
@@ -1561,6 +1593,9 @@ TEST_P(ReadAheadTest, RequestsOutOfOrderWithinReachContinueTheStream) {
   EXPECT_LE(stats.bytes_fetched, data.size());
 }
 
+// Reads served by read-ahead reach the sink straight from the window (no
+// copy into the caller's scratch), and still never show bytes older than a
+// write.
 TEST_P(ReadAheadTest, WindowBytesReachTheSinkWithoutACopy) {
   std::string data;
   InodeNumber ino = MakeFlushedFile(44, &data);

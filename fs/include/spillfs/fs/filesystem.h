@@ -257,7 +257,9 @@ class Filesystem {
   // and mtime of cached data) on top. A flush commits a file's size and then
   // drops its overlay, both under mu_ and the flush lock: the caller holds
   // one of them from loading `record` on, or takes the overlay first
-  // (GetAttr).
+  // (GetAttr). (DeleteInode drops the overlay of an inode it deletes first:
+  // a getattr meanwhile may show its older committed size.) Taken in that
+  // order, st_blocks may count a batch being flushed twice for a moment.
   Entry MakeEntry(InodeNumber ino, const InodeRecord& record) const;
   Entry MakeEntry(InodeNumber ino, const InodeRecord& record,
                   const std::optional<WriteBackCache::Overlay>& overlay) const;

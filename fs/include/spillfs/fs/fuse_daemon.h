@@ -67,6 +67,7 @@ class FuseDaemon {
   FuseOptions options_;
   ::fuse_session* session_ = nullptr;
   std::unique_ptr<FuseRing> ring_;  // with FuseOptions::fuse_uring
+  std::string device_;              // "major:minor" of the mount, "" if not found
   bool mounted_ = false;
 };
 

@@ -88,6 +88,7 @@ class ReadAhead {
     uint64_t length = 0;
     uint64_t generation = 0;
     bool done = false;
+    bool dropped = false;  // let go before its fetch started: not fetched
     Status status;
     AlignedBuffer data;
   };
