@@ -225,8 +225,8 @@ ssize_t FuseRing::ReplyToInit(int fd, iovec* iov, int count) {
   }
   // The kernel is initialized once the reply is written: entries may register.
   StartWorkers(Start::kGo);
-  fmt::print(stderr, "spillfs: FUSE over io_uring: {} queues, {} ring threads, {} KiB per entry\n",
-             ReadCpuList("/sys/devices/system/cpu/possible").size(), workers_.size(), payload_bytes / 1024);
+  fmt::print(stderr, "spillfs: FUSE over io_uring: {} queues, {} ring threads, {} KiB per entry\n", queues_,
+             workers_.size(), payload_bytes / 1024);
   return n;
 }
 
@@ -249,6 +249,7 @@ Status FuseRing::PrepareWorkers(size_t payload_bytes) {
   // a request to the queue of the CPU its caller runs on (queue 0 for a CPU
   // numbered n or more, where the possible CPUs are not 0..n-1).
   const unsigned queues = static_cast<unsigned>(possible.size());
+  queues_ = queues;
   live_entries_ = std::make_unique<std::atomic<int>[]>(queues);
   unsigned per_cpu = options_.threads_per_cpu;
   if (per_cpu == 0) {

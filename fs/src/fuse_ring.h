@@ -110,6 +110,7 @@ class FuseRing {
   std::atomic<bool> offered_{false};  // the kernel's INIT offered the ring
   std::atomic<uint64_t> requests_{0};
   size_t payload_bytes_ = 0;
+  unsigned queues_ = 0;  // the kernel's: one per possible CPU
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unique_ptr<std::atomic<int>[]> live_entries_;  // by queue
   // Workers are made before the INIT reply and wait here until it is sent.

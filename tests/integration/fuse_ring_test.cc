@@ -31,33 +31,17 @@
 namespace spillfs::testing {
 namespace {
 
-constexpr const char* kEnableUring = "/sys/module/fuse/parameters/enable_uring";
 constexpr size_t kMiB = 1 << 20;
-
-std::string ReadParameter() {
-  std::ifstream in(kEnableUring);
-  std::string value;
-  in >> value;
-  return value;
-}
-
-bool WriteParameter(const std::string& value) {
-  std::ofstream out(kEnableUring);
-  out << value;
-  out.flush();
-  return out.good() && ReadParameter() == value;
-}
 
 // Sets enable_uring for the test's lifetime (where it can: root, Linux
 // 6.14+); restores it after. on(): the kernel now offers the ring.
 class RingParameter {
  public:
-  explicit RingParameter(const std::string& value) : saved_(ReadParameter()) {
-    if (!saved_.empty()) WriteParameter(value);
-    on_ = ReadParameter() == "Y";
+  explicit RingParameter(const std::string& value) : saved_(FuseRingParameter()) {
+    on_ = !saved_.empty() && SetFuseRingParameter(value) == "Y";
   }
   ~RingParameter() {
-    if (!saved_.empty()) WriteParameter(saved_);
+    if (!saved_.empty()) SetFuseRingParameter(saved_);
   }
   bool on() const { return on_; }
 
@@ -185,7 +169,7 @@ TEST(FuseRingTest, ManyThreadsAtOnce) {
 // /dev/fuse and its log says why.
 TEST(FuseRingTest, WithoutTheKernelsOfferTheMountServesDevFuse) {
   RingParameter ring("N");
-  if (ring.on()) GTEST_SKIP() << kEnableUring << " is Y and cannot be cleared here";
+  if (ring.on()) GTEST_SKIP() << "the fuse module's enable_uring is Y and cannot be cleared here";
   MountedVolume volume(RingMount());
   ASSERT_TRUE(volume.Unmount());
   std::string out;

@@ -65,16 +65,23 @@ MountedVolume::~MountedVolume() {
   std::filesystem::remove_all(root_, ec);
 }
 
+constexpr const char* kEnableUring = "/sys/module/fuse/parameters/enable_uring";
+
+std::string FuseRingParameter() {
+  std::string value;
+  std::ifstream(kEnableUring) >> value;
+  return value;
+}
+
+std::string SetFuseRingParameter(const std::string& value) {
+  std::ofstream(kEnableUring) << value;
+  return FuseRingParameter();
+}
+
 namespace {
 
 // Makes the kernel offer FUSE over io_uring (root, Linux 6.14+); true if it does.
-bool OfferFuseRing() {
-  const char* parameter = "/sys/module/fuse/parameters/enable_uring";
-  std::ofstream(parameter) << "Y";
-  std::string value;
-  std::ifstream(parameter) >> value;
-  return value == "Y";
-}
+bool OfferFuseRing() { return SetFuseRingParameter("Y") == "Y"; }
 
 // A mount asked to use the ring where the kernel offers it: `spillfs stat`
 // (itself requests through the mount) must find requests answered over it.

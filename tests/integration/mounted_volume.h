@@ -14,6 +14,12 @@ namespace spillfs::testing {
 // separated by spaces (CMake runs some suites again with --fuse-uring).
 inline constexpr const char* kExtraMountArgsEnv = "SPILLFS_TEST_MOUNT_ARGS";
 
+// The fuse module's enable_uring ("Y" or "N"; "" where the kernel has none):
+// while it is Y the kernel offers FUSE over io_uring. Setting it needs root;
+// SetFuseRingParameter returns the value read back.
+std::string FuseRingParameter();
+std::string SetFuseRingParameter(const std::string& value);
+
 // Path of the spillfs binary under test (set by CMake).
 const char* SpillfsBinary();
 
