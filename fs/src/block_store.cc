@@ -166,18 +166,29 @@ Status BlockStore::ReadAt(uint64_t offset, char* buffer, uint64_t length) {
 }
 
 Status BlockStore::Flush() {
-  if (journal_ == nullptr) {
-    if (fdatasync(fd_) != 0) return Errno("fdatasync of " + path_);
-    return Status::OK();
-  }
+  if (journal_ == nullptr) return SyncData();
   // No write runs between the fdatasync and the truncation of the journal.
   std::unique_lock durable(durability_mu_);
-  if (fdatasync(fd_) != 0) return Errno("fdatasync of " + path_);
+  SPILLFS_RETURN_IF_ERROR(SyncData());
   std::lock_guard lock(journal_mu_);
   if (fflush(journal_) != 0 || ftruncate(fileno(journal_), 0) != 0 || fseek(journal_, 0, SEEK_SET) != 0) {
     return Errno("power-cut journal: truncate");
   }
   return Status::OK();
+}
+
+Status BlockStore::SyncData() {
+  // Serialized, so that no sync can return success between another's failure
+  // and the moment that failure is recorded.
+  std::lock_guard lock(sync_mu_);
+  if (!sync_error_.ok()) return sync_error_;
+  if (fdatasync(fd_) == 0) {
+    syncs_.fetch_add(1, std::memory_order_relaxed);
+    return Status::OK();
+  }
+  Status failed = Errno("fdatasync of " + path_);
+  sync_error_ = Status::Error(failed.code(), failed.message() + " (writes since then may be lost: remount)");
+  return sync_error_;
 }
 
 }  // namespace spillfs

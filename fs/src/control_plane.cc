@@ -228,6 +228,7 @@ RuntimeStats ControlPlane::Runtime() const {
   r.bytes_written_ssd = fs_->volume().store().bytes_written();
   r.bytes_read_ssd = fs_->volume().store().bytes_read();
   r.bytes_cancelled = tier.cancelled_bytes;
+  r.data_syncs = fs_->volume().store().syncs();
   r.checksum_errors = c.checksum_errors.load();
   r.bytes_written = c.bytes_written.load();
   r.bytes_read = c.bytes_read.load();

@@ -308,6 +308,7 @@ Result<nlohmann::json> Inspector::Stat(const RuntimeStats& runtime) const {
   out["bytes_read_ssd"] = runtime.bytes_read_ssd;
   out["bytes_cancelled"] = runtime.bytes_cancelled;
   out["checksum_errors"] = runtime.checksum_errors;
+  out["data_syncs"] = runtime.data_syncs;
   out["bytes_written"] = runtime.bytes_written;
   out["bytes_read"] = runtime.bytes_read;
   out["writes"] = runtime.writes;

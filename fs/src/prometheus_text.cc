@@ -48,6 +48,7 @@ constexpr MetricInfo kMetrics[] = {
     {"bytes_read_ssd", "Bytes read from the data area since mount.", true},
     {"bytes_cancelled", "Bytes dropped from the RAM tier before reaching the SSD since mount.", true},
     {"checksum_errors", "Checksum mismatches detected on read since mount.", true},
+    {"data_syncs", "fdatasync calls on the data area since mount.", true},
     {"bytes_written", "Bytes written by clients since mount.", true},
     {"bytes_read", "Bytes read by clients since mount.", true},
     {"writes", "Write operations since mount.", true},

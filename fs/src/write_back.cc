@@ -495,12 +495,19 @@ Status Filesystem::FlushAll() {
 void Filesystem::FlusherLoop() {
   pthread_setname_np(pthread_self(), "spillfs-flush");
   const int64_t max_age_ns = options_.flush_age_ms * 1000000;
+  uint64_t synced_to = store_.bytes_written();  // what the last sync request covered
   while (!stopping_) {
     cache_.WaitForWork(std::chrono::milliseconds(200));
     for (InodeNumber ino : cache_.PickVictims(NowNs(), max_age_ns, /*all=*/false)) {
       if (stopping_) break;
       Status s = FlushFile(ino, FlushScope::kBackground);
       if (!s.ok()) fmt::print(stderr, "spillfs: background flush of inode {} failed: {}\n", ino, s.ToString());
+      // Durable as it goes (background_sync.h), so the fsync at the end of a
+      // long write waits for the last stretch only.
+      if (data_sync_ && store_.bytes_written() - synced_to >= options_.bytes_per_sync) {
+        synced_to = store_.bytes_written();
+        data_sync_->Request();
+      }
     }
   }
 }

@@ -143,6 +143,8 @@ class FilesystemTestBase : public ::testing::Test {
  protected:
   virtual uint64_t RamTier() const { return 0; }
   virtual uint64_t ReadAheadBytes() const { return FilesystemOptions::kDefaultReadAheadBytes; }
+  // Further options of a fixture (after the two above).
+  virtual void Tune(FilesystemOptions* /*options*/) const {}
 
   void SetUp() override {
     vol_ = dir_.path() + "/vol";
@@ -159,6 +161,7 @@ class FilesystemTestBase : public ::testing::Test {
     FilesystemOptions options;
     options.ram_tier_bytes = RamTier();
     options.read_ahead_bytes = ReadAheadBytes();
+    Tune(&options);
     auto fs = Filesystem::Open(std::move(volume).value(), options);
     ASSERT_TRUE(fs.ok()) << fs.status().ToString();
     fs_ = std::move(fs).value();
@@ -468,6 +471,47 @@ TEST_F(RamTierFilesystemTest, GetAttrDuringAFlushShowsTheWrittenSize) {
   }
   EXPECT_EQ(wrong.load(), 0);
 }
+
+// The background flusher syncs the data area as it writes (background_sync.h),
+// before anyone calls fsync; with bytes_per_sync 0 only fsync does.
+class BackgroundSyncFilesystemTest : public FilesystemTestBase, public ::testing::WithParamInterface<uint64_t> {
+ protected:
+  uint64_t RamTier() const override { return 32 << 20; }
+  void Tune(FilesystemOptions* options) const override {
+    options->flush_age_ms = 10;  // the flusher takes the data at once
+    options->bytes_per_sync = GetParam();
+  }
+  BlockStore& store() { return fs_->volume().store(); }
+};
+
+TEST_P(BackgroundSyncFilesystemTest, FlusherSyncsTheDataAreaWithoutAnFsync) {
+  const uint64_t syncs_before = store().syncs();
+  InodeNumber ino = MakeFile(kRootInode, "f");
+  std::mt19937_64 rng(5);
+  const std::string data = RandomBytes(8 << 20, &rng);  // nothing for dedup to share
+  for (uint64_t mib = 0; mib < 8; ++mib) WriteAt(ino, mib << 20, data.substr(mib << 20, 1 << 20));
+  // Wait until the flusher has written it all, then a moment for the sync.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (store().bytes_written() < 8u << 20 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GE(store().bytes_written(), 8u << 20) << "the flusher did not write the file";
+  while (GetParam() > 0 && store().syncs() == syncs_before && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (GetParam() > 0) {
+    EXPECT_GT(store().syncs(), syncs_before);
+  } else {
+    EXPECT_EQ(store().syncs(), syncs_before);
+  }
+  const uint64_t syncs_after_flush = store().syncs();
+  ASSERT_TRUE(fs_->Fsync(ino, false).ok());
+  EXPECT_EQ(store().syncs(), syncs_after_flush + 1);
+  EXPECT_TRUE(SameBytes(ReadAll(ino), data));
+}
+
+INSTANTIATE_TEST_SUITE_P(BytesPerSync, BackgroundSyncFilesystemTest, ::testing::Values(uint64_t{1} << 20, uint64_t{0}));
 
 TEST_P(FilesystemDataTest, UnalignedWritesAcrossBlockBoundaries) {
   std::mt19937_64 rng(11);

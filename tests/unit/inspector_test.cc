@@ -212,7 +212,7 @@ TEST_F(InspectorTest, StatCountsTheTree) {
   EXPECT_EQ(s["inodes"], 12u);
   EXPECT_EQ(s["orphans"], 0u);
   for (const char* key : {"ram_tier_bytes", "bytes_written_ssd", "bytes_read_ssd", "bytes_cancelled", "checksum_errors",
-                          "reads", "writes", "queue_depth"}) {
+                          "data_syncs", "reads", "writes", "queue_depth"}) {
     ASSERT_TRUE(s.contains(key)) << key;
     EXPECT_EQ(s[key], 0u) << key;
   }
@@ -243,6 +243,7 @@ TEST_F(InspectorTest, StatTakesLiveCountersFromTheDaemon) {
   rt.bytes_read_ssd = 14;
   rt.bytes_cancelled = 15;
   rt.checksum_errors = 16;
+  rt.data_syncs = 19;
   rt.reads = 17;
   rt.writes = 18;
   rt.uptime_seconds = 2.5;
@@ -258,6 +259,7 @@ TEST_F(InspectorTest, StatTakesLiveCountersFromTheDaemon) {
   EXPECT_EQ(s["bytes_read_ssd"], 14u);
   EXPECT_EQ(s["bytes_cancelled"], 15u);
   EXPECT_EQ(s["checksum_errors"], 16u);
+  EXPECT_EQ(s["data_syncs"], 19u);
   EXPECT_EQ(s["reads"], 17u);
   EXPECT_EQ(s["writes"], 18u);
   EXPECT_DOUBLE_EQ(s["uptime_seconds"].get<double>(), 2.5);

@@ -38,8 +38,9 @@ struct MountArgs {
   unsigned threads = 16;
   bool writeback_cache = false;
   bool fuse_uring = false;
-  std::string ram_tier;    // size of the write-back RAM tier ("" = default)
-  std::string read_ahead;  // bytes fetched ahead of a sequential reader ("" = default)
+  std::string ram_tier;        // size of the write-back RAM tier ("" = default)
+  std::string read_ahead;      // bytes fetched ahead of a sequential reader ("" = default)
+  std::string bytes_per_sync;  // background sync of the data area ("" = default)
   int64_t flush_age_ms = 2000;
   FilesystemOptions fs_options;
 };
@@ -160,6 +161,11 @@ int RunMount(MountArgs args) {
     }
     args.fs_options.read_ahead_bytes = *bytes;
   }
+  if (!args.bytes_per_sync.empty()) {
+    auto bytes = ParseSize(args.bytes_per_sync);
+    if (!bytes.ok()) return Fail("mount", "--bytes-per-sync: " + bytes.status().message());
+    args.fs_options.bytes_per_sync = *bytes;
+  }
   if (args.fuse_uring && args.writeback_cache) {
     // A handler that drops the kernel's cached pages (a direct-path commit)
     // may need the kernel to write dirty pages back through the FUSE queue of
@@ -229,6 +235,10 @@ void RegisterMount(CLI::App& app, int* exit_code) {
                   "Write-back RAM tier size, e.g. 4G; 0 writes through (default: 1/4 of RAM, at most 8G)");
   cmd->add_option("--read-ahead", args->read_ahead,
                   "Bytes read ahead of each sequential reader, e.g. 32M; 0 turns read-ahead off (default: 16M)");
+  cmd->add_option("--bytes-per-sync", args->bytes_per_sync,
+                  "Sync the data area in the background each time the flusher has written this much, so an fsync "
+                  "after a long write waits for the last stretch only; 0: sync only at fsync and unmount "
+                  "(default: 64M)");
   cmd->add_flag(
       "--no-dedup", [args](int64_t) { args->fs_options.dedup = false; },
       "Do not deduplicate data flushed during this mount");

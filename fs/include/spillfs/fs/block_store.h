@@ -79,7 +79,13 @@ class BlockStore {
   Status WriteAt(uint64_t offset, const char* buffer, uint64_t length);
   Status ReadAt(uint64_t offset, char* buffer, uint64_t length);
   // Makes completed writes durable (fdatasync); empties the power-cut journal.
+  // Safe from several threads. A failure is sticky: every later Flush fails
+  // with it, because the kernel reports a lost write-back to one fdatasync
+  // only and data written before it may be gone (the lesson of PostgreSQL's
+  // "fsyncgate").
   Status Flush();
+  // fdatasync calls that succeeded since Open.
+  uint64_t syncs() const { return syncs_.load(std::memory_order_relaxed); }
 
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
@@ -89,6 +95,8 @@ class BlockStore {
  private:
   BlockStore(int fd, std::string path, uint64_t size) : fd_(fd), path_(std::move(path)), size_(size) {}
   Status Transfer(const std::vector<IoSlice>& slices, bool write);
+  // fdatasync, with the sticky error of Flush.
+  Status SyncData();
   // Appends the current bytes under `slices` to the power-cut journal.
   Status JournalPreImages(const std::vector<IoSlice>& slices);
 
@@ -101,6 +109,9 @@ class BlockStore {
   std::shared_mutex durability_mu_;  // shared: a journaled write; exclusive: Flush
   std::atomic<uint64_t> bytes_written_{0};
   std::atomic<uint64_t> bytes_read_{0};
+  std::mutex sync_mu_;  // one fdatasync at a time; guards sync_error_
+  Status sync_error_;   // the first failed fdatasync, returned ever after
+  std::atomic<uint64_t> syncs_{0};
 };
 
 }  // namespace spillfs

@@ -29,6 +29,7 @@
 
 #include "spillfs/fs/aligned_buffer.h"
 #include "spillfs/fs/allocator.h"
+#include "spillfs/fs/background_sync.h"
 #include "spillfs/fs/read_ahead.h"
 #include "spillfs/fs/reclaim_gate.h"
 #include "spillfs/fs/volume.h"
@@ -79,6 +80,10 @@ struct FilesystemOptions {
   // Bytes fetched ahead of each sequential reader (ReadAhead); 0: none.
   uint64_t read_ahead_bytes = kDefaultReadAheadBytes;
   static constexpr uint64_t kDefaultReadAheadBytes = 16ull << 20;
+  // The background flusher asks for a sync of the data area each time it has
+  // written this much (background_sync.h); 0: only fsync and unmount sync.
+  uint64_t bytes_per_sync = kDefaultBytesPerSync;
+  static constexpr uint64_t kDefaultBytesPerSync = 64ull << 20;
   // A quarter of physical memory, at most 8 GiB.
   static uint64_t DefaultRamTierBytes();
 };
@@ -380,6 +385,8 @@ class Filesystem {
   std::array<std::mutex, kIoLockStripes> flush_locks_;
   ReadAhead read_ahead_;  // after what its fetches use: destroyed (joined) first
   std::atomic<bool> stopping_{false};
+  // Started with the flusher when options_.bytes_per_sync > 0; else null.
+  std::unique_ptr<BackgroundSync> data_sync_;
   std::thread flusher_;
   std::atomic<uint64_t> privilege_epoch_{1};
 

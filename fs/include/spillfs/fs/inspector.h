@@ -63,6 +63,8 @@ struct RuntimeStats {
   // truncated while they waited in the RAM tier.
   uint64_t bytes_cancelled = 0;
   uint64_t checksum_errors = 0;
+  // fdatasync calls on the data area (fsync, unmount, the background sync).
+  uint64_t data_syncs = 0;
 
   // Client-visible traffic (FUSE read/write and the direct path).
   uint64_t bytes_written = 0;  // logical bytes accepted by write()
@@ -99,7 +101,7 @@ class Inspector {
   //   inodes, files (regular), directories, symlinks, special_files, orphans,
   //   extents, index_bytes,
   //   ram_tier_bytes, ram_tier_capacity_bytes, ram_tier_hits, ram_tier_misses,
-  //   bytes_written_ssd, bytes_read_ssd, bytes_cancelled, checksum_errors,
+  //   bytes_written_ssd, bytes_read_ssd, bytes_cancelled, checksum_errors, data_syncs,
   //   bytes_written, bytes_read, writes, reads, queue_depth,
   //   uptime_seconds (double).
   Result<nlohmann::json> Stat(const RuntimeStats& runtime) const;
