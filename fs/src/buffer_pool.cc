@@ -12,20 +12,28 @@ BufferPool::~BufferPool() {
   for (void* slab : slabs_) munmap(slab, slab_bytes_);
 }
 
+void BufferPool::AddSlabLocked(bool populate) {
+  void* slab = mmap(nullptr, slab_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (slab == MAP_FAILED) throw std::bad_alloc();
+  madvise(slab, slab_bytes_, MADV_HUGEPAGE);
+  if (populate) madvise(slab, slab_bytes_, MADV_POPULATE_WRITE);  // best effort (Linux 5.14+)
+  slabs_.push_back(slab);
+  char* base = static_cast<char*>(slab);
+  // Pushed last to first, so the slab is used from its start.
+  for (size_t at = slab_bytes_; at >= buffer_bytes_; at -= buffer_bytes_) free_.push_back(base + at - buffer_bytes_);
+}
+
+void BufferPool::Warm(size_t bytes) {
+  std::lock_guard lock(mu_);
+  while (slabs_.size() * slab_bytes_ < bytes) AddSlabLocked(/*populate=*/true);
+}
+
 char* BufferPool::Acquire() {
   std::lock_guard lock(mu_);
-  if (free_.empty()) {
-    // Mapped under the lock (a mapping is cheap: its pages fault in as the
-    // buffers are used), so writers that find the pool empty together map
-    // one slab, not one each.
-    void* slab = mmap(nullptr, slab_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (slab == MAP_FAILED) throw std::bad_alloc();
-    madvise(slab, slab_bytes_, MADV_HUGEPAGE);
-    slabs_.push_back(slab);
-    char* base = static_cast<char*>(slab);
-    // Pushed last to first, so the slab is used from its start.
-    for (size_t at = slab_bytes_; at >= buffer_bytes_; at -= buffer_bytes_) free_.push_back(base + at - buffer_bytes_);
-  }
+  // Mapped under the lock (a mapping is cheap: its pages fault in as the
+  // buffers are used), so writers that find the pool empty together map one
+  // slab, not one each.
+  if (free_.empty()) AddSlabLocked(/*populate=*/false);
   char* buffer = free_.back();
   free_.pop_back();
   return buffer;

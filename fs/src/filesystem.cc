@@ -91,6 +91,7 @@ Result<std::unique_ptr<Filesystem>> Filesystem::Open(std::unique_ptr<Volume> vol
   SPILLFS_ASSIGN_OR_RETURN(fs->next_ino_, fs->index_.GetMetaU64(keys::kNextIno));
   SPILLFS_RETURN_IF_ERROR(fs->Recover());
   if (options.ram_tier_bytes > 0) {
+    fs->cache_.WarmUp(options.ram_tier_warm_bytes);
     if (options.bytes_per_sync > 0) {
       fs->data_sync_ = std::make_unique<BackgroundSync>([store = &fs->store_] { return store->Flush(); });
     }

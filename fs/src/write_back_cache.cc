@@ -13,6 +13,8 @@ constexpr uint64_t kSlabBytes = 32 << 20;
 WriteBackCache::WriteBackCache(uint64_t capacity_bytes, uint64_t block_size)
     : capacity_(capacity_bytes), block_size_(block_size), pool_(kChunkBytes, kSlabBytes) {}
 
+void WriteBackCache::WarmUp(uint64_t bytes) { pool_.Warm(std::min(bytes, capacity_)); }
+
 std::shared_ptr<WriteBackCache::File> WriteBackCache::Find(InodeNumber ino) const {
   std::lock_guard lock(mu_);
   auto it = files_.find(ino);

@@ -317,6 +317,10 @@ TEST_F(ToolsTest, ErrorsExitOne) {
   EXPECT_NE(out.find("spillfs mount: --read-ahead: 1T is more than the most, 256.0 MiB"), std::string::npos) << out;
   out = Run("mount " + vol_ + " " + mnt_ + " --read-ahead lots", 1);
   EXPECT_NE(out.find("spillfs mount: --read-ahead: "), std::string::npos) << out;
+  out = Run("mount " + vol_ + " " + mnt_ + " --ram-tier-warm lots", 1);
+  EXPECT_NE(out.find("spillfs mount: --ram-tier-warm: "), std::string::npos) << out;
+  out = Run("mount " + vol_ + " " + mnt_ + " --bytes-per-sync -1", 1);
+  EXPECT_NE(out.find("spillfs mount: --bytes-per-sync: "), std::string::npos) << out;
   // Nothing was left locked: the volume still mounts.
   std::string error;
   EXPECT_TRUE(volume_->Mount(&error)) << error;

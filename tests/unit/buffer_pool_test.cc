@@ -1,6 +1,8 @@
 #include "spillfs/fs/buffer_pool.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -30,6 +32,33 @@ TEST(BufferPoolTest, BuffersAreAlignedDistinctAndRecycled) {
   for (char* b : held) pool.Release(b);
   for (int i = 0; i < 40; ++i) EXPECT_TRUE(seen.count(pool.Acquire()));
   EXPECT_EQ(pool.reserved_bytes(), reserved) << "released buffers must be reused, not remapped";
+}
+
+// Pages of [buffer, buffer + bytes) resident in memory.
+size_t ResidentPages(const char* buffer, size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in_core(bytes / page);
+  if (mincore(const_cast<char*>(buffer), bytes, in_core.data()) != 0) return 0;
+  size_t resident = 0;
+  for (unsigned char c : in_core) resident += c & 1;
+  return resident;
+}
+
+TEST(BufferPoolTest, WarmFaultsInSlabsBeforeTheyAreUsed) {
+  const size_t pages = kBuffer / static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  BufferPool cold(kBuffer, kSlab);
+  EXPECT_EQ(ResidentPages(cold.Acquire(), kBuffer), 0u) << "an untouched buffer of a cold pool";
+  BufferPool warm(kBuffer, kSlab);
+  warm.Warm(2 * kSlab + 1);
+  EXPECT_EQ(warm.reserved_bytes(), 3 * kSlab);  // whole slabs, at least the bytes asked for
+  std::vector<char*> held;
+  for (size_t i = 0; i < 3 * kSlab / kBuffer; ++i) {
+    held.push_back(warm.Acquire());
+    EXPECT_EQ(ResidentPages(held.back(), kBuffer), pages) << "buffer " << i << " of a warmed pool";
+  }
+  EXPECT_EQ(warm.reserved_bytes(), 3 * kSlab) << "the warmed slabs are used before new ones are mapped";
+  warm.Warm(kSlab);  // already holds that much
+  EXPECT_EQ(warm.reserved_bytes(), 3 * kSlab);
 }
 
 // The buffer released last is the next one handed out: a writer whose data

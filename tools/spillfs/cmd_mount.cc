@@ -41,6 +41,7 @@ struct MountArgs {
   std::string ram_tier;        // size of the write-back RAM tier ("" = default)
   std::string read_ahead;      // bytes fetched ahead of a sequential reader ("" = default)
   std::string bytes_per_sync;  // background sync of the data area ("" = default)
+  std::string ram_tier_warm;   // RAM-tier memory faulted in at mount ("" = default)
   int64_t flush_age_ms = 2000;
   FilesystemOptions fs_options;
 };
@@ -161,6 +162,11 @@ int RunMount(MountArgs args) {
     }
     args.fs_options.read_ahead_bytes = *bytes;
   }
+  if (!args.ram_tier_warm.empty()) {
+    auto bytes = ParseSize(args.ram_tier_warm);
+    if (!bytes.ok()) return Fail("mount", "--ram-tier-warm: " + bytes.status().message());
+    args.fs_options.ram_tier_warm_bytes = *bytes;
+  }
   if (!args.bytes_per_sync.empty()) {
     auto bytes = ParseSize(args.bytes_per_sync);
     if (!bytes.ok()) return Fail("mount", "--bytes-per-sync: " + bytes.status().message());
@@ -235,6 +241,9 @@ void RegisterMount(CLI::App& app, int* exit_code) {
                   "Write-back RAM tier size, e.g. 4G; 0 writes through (default: 1/4 of RAM, at most 8G)");
   cmd->add_option("--read-ahead", args->read_ahead,
                   "Bytes read ahead of each sequential reader, e.g. 32M; 0 turns read-ahead off (default: 16M)");
+  cmd->add_option("--ram-tier-warm", args->ram_tier_warm,
+                  "RAM-tier memory faulted in at mount, so the first writes do not wait for fresh pages; at most "
+                  "the RAM tier, 0 none (default: 256M)");
   cmd->add_option("--bytes-per-sync", args->bytes_per_sync,
                   "Sync the data area in the background each time the flusher has written this much, so an fsync "
                   "after a long write waits for the last stretch only; 0: sync only at fsync and unmount "

@@ -84,6 +84,10 @@ struct FilesystemOptions {
   // written this much (background_sync.h); 0: only fsync and unmount sync.
   uint64_t bytes_per_sync = kDefaultBytesPerSync;
   static constexpr uint64_t kDefaultBytesPerSync = 64ull << 20;
+  // RAM-tier memory faulted in at open (at most ram_tier_bytes), so the first
+  // writes after a mount do not pay for fresh pages.
+  uint64_t ram_tier_warm_bytes = kDefaultRamTierWarmBytes;
+  static constexpr uint64_t kDefaultRamTierWarmBytes = 256ull << 20;
   // A quarter of physical memory, at most 8 GiB.
   static uint64_t DefaultRamTierBytes();
 };

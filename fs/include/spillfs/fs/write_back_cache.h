@@ -67,6 +67,9 @@ class WriteBackCache {
   WriteBackCache(uint64_t capacity_bytes, uint64_t block_size);
 
   uint64_t capacity() const { return capacity_; }
+  // Faults in `bytes` (at most the capacity) of chunk memory now, so the
+  // first writes after a mount do not pay for fresh pages (buffer_pool.h).
+  void WarmUp(uint64_t bytes);
   uint64_t block_size() const { return block_size_; }
   uint64_t blocks_per_chunk() const { return kChunkBytes / block_size_; }
 
