@@ -29,6 +29,7 @@ void BackgroundSync::Request() {
 
 void BackgroundSync::Loop() {
   pthread_setname_np(pthread_self(), "spillfs-sync");
+  bool failure_logged = false;  // a sticky failure would repeat on every request
   std::unique_lock lock(mu_);
   while (true) {
     wake_.wait(lock, [this] { return stopping_ || requested_; });
@@ -36,7 +37,10 @@ void BackgroundSync::Loop() {
     requested_ = false;  // a request from now on needs another sync
     lock.unlock();
     Status s = sync_();
-    if (!s.ok()) fmt::print(stderr, "spillfs: background sync failed: {}\n", s.ToString());
+    if (!s.ok() && !failure_logged) {
+      fmt::print(stderr, "spillfs: background sync failed (not logged again): {}\n", s.ToString());
+      failure_logged = true;
+    }
     syncs_.fetch_add(1, std::memory_order_relaxed);
     lock.lock();
   }

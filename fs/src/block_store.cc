@@ -178,16 +178,32 @@ Status BlockStore::Flush() {
 }
 
 Status BlockStore::SyncData() {
-  // Serialized, so that no sync can return success between another's failure
-  // and the moment that failure is recorded.
-  std::lock_guard lock(sync_mu_);
+  // Group commit: one fdatasync runs at a time, and callers that arrive while
+  // it runs share the next one (it covers every write completed before it
+  // started, theirs included). One at a time also means no caller can see
+  // success between another's failure and the moment it is recorded.
+  std::unique_lock lock(sync_mu_);
+  const uint64_t ticket = ++sync_tickets_;
+  while (sync_error_.ok() && sync_covered_ < ticket && sync_running_) sync_done_.wait(lock);
   if (!sync_error_.ok()) return sync_error_;
-  if (fdatasync(fd_) == 0) {
+  if (sync_covered_ >= ticket) return Status::OK();
+  sync_running_ = true;
+  const uint64_t covers = sync_tickets_;  // every caller so far asked before this sync starts
+  lock.unlock();
+  int rc;
+  do {
+    rc = fdatasync(fd_);
+  } while (rc != 0 && errno == EINTR);
+  Status failed = rc == 0 ? Status::OK() : Errno("fdatasync of " + path_);
+  lock.lock();
+  sync_running_ = false;
+  if (failed.ok()) {
+    sync_covered_ = covers;
     syncs_.fetch_add(1, std::memory_order_relaxed);
-    return Status::OK();
+  } else {
+    sync_error_ = Status::Error(failed.code(), failed.message() + " (writes since then may be lost: remount)");
   }
-  Status failed = Errno("fdatasync of " + path_);
-  sync_error_ = Status::Error(failed.code(), failed.message() + " (writes since then may be lost: remount)");
+  sync_done_.notify_all();
   return sync_error_;
 }
 

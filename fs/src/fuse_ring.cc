@@ -444,11 +444,15 @@ void FuseRing::Handle(Slot* slot) {
 }
 
 void FuseRing::Fail(Slot* slot, int error) {
+  SetErrorAnswer(slot, error);
+  SealAnswer(slot);
+}
+
+void FuseRing::SetErrorAnswer(Slot* slot, int error) {
   slot->error = error;
   slot->answer_bytes = 0;
   slot->answer_aside = false;
   slot->answered = true;
-  SealAnswer(slot);
 }
 
 // The answer into the entry, for the commit. An unanswered request
@@ -468,9 +472,7 @@ ssize_t FuseRing::HoldAnswer(Slot* slot, const iovec* iov, int count) {
   size_t bytes = 0;
   for (int i = 1; i < count; ++i) bytes += iov[i].iov_len;
   if (bytes > payload_bytes_) {
-    slot->error = -EIO;
-    slot->answer_bytes = 0;
-    slot->answered = true;
+    SetErrorAnswer(slot, -EIO);  // sealed when the handler returns
     errno = EINVAL;
     return -1;
   }

@@ -92,7 +92,10 @@ class FuseRing {
   void StartWorkers(Start how);
   void Serve(Worker* worker);
   void Handle(Slot* slot);
+  // Answers with `error` (a negative errno) and seals the answer.
   void Fail(Slot* slot, int error);
+  // Makes the slot's answer `error` with no data, not yet sealed.
+  void SetErrorAnswer(Slot* slot, int error);
   void SealAnswer(Slot* slot);
   ssize_t HoldAnswer(Slot* slot, const iovec* iov, int count);
   void QueueCommand(Worker* worker, Slot* slot, uint32_t command);

@@ -286,6 +286,7 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
           std::async(std::launch::async, [this, slices = batch->plan.slices] { return store_.WriteSlices(slices); });
     }
     Status committed = commit_pending();
+    if (scope == FlushScope::kBackground) RequestBackgroundSync();  // one file may be GiBs
     pending = std::move(batch);
     if (!committed.ok()) {
       // The batch just started is written: map it, or give it back (the
@@ -492,22 +493,24 @@ Status Filesystem::FlushAll() {
   return first;
 }
 
+void Filesystem::RequestBackgroundSync() {
+  // Durable as it goes (background_sync.h), so the fsync at the end of a long
+  // write waits for the last stretch only.
+  if (!data_sync_ || store_.bytes_written() - background_synced_to_ < options_.bytes_per_sync) return;
+  background_synced_to_ = store_.bytes_written();
+  data_sync_->Request();
+}
+
 void Filesystem::FlusherLoop() {
   pthread_setname_np(pthread_self(), "spillfs-flush");
   const int64_t max_age_ns = options_.flush_age_ms * 1000000;
-  uint64_t synced_to = store_.bytes_written();  // what the last sync request covered
   while (!stopping_) {
     cache_.WaitForWork(std::chrono::milliseconds(200));
     for (InodeNumber ino : cache_.PickVictims(NowNs(), max_age_ns, /*all=*/false)) {
       if (stopping_) break;
       Status s = FlushFile(ino, FlushScope::kBackground);
       if (!s.ok()) fmt::print(stderr, "spillfs: background flush of inode {} failed: {}\n", ino, s.ToString());
-      // Durable as it goes (background_sync.h), so the fsync at the end of a
-      // long write waits for the last stretch only.
-      if (data_sync_ && store_.bytes_written() - synced_to >= options_.bytes_per_sync) {
-        synced_to = store_.bytes_written();
-        data_sync_->Request();
-      }
+      RequestBackgroundSync();
     }
   }
 }

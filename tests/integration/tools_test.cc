@@ -321,6 +321,8 @@ TEST_F(ToolsTest, ErrorsExitOne) {
   EXPECT_NE(out.find("spillfs mount: --ram-tier-warm: "), std::string::npos) << out;
   out = Run("mount " + vol_ + " " + mnt_ + " --bytes-per-sync -1", 1);
   EXPECT_NE(out.find("spillfs mount: --bytes-per-sync: "), std::string::npos) << out;
+  out = Run("mount " + vol_ + " " + mnt_ + " --bytes-per-sync 4K", 1);
+  EXPECT_NE(out.find("spillfs mount: --bytes-per-sync: 4K is less than the least, 1.0 MiB"), std::string::npos) << out;
   // Nothing was left locked: the volume still mounts.
   std::string error;
   EXPECT_TRUE(volume_->Mount(&error)) << error;

@@ -13,6 +13,7 @@
 
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
+#include "temp_dir.h"
 
 namespace spillfs {
 namespace {
@@ -20,24 +21,6 @@ namespace {
 constexpr uint64_t kUnit = 4096;
 constexpr uint64_t kBase = 1 << 20;        // first allocatable byte
 constexpr uint64_t kTotal = 1024 * kUnit;  // 4 MiB of allocatable space
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/spillfs-alloc-test-XXXXXX";
-    char* made = mkdtemp(tmpl);
-    if (made == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 uint64_t Sum(const std::vector<PhysicalExtent>& extents) {
   uint64_t total = 0;
@@ -122,7 +105,7 @@ class AllocatorTest : public ::testing::Test {
     }
   }
 
-  TempDir dir_;
+  TempDir dir_{"spillfs-alloc-test"};
   std::unique_ptr<Index> index_;
   Allocator alloc_{kUnit};
 };

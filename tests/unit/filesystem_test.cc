@@ -27,30 +27,13 @@
 #include "spillfs/fs/volume.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
+#include "temp_dir.h"
 
 namespace spillfs {
 namespace {
 
 constexpr uint64_t kVolumeSize = 64ull << 20;
 constexpr uint64_t kBlock = Volume::kBlockSize;
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/spillfs-fs-test-XXXXXX";
-    char* made = mkdtemp(tmpl);
-    if (made == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 std::string RandomBytes(size_t n, std::mt19937_64* rng) {
   std::string out(n, '\0');
@@ -315,7 +298,7 @@ class FilesystemTestBase : public ::testing::Test {
     }
   }
 
-  TempDir dir_;
+  TempDir dir_{"spillfs-fs-test"};
   std::string vol_;
   std::unique_ptr<Filesystem> fs_;
   uint64_t initial_free_ = 0;
@@ -507,7 +490,9 @@ TEST_P(BackgroundSyncFilesystemTest, FlusherSyncsTheDataAreaWithoutAnFsync) {
   }
   const uint64_t syncs_after_flush = store().syncs();
   ASSERT_TRUE(fs_->Fsync(ino, false).ok());
-  EXPECT_EQ(store().syncs(), syncs_after_flush + 1);
+  // At least its own (a background sync still running when it came is waited
+  // for, then one more runs).
+  EXPECT_GE(store().syncs(), syncs_after_flush + 1);
   EXPECT_TRUE(SameBytes(ReadAll(ino), data));
 }
 

@@ -28,6 +28,8 @@ namespace stdfs = std::filesystem;
 
 // Each 4 MiB of read-ahead is a fetch thread of the daemon.
 constexpr uint64_t kMaxReadAheadBytes = 256ull << 20;
+// Smaller would sync after nearly every flushed file.
+constexpr uint64_t kMinBytesPerSync = 1ull << 20;
 
 struct MountArgs {
   std::string volume;
@@ -170,6 +172,10 @@ int RunMount(MountArgs args) {
   if (!args.bytes_per_sync.empty()) {
     auto bytes = ParseSize(args.bytes_per_sync);
     if (!bytes.ok()) return Fail("mount", "--bytes-per-sync: " + bytes.status().message());
+    if (*bytes > 0 && *bytes < kMinBytesPerSync) {
+      return Fail("mount", fmt::format("--bytes-per-sync: {} is less than the least, {} (0 turns it off)",
+                                       args.bytes_per_sync, HumanBytes(kMinBytesPerSync)));
+    }
     args.fs_options.bytes_per_sync = *bytes;
   }
   if (args.fuse_uring && args.writeback_cache) {
@@ -245,9 +251,9 @@ void RegisterMount(CLI::App& app, int* exit_code) {
                   "RAM-tier memory faulted in at mount, so the first writes do not wait for fresh pages; at most "
                   "the RAM tier, 0 none (default: 256M)");
   cmd->add_option("--bytes-per-sync", args->bytes_per_sync,
-                  "Sync the data area in the background each time the flusher has written this much, so an fsync "
-                  "after a long write waits for the last stretch only; 0: sync only at fsync and unmount "
-                  "(default: 64M)");
+                  "Sync the data area in the background each time the RAM tier's flusher has written this much, so "
+                  "an fsync after a long write waits for the last stretch only; at least 1M, 0: sync only at "
+                  "fsync and unmount (default: 64M)");
   cmd->add_flag(
       "--no-dedup", [args](int64_t) { args->fs_options.dedup = false; },
       "Do not deduplicate data flushed during this mount");

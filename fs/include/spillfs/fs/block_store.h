@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -79,12 +80,13 @@ class BlockStore {
   Status WriteAt(uint64_t offset, const char* buffer, uint64_t length);
   Status ReadAt(uint64_t offset, char* buffer, uint64_t length);
   // Makes completed writes durable (fdatasync); empties the power-cut journal.
-  // Safe from several threads. A failure is sticky: every later Flush fails
+  // Safe from several threads: callers that arrive while an fdatasync runs
+  // wait for it and then share one more. A failure is sticky: every later Flush fails
   // with it, because the kernel reports a lost write-back to one fdatasync
   // only and data written before it may be gone (the lesson of PostgreSQL's
   // "fsyncgate").
   Status Flush();
-  // fdatasync calls that succeeded since Open.
+  // fdatasync calls that succeeded since Open (callers that shared one count once).
   uint64_t syncs() const { return syncs_.load(std::memory_order_relaxed); }
 
   uint64_t size() const { return size_; }
@@ -109,8 +111,13 @@ class BlockStore {
   std::shared_mutex durability_mu_;  // shared: a journaled write; exclusive: Flush
   std::atomic<uint64_t> bytes_written_{0};
   std::atomic<uint64_t> bytes_read_{0};
-  std::mutex sync_mu_;  // one fdatasync at a time; guards sync_error_
-  Status sync_error_;   // the first failed fdatasync, returned ever after
+  // Group commit of fdatasync (SyncData), all guarded by sync_mu_.
+  std::mutex sync_mu_;
+  std::condition_variable sync_done_;
+  bool sync_running_ = false;
+  uint64_t sync_tickets_ = 0;  // callers so far, numbered from 1
+  uint64_t sync_covered_ = 0;  // callers up to this one are durable
+  Status sync_error_;          // the first failed fdatasync, returned ever after
   std::atomic<uint64_t> syncs_{0};
 };
 

@@ -364,6 +364,9 @@ class Filesystem {
   static std::string DedupHash(const char* data);
   Status ApplyBlobRefs(Txn* txn);
   void FlusherLoop();
+  // Asks data_sync_ for a sync when the flusher has written bytes_per_sync
+  // since the last request (flusher thread only).
+  void RequestBackgroundSync();
   static void ApplyOverlay(const WriteBackCache::Overlay& overlay, Entry* entry);
   // Unmaps [start, end) (block aligned; end may be UINT64_MAX) into txn.
   Status UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_t end, uint64_t* unmapped_bytes);
@@ -391,6 +394,7 @@ class Filesystem {
   std::atomic<bool> stopping_{false};
   // Started with the flusher when options_.bytes_per_sync > 0; else null.
   std::unique_ptr<BackgroundSync> data_sync_;
+  uint64_t background_synced_to_ = 0;  // store_.bytes_written() at the last request
   std::thread flusher_;
   std::atomic<uint64_t> privilege_epoch_{1};
 

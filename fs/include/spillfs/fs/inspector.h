@@ -63,7 +63,8 @@ struct RuntimeStats {
   // truncated while they waited in the RAM tier.
   uint64_t bytes_cancelled = 0;
   uint64_t checksum_errors = 0;
-  // fdatasync calls on the data area (fsync, unmount, the background sync).
+  // fdatasync calls on the data area that succeeded (fsync, unmount, the
+  // background sync; fsyncs that shared one count once).
   uint64_t data_syncs = 0;
 
   // Client-visible traffic (FUSE read/write and the direct path).

@@ -1,0 +1,164 @@
+// BlockStore::Flush, the sync of the data area. A failed fdatasync is sticky
+// (block_store.h): the kernel reports a lost write-back to one fdatasync
+// only, and with the background sync (background_sync.h) that one may be the
+// background thread's; then the user's fsync must fail too, not find the
+// error gone. Callers that overlap share fdatasync calls (group commit).
+//
+// This binary interposes fdatasync for calls on a volume's data image
+// (data.img): while failures are armed they fail with EIO, the way a lost
+// write-back is reported, and each can be slowed down; all other calls
+// (RocksDB's) go straight to the real one.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "spillfs/fs/block_store.h"
+#include "spillfs/fs/filesystem.h"
+#include "spillfs/fs/volume.h"
+#include "temp_dir.h"
+
+namespace {
+
+std::atomic<int> failures_armed{0};
+std::atomic<int> failures_injected{0};
+std::atomic<int> delay_ms{0};
+std::atomic<int> data_image_syncs{0};
+
+bool IsDataImage(int fd) {
+  char link[4096];
+  ssize_t n = readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof(link) - 1);
+  if (n <= 0) return false;
+  std::string path(link, static_cast<size_t>(n));
+  const std::string suffix = "/data.img";
+  return path.size() >= suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+extern "C" int fdatasync(int fd) {
+  using Real = int (*)(int);
+  static const Real real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "fdatasync"));
+  if (!IsDataImage(fd)) return real(fd);
+  ++data_image_syncs;
+  if (delay_ms.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
+  if (failures_armed.load() > 0 && failures_armed.fetch_sub(1) > 0) {
+    ++failures_injected;
+    errno = EIO;
+    return -1;
+  }
+  return real(fd);
+}
+
+namespace spillfs {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kVolumeSize = 64ull << 20;
+
+class DataSyncTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    failures_armed = 0;
+    failures_injected = 0;
+    delay_ms = 0;
+  }
+  void TearDown() override {
+    failures_armed = 0;
+    delay_ms = 0;
+  }
+  TempDir dir_{"spillfs-data-sync-test"};
+};
+
+// Four Flush calls at once while each fdatasync takes 200 ms: the first runs
+// one, the others wait for it and share the next (or all share the first).
+TEST_F(DataSyncTest, OverlappingFlushesShareAnFdatasync) {
+  const std::string image = dir_.path() + "/data.img";
+  ASSERT_TRUE(BlockStore::CreateImage(image, kVolumeSize).ok());
+  auto store = BlockStore::Open(image);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  delay_ms = 200;
+  const int before = data_image_syncs.load();
+  std::atomic<bool> go{false};
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&] {
+      while (!go.load()) std::this_thread::yield();
+      if (!(*store)->Flush().ok()) ++failed;
+    });
+  }
+  go = true;
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_LE(data_image_syncs.load() - before, 2) << "four overlapping Flush calls, one fdatasync each";
+  EXPECT_GE(data_image_syncs.load() - before, 1);
+}
+
+TEST_F(DataSyncTest, AFailedFlushFailsEveryLaterFlush) {
+  const std::string image = dir_.path() + "/data.img";
+  ASSERT_TRUE(BlockStore::CreateImage(image, kVolumeSize).ok());
+  auto store = BlockStore::Open(image);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::string block(BlockStore::kDirectAlignment, 'x');
+  AlignedBuffer data(block.size());
+  std::copy(block.begin(), block.end(), data.data());
+  ASSERT_TRUE((*store)->WriteAt(0, data.data(), block.size()).ok());
+  ASSERT_TRUE((*store)->Flush().ok());
+  const uint64_t syncs = (*store)->syncs();
+
+  failures_armed = 1;
+  Status first = (*store)->Flush();
+  EXPECT_EQ(first.code(), EIO) << first.ToString();
+  EXPECT_EQ(failures_injected.load(), 1);
+  // The injected failure is spent: the real fdatasync would succeed now.
+  Status later = (*store)->Flush();
+  EXPECT_EQ(later.code(), EIO) << later.ToString();
+  EXPECT_NE(later.message().find("remount"), std::string::npos) << later.ToString();
+  EXPECT_EQ((*store)->syncs(), syncs) << "a failed fdatasync is not counted, and none ran after it";
+}
+
+TEST_F(DataSyncTest, FsyncFailsAfterTheBackgroundSyncLostTheWriteBack) {
+  Volume::CreateOptions create;
+  create.size = kVolumeSize;
+  const std::string vol = dir_.path() + "/vol";
+  ASSERT_TRUE(Volume::Create(vol, create).ok());
+  auto volume = Volume::Open(vol, Volume::OpenOptions{});
+  ASSERT_TRUE(volume.ok()) << volume.status().ToString();
+  FilesystemOptions options;
+  options.ram_tier_bytes = 32 << 20;
+  options.ram_tier_warm_bytes = 0;
+  options.flush_age_ms = 10;
+  options.bytes_per_sync = 1 << 20;
+  auto fs = Filesystem::Open(std::move(volume).value(), options);
+  ASSERT_TRUE(fs.ok()) << fs.status().ToString();
+  auto entry = (*fs)->MakeNode(kRootInode, "f", S_IFREG | 0644, 0, Caller{});
+  ASSERT_TRUE(entry.ok()) << entry.status().ToString();
+
+  failures_armed = 1;
+  std::mt19937_64 rng(3);
+  std::string data(8 << 20, '\0');
+  for (char& c : data) c = static_cast<char>(rng());
+  auto written = (*fs)->Write(entry->ino, 0, data.data(), data.size());
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  // The flusher writes the file and its background sync takes the failure.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (failures_injected.load() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(failures_injected.load(), 1) << "the background sync never ran";
+
+  Status fsync = (*fs)->Fsync(entry->ino, /*datasync=*/false);
+  EXPECT_EQ(fsync.code(), EIO) << fsync.ToString();
+  EXPECT_EQ(failures_injected.load(), 1) << "fsync was failed by the sticky error, not by a second injection";
+}
+
+}  // namespace
+}  // namespace spillfs
