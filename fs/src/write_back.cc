@@ -496,9 +496,11 @@ Status Filesystem::FlushAll() {
 void Filesystem::RequestBackgroundSync() {
   // Durable as it goes (background_sync.h), so the fsync at the end of a long
   // write waits for the last stretch only.
-  if (!data_sync_ || store_.bytes_written() - background_synced_to_ < options_.bytes_per_sync) return;
+  if (options_.bytes_per_sync == 0 || store_.bytes_written() - background_synced_to_ < options_.bytes_per_sync) {
+    return;
+  }
   background_synced_to_ = store_.bytes_written();
-  data_sync_->Request();
+  background_sync_->Request();
 }
 
 void Filesystem::FlusherLoop() {

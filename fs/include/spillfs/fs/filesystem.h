@@ -80,8 +80,9 @@ struct FilesystemOptions {
   // Bytes fetched ahead of each sequential reader (ReadAhead); 0: none.
   uint64_t read_ahead_bytes = kDefaultReadAheadBytes;
   static constexpr uint64_t kDefaultReadAheadBytes = 16ull << 20;
-  // The background flusher asks for a sync of the data area each time it has
-  // written this much (background_sync.h); 0: only fsync and unmount sync.
+  // The background flusher asks for a sync of the data area (and then the
+  // index) each time it has written this much (background_sync.h); 0: only
+  // fsync, unmount and the sync of parked space do.
   uint64_t bytes_per_sync = kDefaultBytesPerSync;
   static constexpr uint64_t kDefaultBytesPerSync = 64ull << 20;
   // RAM-tier memory faulted in at open (at most ram_tier_bytes), so the first
@@ -364,7 +365,7 @@ class Filesystem {
   static std::string DedupHash(const char* data);
   Status ApplyBlobRefs(Txn* txn);
   void FlusherLoop();
-  // Asks data_sync_ for a sync when the flusher has written bytes_per_sync
+  // Asks background_sync_ for a sync when the flusher has written bytes_per_sync
   // since the last request (flusher thread only).
   void RequestBackgroundSync();
   static void ApplyOverlay(const WriteBackCache::Overlay& overlay, Entry* entry);
@@ -392,8 +393,10 @@ class Filesystem {
   std::array<std::mutex, kIoLockStripes> flush_locks_;
   ReadAhead read_ahead_;  // after what its fetches use: destroyed (joined) first
   std::atomic<bool> stopping_{false};
-  // Started with the flusher when options_.bytes_per_sync > 0; else null.
-  std::unique_ptr<BackgroundSync> data_sync_;
+  // Runs SyncAll on its own thread when asked: for the flusher each
+  // bytes_per_sync it wrote, and for space parked too long (CommitTxn).
+  // Created in Open; reset first in the destructor.
+  std::unique_ptr<BackgroundSync> background_sync_;
   uint64_t background_synced_to_ = 0;  // store_.bytes_written() at the last request
   std::thread flusher_;
   std::atomic<uint64_t> privilege_epoch_{1};
