@@ -76,6 +76,16 @@ class DataSyncTest : public ::testing::Test {
     failures_armed = 0;
     delay_ms = 0;
   }
+  // A new volume in dir_, opened with `options`.
+  Result<std::unique_ptr<Filesystem>> OpenFilesystem(const FilesystemOptions& options) {
+    Volume::CreateOptions create;
+    create.size = kVolumeSize;
+    const std::string vol = dir_.path() + "/vol";
+    if (auto made = Volume::Create(vol, create); !made.ok()) return made.status();
+    auto volume = Volume::Open(vol, Volume::OpenOptions{});
+    if (!volume.ok()) return volume.status();
+    return Filesystem::Open(std::move(volume).value(), options);
+  }
   TempDir dir_{"spillfs-data-sync-test"};
 };
 
@@ -128,18 +138,12 @@ TEST_F(DataSyncTest, AFailedFlushFailsEveryLaterFlush) {
 }
 
 TEST_F(DataSyncTest, FsyncFailsAfterTheBackgroundSyncLostTheWriteBack) {
-  Volume::CreateOptions create;
-  create.size = kVolumeSize;
-  const std::string vol = dir_.path() + "/vol";
-  ASSERT_TRUE(Volume::Create(vol, create).ok());
-  auto volume = Volume::Open(vol, Volume::OpenOptions{});
-  ASSERT_TRUE(volume.ok()) << volume.status().ToString();
   FilesystemOptions options;
   options.ram_tier_bytes = 32 << 20;
   options.ram_tier_warm_bytes = 0;
   options.flush_age_ms = 10;
   options.bytes_per_sync = 1 << 20;
-  auto fs = Filesystem::Open(std::move(volume).value(), options);
+  auto fs = OpenFilesystem(options);
   ASSERT_TRUE(fs.ok()) << fs.status().ToString();
   auto entry = (*fs)->MakeNode(kRootInode, "f", S_IFREG | 0644, 0, Caller{});
   ASSERT_TRUE(entry.ok()) << entry.status().ToString();
@@ -166,15 +170,9 @@ TEST_F(DataSyncTest, FsyncFailsAfterTheBackgroundSyncLostTheWriteBack) {
 // fdatasync of 1.5 s, the namespace operation that asks for it returns at
 // once, and the sync still happens.
 TEST_F(DataSyncTest, ParkedSpaceIsSyncedWithoutHoldingTheCommitLock) {
-  Volume::CreateOptions create;
-  create.size = kVolumeSize;
-  const std::string vol = dir_.path() + "/vol";
-  ASSERT_TRUE(Volume::Create(vol, create).ok());
-  auto volume = Volume::Open(vol, Volume::OpenOptions{});
-  ASSERT_TRUE(volume.ok()) << volume.status().ToString();
   FilesystemOptions options;
   options.ram_tier_bytes = 0;  // writes commit at once
-  auto fs = Filesystem::Open(std::move(volume).value(), options);
+  auto fs = OpenFilesystem(options);
   ASSERT_TRUE(fs.ok()) << fs.status().ToString();
   auto file = (*fs)->MakeNode(kRootInode, "f", S_IFREG | 0644, 0, Caller{});
   ASSERT_TRUE(file.ok()) << file.status().ToString();
