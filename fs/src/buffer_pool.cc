@@ -4,6 +4,10 @@
 
 #include <new>
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels refuse it (EINVAL) and nothing is warmed
+#endif
+
 namespace spillfs {
 
 BufferPool::BufferPool(size_t buffer_bytes, size_t slab_bytes) : buffer_bytes_(buffer_bytes), slab_bytes_(slab_bytes) {}
@@ -25,7 +29,11 @@ void BufferPool::AddSlabLocked(bool populate) {
 
 void BufferPool::Warm(size_t bytes) {
   std::lock_guard lock(mu_);
-  while (slabs_.size() * slab_bytes_ < bytes) AddSlabLocked(/*populate=*/true);
+  try {
+    while ((slabs_.size() + 1) * slab_bytes_ <= bytes) AddSlabLocked(/*populate=*/true);
+  } catch (const std::bad_alloc&) {
+    // Best effort: what could not be mapped now is mapped on demand (or fails then).
+  }
 }
 
 char* BufferPool::Acquire() {

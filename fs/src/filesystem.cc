@@ -73,11 +73,11 @@ Filesystem::~Filesystem() {
     cache_.WakeFlusher();
     flusher_.join();
   }
-  background_sync_.reset();  // waits for a sync it runs; the one below covers the rest
   Status s = FlushAll();
   if (s.ok()) s = SyncAll();
-  if (s.ok()) {
+  if (s.ok() && opened_) {
     // A clean stop: ephemeral files were flushed and survive the next mount.
+    // Not after a failed Open: its recovery may not have run to the end.
     Index::Batch batch(index_);
     batch.Put(Family::kMeta, keys::kCleanUnmount, "1");
     s = index_.Commit(&batch, /*sync=*/true);
@@ -91,11 +91,14 @@ Result<std::unique_ptr<Filesystem>> Filesystem::Open(std::unique_ptr<Volume> vol
   SPILLFS_RETURN_IF_ERROR(fs->allocator_.Load(fs->index_));
   SPILLFS_ASSIGN_OR_RETURN(fs->next_ino_, fs->index_.GetMetaU64(keys::kNextIno));
   SPILLFS_RETURN_IF_ERROR(fs->Recover());
-  fs->background_sync_ = std::make_unique<BackgroundSync>([raw = fs.get()] { return raw->SyncAll(); });
   if (options.ram_tier_bytes > 0) {
     fs->cache_.WarmUp(options.ram_tier_warm_bytes);
+    if (options.bytes_per_sync > 0) {
+      fs->data_sync_ = std::make_unique<BackgroundSync>([store = &fs->store_] { return store->Flush(); });
+    }
     fs->flusher_ = std::thread([raw = fs.get()] { raw->FlusherLoop(); });
   }
+  fs->opened_ = true;
   return fs;
 }
 
@@ -239,16 +242,9 @@ Status Filesystem::CommitTxn(Txn* txn) {
   gate_.Retire(std::move(txn->freed), txn->batch.commit_number());
   // A workload that never fsyncs still gets its freed space back on time, as
   // ext4 commits its journal every 5 s: the shortage handler would do it when
-  // space runs out, this keeps the parked set small before that. In the
-  // background, not under mu_ (an fdatasync can take most of a second on a
-  // disk that caches writes); a failed sync is tried again later.
-  if (allocator_.parked_for() > kParkedSyncInterval) {
-    if (background_sync_) {
-      background_sync_->Request();
-    } else {
-      (void)SyncAll();  // opening or closing: no background thread
-    }
-  }
+  // space runs out, this keeps the parked set small before that. Best effort:
+  // the batch is committed either way, and a failed sync is tried again later.
+  if (allocator_.parked_for() > kParkedSyncInterval) (void)SyncAll();
   return Status::OK();
 }
 

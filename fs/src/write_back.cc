@@ -496,11 +496,9 @@ Status Filesystem::FlushAll() {
 void Filesystem::RequestBackgroundSync() {
   // Durable as it goes (background_sync.h), so the fsync at the end of a long
   // write waits for the last stretch only.
-  if (options_.bytes_per_sync == 0 || store_.bytes_written() - background_synced_to_ < options_.bytes_per_sync) {
-    return;
-  }
+  if (!data_sync_ || store_.bytes_written() - background_synced_to_ < options_.bytes_per_sync) return;
   background_synced_to_ = store_.bytes_written();
-  background_sync_->Request();
+  data_sync_->Request();
 }
 
 void Filesystem::FlusherLoop() {

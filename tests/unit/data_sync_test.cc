@@ -164,39 +164,5 @@ TEST_F(DataSyncTest, FsyncFailsAfterTheBackgroundSyncLostTheWriteBack) {
   EXPECT_EQ(failures_injected.load(), 1) << "fsync was failed by the sticky error, not by a second injection";
 }
 
-// Space freed by a commit is parked until the index is durable; a workload
-// that never fsyncs gets it back by a sync every few seconds (CommitTxn).
-// That sync runs in the background, not under the commit lock: with an
-// fdatasync of 1.5 s, the namespace operation that asks for it returns at
-// once, and the sync still happens.
-TEST_F(DataSyncTest, ParkedSpaceIsSyncedWithoutHoldingTheCommitLock) {
-  FilesystemOptions options;
-  options.ram_tier_bytes = 0;  // writes commit at once
-  auto fs = OpenFilesystem(options);
-  ASSERT_TRUE(fs.ok()) << fs.status().ToString();
-  auto file = (*fs)->MakeNode(kRootInode, "f", S_IFREG | 0644, 0, Caller{});
-  ASSERT_TRUE(file.ok()) << file.status().ToString();
-  const std::string data(1 << 20, 'a');
-  ASSERT_TRUE((*fs)->Write(file->ino, 0, data.data(), data.size()).ok());
-  ASSERT_TRUE((*fs)->Fsync(file->ino, false).ok());
-  const std::string again(1 << 20, 'b');
-  ASSERT_TRUE((*fs)->Write(file->ino, 0, again.data(), again.size()).ok());  // parks the old blocks
-  std::this_thread::sleep_for(5200ms);                                       // past the parked-space interval (5 s)
-
-  delay_ms = 1500;
-  const int syncs_before = data_image_syncs.load();
-  const auto t0 = std::chrono::steady_clock::now();
-  auto other = (*fs)->MakeNode(kRootInode, "g", S_IFREG | 0644, 0, Caller{});
-  const auto took = std::chrono::steady_clock::now() - t0;
-  ASSERT_TRUE(other.ok()) << other.status().ToString();
-  EXPECT_LT(took, 1000ms) << "the commit waited for the sync";
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (data_image_syncs.load() == syncs_before && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(5ms);
-  }
-  EXPECT_GT(data_image_syncs.load(), syncs_before) << "the parked space was never synced";
-  delay_ms = 0;
-}
-
 }  // namespace
 }  // namespace spillfs

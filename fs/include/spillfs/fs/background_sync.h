@@ -11,9 +11,6 @@
 // CPUs idle before it; syncing as the data goes lets that overlap the
 // writer.
 //
-// Filesystem also uses it for the periodic sync that releases freed space
-// (CommitTxn), which used to run under the commit lock.
-//
 // Request() returns at once; requests that arrive while a sync runs are
 // served by one more sync after it (the running one may have missed their
 // writes). The sync function runs on this object's own thread.

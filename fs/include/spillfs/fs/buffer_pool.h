@@ -37,8 +37,9 @@ class BufferPool {
   // A buffer of buffer_bytes(); never null (throws std::bad_alloc).
   char* Acquire();
   void Release(char* buffer);
-  // Maps and faults in slabs until the pool holds at least `bytes` (best
-  // effort: MADV_POPULATE_WRITE, Linux 5.14+). For the start, before any
+  // Maps and faults in whole slabs while the pool would still hold at most
+  // `bytes` (best effort: MADV_POPULATE_WRITE, Linux 5.14+; a failed mapping
+  // stops it). Warmed memory stays with the pool, as all its memory does. For the start, before any
   // writer runs: unlike a thread that faults in ahead of demand, it takes no
   // CPU from writers.
   void Warm(size_t bytes);

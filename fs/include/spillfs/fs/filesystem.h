@@ -80,9 +80,8 @@ struct FilesystemOptions {
   // Bytes fetched ahead of each sequential reader (ReadAhead); 0: none.
   uint64_t read_ahead_bytes = kDefaultReadAheadBytes;
   static constexpr uint64_t kDefaultReadAheadBytes = 16ull << 20;
-  // The background flusher asks for a sync of the data area (and then the
-  // index) each time it has written this much (background_sync.h); 0: only
-  // fsync, unmount and the sync of parked space do.
+  // The background flusher asks for a sync of the data area each time it has
+  // written this much (background_sync.h); 0: only fsync and unmount sync.
   uint64_t bytes_per_sync = kDefaultBytesPerSync;
   static constexpr uint64_t kDefaultBytesPerSync = 64ull << 20;
   // RAM-tier memory faulted in at open (at most ram_tier_bytes), so the first
@@ -365,7 +364,7 @@ class Filesystem {
   static std::string DedupHash(const char* data);
   Status ApplyBlobRefs(Txn* txn);
   void FlusherLoop();
-  // Asks background_sync_ for a sync when the flusher has written bytes_per_sync
+  // Asks data_sync_ for a sync when the flusher has written bytes_per_sync
   // since the last request (flusher thread only).
   void RequestBackgroundSync();
   static void ApplyOverlay(const WriteBackCache::Overlay& overlay, Entry* entry);
@@ -393,12 +392,15 @@ class Filesystem {
   std::array<std::mutex, kIoLockStripes> flush_locks_;
   ReadAhead read_ahead_;  // after what its fetches use: destroyed (joined) first
   std::atomic<bool> stopping_{false};
-  // Runs SyncAll on its own thread when asked: for the flusher each
-  // bytes_per_sync it wrote, and for space parked too long (CommitTxn).
-  // Created in Open; reset first in the destructor.
-  std::unique_ptr<BackgroundSync> background_sync_;
+  // Started with the flusher when options_.bytes_per_sync > 0; else null.
+  // The data area only, on purpose: an index sync here could make durable a
+  // mapping whose data a flush wrote after this fdatasync began (DESIGN.md,
+  // crash order rule 2). For that reason too the sync that releases parked
+  // space stays under mu_ (CommitTxn).
+  std::unique_ptr<BackgroundSync> data_sync_;
   uint64_t background_synced_to_ = 0;  // store_.bytes_written() at the last request
   std::thread flusher_;
+  bool opened_ = false;  // Open finished (recovery included): a close may be marked clean
   std::atomic<uint64_t> privilege_epoch_{1};
 
   std::mutex mu_;  // commit lock: namespace changes, inode table, next_ino
