@@ -260,6 +260,7 @@ TEST_F(ToolsTest, GoldenHumanOutput) {
             "ram tier        0 B\n"
             "ssd written     0 B\n"
             "ssd read        0 B\n"
+            "data syncs      0\n"
             "cancelled       0 B\n"
             "checksum errors 0\n");
   EXPECT_EQ(Run("stat " + vol_).substr(0, 16 + vol_.size() + 1), "volume          " + vol_ + "\n");

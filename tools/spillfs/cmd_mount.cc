@@ -177,6 +177,9 @@ int RunMount(MountArgs args) {
                                        args.bytes_per_sync, HumanBytes(kMinBytesPerSync)));
     }
     args.fs_options.bytes_per_sync = *bytes;
+    if (args.fs_options.ram_tier_bytes == 0) {
+      fmt::print(stderr, "spillfs mount: --bytes-per-sync does nothing with --ram-tier 0 (no background flusher)\n");
+    }
   }
   if (args.fuse_uring && args.writeback_cache) {
     // A handler that drops the kernel's cached pages (a direct-path commit)
