@@ -147,39 +147,46 @@ int RunBackground(const MountArgs& args) {
   return 0;
 }
 
+// A size given on the command line ("" when not given).
+struct SizeOption {
+  const char* flag;
+  const std::string& text;
+  uint64_t least;  // besides 0, which turns the thing off
+  uint64_t most;
+  uint64_t* out;  // set when text is given and valid
+};
+
+Status ParseSizeOption(const SizeOption& option) {
+  if (option.text.empty()) return Status::OK();
+  auto bytes = ParseSize(option.text);
+  if (!bytes.ok()) return Status::Invalid(fmt::format("{}: {}", option.flag, bytes.status().message()));
+  if (*bytes > option.most) {
+    return Status::Invalid(
+        fmt::format("{}: {} is more than the most, {}", option.flag, option.text, HumanBytes(option.most)));
+  }
+  if (*bytes > 0 && *bytes < option.least) {
+    return Status::Invalid(fmt::format("{}: {} is less than the least, {} (0 turns it off)", option.flag, option.text,
+                                       HumanBytes(option.least)));
+  }
+  *option.out = *bytes;
+  return Status::OK();
+}
+
 int RunMount(MountArgs args) {
   Status valid = Validate(&args);
   if (!valid.ok()) return Fail("mount", valid.message());
-  if (!args.ram_tier.empty()) {
-    auto bytes = ParseSize(args.ram_tier);
-    if (!bytes.ok()) return Fail("mount", "--ram-tier: " + bytes.status().message());
-    args.fs_options.ram_tier_bytes = *bytes;
+  for (const SizeOption& option : {
+           SizeOption{"--ram-tier", args.ram_tier, 0, UINT64_MAX, &args.fs_options.ram_tier_bytes},
+           SizeOption{"--read-ahead", args.read_ahead, 0, kMaxReadAheadBytes, &args.fs_options.read_ahead_bytes},
+           SizeOption{"--ram-tier-warm", args.ram_tier_warm, 0, UINT64_MAX, &args.fs_options.ram_tier_warm_bytes},
+           SizeOption{"--bytes-per-sync", args.bytes_per_sync, kMinBytesPerSync, UINT64_MAX,
+                      &args.fs_options.bytes_per_sync},
+       }) {
+    Status parsed = ParseSizeOption(option);
+    if (!parsed.ok()) return Fail("mount", parsed.message());
   }
-  if (!args.read_ahead.empty()) {
-    auto bytes = ParseSize(args.read_ahead);
-    if (!bytes.ok()) return Fail("mount", "--read-ahead: " + bytes.status().message());
-    if (*bytes > kMaxReadAheadBytes) {
-      return Fail("mount", fmt::format("--read-ahead: {} is more than the most, {}", args.read_ahead,
-                                       HumanBytes(kMaxReadAheadBytes)));
-    }
-    args.fs_options.read_ahead_bytes = *bytes;
-  }
-  if (!args.ram_tier_warm.empty()) {
-    auto bytes = ParseSize(args.ram_tier_warm);
-    if (!bytes.ok()) return Fail("mount", "--ram-tier-warm: " + bytes.status().message());
-    args.fs_options.ram_tier_warm_bytes = *bytes;
-  }
-  if (!args.bytes_per_sync.empty()) {
-    auto bytes = ParseSize(args.bytes_per_sync);
-    if (!bytes.ok()) return Fail("mount", "--bytes-per-sync: " + bytes.status().message());
-    if (*bytes > 0 && *bytes < kMinBytesPerSync) {
-      return Fail("mount", fmt::format("--bytes-per-sync: {} is less than the least, {} (0 turns it off)",
-                                       args.bytes_per_sync, HumanBytes(kMinBytesPerSync)));
-    }
-    args.fs_options.bytes_per_sync = *bytes;
-    if (args.fs_options.ram_tier_bytes == 0) {
-      fmt::print(stderr, "spillfs mount: --bytes-per-sync does nothing with --ram-tier 0 (no background flusher)\n");
-    }
+  if (!args.bytes_per_sync.empty() && args.fs_options.ram_tier_bytes == 0) {
+    fmt::print(stderr, "spillfs mount: --bytes-per-sync does nothing with --ram-tier 0 (no background flusher)\n");
   }
   if (args.fuse_uring && args.writeback_cache) {
     // A handler that drops the kernel's cached pages (a direct-path commit)
