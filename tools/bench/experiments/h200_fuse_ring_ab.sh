@@ -14,5 +14,5 @@ echo "possible CPUs $(cat /sys/devices/system/cpu/possible), online $(cat /sys/d
 for r in 1 2 3; do for mode in dev_fuse ring; do
   args=""; [ $mode = ring ] && args="--fuse-uring"
   $B --spillfs .devrun/bin/spillfs --dir /root/sb --sections seq,random --size 2G --rand-size 4G --rand-seconds 2 \
-    --repeat 1 --mount-args "$args" 2>&1 | grep -E "^  (raw|spillfs mount)" | sed "s/^/round $r $mode: /"
+    --repeat 1 --mount-args "$args" 2>&1 | grep -E "^ +(raw|spillfs mount)" | sed "s/^/round $r $mode: /"
 done; done

@@ -13,6 +13,6 @@ B=.devrun/bin/spillfs-bench; mkdir -p /root/sb
 echo "disk: $(lsblk -dno NAME,SIZE,ROTA,MODEL 2>/dev/null | tr '\n' ';') $(cat /sys/block/vda/queue/max_sectors_kb 2>/dev/null) KiB max, nr_requests $(cat /sys/block/vda/queue/nr_requests 2>/dev/null)"
 for r in 1 2 3; do for ra in 16M 32M 64M; do
   $B --spillfs .devrun/bin/spillfs --dir /root/sb --sections seq --size 2G --repeat 1 --mount-args "--read-ahead $ra" \
-    2>&1 | grep -E "^  (raw io_uring O_DIRECT|spillfs mount (buffered|O_DIRECT) read)" | grep -E "read" |
+    2>&1 | grep -E "^ +(raw io_uring O_DIRECT|spillfs mount (buffered|O_DIRECT) read)" | grep -E "read" |
     awk -v r=$r -v ra=$ra '{printf "round %s read-ahead %s: %s\n", r, ra, $0}'
 done; done
