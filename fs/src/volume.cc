@@ -93,7 +93,9 @@ Result<int> LockVolume(const std::string& dir) {
   if (fd < 0) return Status::Error(errno, fmt::format("cannot open {}: {}", path, std::strerror(errno)));
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     close(fd);
-    return Status::Error(EBUSY, fmt::format("volume {} is in use (mounted by process {})", dir, ReadPid(path)));
+    std::string holder = ReadPid(path);
+    return Status::Error(EBUSY, holder == "?" ? fmt::format("volume {} is in use by a process that is closing it", dir)
+                                              : fmt::format("volume {} is in use by process {}", dir, holder));
   }
   std::string pid = std::to_string(getpid()) + "\n";
   if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {

@@ -8,6 +8,7 @@
 //    Prometheus file MOUNTPOINT/.spillfs/stats, `top`, and the refusal to open
 //    a mounted volume's directory directly.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -327,6 +329,36 @@ TEST_F(ToolsTest, ErrorsExitOne) {
   // Nothing was left locked: the volume still mounts.
   std::string error;
   EXPECT_TRUE(volume_->Mount(&error)) << error;
+}
+
+// A plain umount returns before the daemon lets go of the volume: a mount
+// started then waits for the lock instead of failing.
+TEST_F(ToolsTest, MountWaitsForAProcessThatHoldsTheVolume) {
+  Unmount();
+  const std::string lock_path = vol_ + "/lock";
+  int fd = open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ASSERT_EQ(flock(fd, LOCK_EX | LOCK_NB), 0);
+  const std::string pid = std::to_string(getpid());
+  ASSERT_EQ(pwrite(fd, pid.data(), pid.size(), 0), static_cast<ssize_t>(pid.size()));
+  // Held throughout: fails after the wait, naming the holder.
+  std::string out = Run("mount " + vol_ + " " + mnt_ + " --lock-wait 1", 1);
+  EXPECT_NE(out.find("volume " + vol_ + " is in use by process " + pid + ", still after 1 s"), std::string::npos)
+      << out;
+  // Let go while the mount waits: it mounts.
+  std::thread holder([fd] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    close(fd);
+  });
+  out = Run("mount " + vol_ + " " + mnt_, 0);
+  holder.join();
+  EXPECT_NE(out.find("waiting up to 30 s for it to let go"), std::string::npos) << out;
+  EXPECT_NE(out.find("mounted on " + mnt_), std::string::npos) << out;
+  {
+    std::ifstream a(mnt_ + "/a.txt", std::ios::binary);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}), Pattern(kA, 1));
+  }
+  Run("umount " + mnt_, 0);
 }
 
 // ---- mounted volume (through MOUNTPOINT/.spillfs/control) ----

@@ -45,8 +45,37 @@ struct MountArgs {
   std::string bytes_per_sync;  // background sync of the data area ("" = default)
   std::string ram_tier_warm;   // RAM-tier memory faulted in at mount ("" = default)
   int64_t flush_age_ms = 2000;
+  unsigned lock_wait_s = 30;  // how long to wait for a daemon still finishing an unmount
   FilesystemOptions fs_options;
 };
+
+// Takes the volume's lock and lets it go again, waiting up to `wait_s` while
+// another process holds it. A plain `umount` returns before the daemon has
+// flushed and closed the volume (`spillfs umount` waits), so `umount` followed
+// by `spillfs mount` would otherwise fail for a few seconds. The volume is not
+// mounted anywhere (checked before), so the holder is such a daemon or an
+// offline command (stat, fsck) that will let go.
+Status WaitForVolumeLock(const std::string& volume, unsigned wait_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(wait_s);
+  bool said = false;
+  for (;;) {
+    auto lock = LockVolume(volume);
+    if (lock.ok()) {
+      close(*lock);
+      return Status::OK();
+    }
+    if (lock.status().code() != EBUSY) return lock.status();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status::Error(EBUSY, fmt::format("{}, still after {} s (--lock-wait)", lock.status().message(), wait_s));
+    }
+    if (!said) {
+      fmt::print(stderr, "spillfs mount: {}, which has not mounted it; waiting up to {} s for it to let go\n",
+                 lock.status().message(), wait_s);
+      said = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
 
 // Checks everything that can be checked before forking.
 Status Validate(MountArgs* args) {
@@ -72,9 +101,7 @@ Status Validate(MountArgs* args) {
     return Status::Error(
         EBUSY, fmt::format("{} is already a mount point ({} from {})", args->mountpoint, busy->fstype, busy->source));
   }
-  SPILLFS_ASSIGN_OR_RETURN(int lock_fd, LockVolume(args->volume));
-  close(lock_fd);
-  return Status::OK();
+  return WaitForVolumeLock(args->volume, args->lock_wait_s);
 }
 
 // Opens the volume and mounts it; `report` is called once with the outcome.
@@ -267,6 +294,10 @@ void RegisterMount(CLI::App& app, int* exit_code) {
   cmd->add_flag(
       "--no-dedup", [args](int64_t) { args->fs_options.dedup = false; },
       "Do not deduplicate data flushed during this mount");
+  cmd->add_option("--lock-wait", args->lock_wait_s,
+                  "Seconds to wait for a process that holds the unmounted volume, such as the daemon of a mount "
+                  "that a plain umount has just ended, to let go (default: 30)")
+      ->check(CLI::Range(0, 3600));
   cmd->add_option("--flush-age", args->flush_age_ms, "Flush non-ephemeral dirty data older than this many ms")
       ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
   cmd->callback([args, exit_code] { *exit_code = RunMount(*args); });
