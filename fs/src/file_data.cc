@@ -294,6 +294,7 @@ Result<size_t> Filesystem::WriteThrough(InodeNumber ino, uint64_t offset, const 
   std::memcpy(buffer.data() + (offset - first), data, size);
   SPILLFS_ASSIGN_OR_RETURN(auto extents, WriteBlocks(buffer.data(), first, last - first));
 
+  std::shared_lock mapping(mapping_gate_);  // maps data just written
   std::lock_guard lock(mu_);
   SPILLFS_ASSIGN_OR_RETURN(record, LoadInode(ino));
   Txn txn(index_);

@@ -82,6 +82,7 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
     }
   }
 
+  std::shared_lock mapping(mapping_gate_);  // maps data just written
   std::lock_guard lock(mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   int64_t now = NowNs();

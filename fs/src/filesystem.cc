@@ -65,6 +65,13 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
   // durable the way fsync does (data first, so what becomes durable keeps
   // the data-before-metadata order) instead of failing with ENOSPC.
   allocator_.SetShortageHandler([this] { return SyncAll().ok(); });
+  parked_sync_ = std::make_unique<BackgroundSync>([this] { return SyncAll(); });
+  // RocksDB can make mappings durable without SyncAll, by flushing a sealed
+  // memtable: flush their data first (index.h, SetSealListener).
+  index_.SetSealListener([this] {
+    Status s = store_.Flush();
+    if (!s.ok()) fmt::print(stderr, "spillfs: data sync before an index flush failed: {}\n", s.ToString());
+  });
 }
 
 Filesystem::~Filesystem() {
@@ -83,6 +90,8 @@ Filesystem::~Filesystem() {
     s = index_.Commit(&batch, /*sync=*/true);
   }
   if (!s.ok()) fmt::print(stderr, "spillfs: final flush failed: {}\n", s.ToString());
+  parked_sync_.reset();                // nothing commits any more
+  index_.SetSealListener(nullptr);     // the index outlives store_'s users here
   index_.SetDurableListener(nullptr);  // the index outlives allocator_
 }
 
@@ -242,9 +251,10 @@ Status Filesystem::CommitTxn(Txn* txn) {
   gate_.Retire(std::move(txn->freed), txn->batch.commit_number());
   // A workload that never fsyncs still gets its freed space back on time, as
   // ext4 commits its journal every 5 s: the shortage handler would do it when
-  // space runs out, this keeps the parked set small before that. Best effort:
-  // the batch is committed either way, and a failed sync is tried again later.
-  if (allocator_.parked_for() > kParkedSyncInterval) (void)SyncAll();
+  // space runs out, this keeps the parked set small before that. In the
+  // background (mu_ is held here, and maybe mapping_gate_); a failed sync is
+  // asked for again by a later commit.
+  if (allocator_.parked_for() > kParkedSyncInterval) parked_sync_->Request();
   return Status::OK();
 }
 
@@ -363,6 +373,9 @@ Status Filesystem::Release(InodeNumber ino) {
 }
 
 Status Filesystem::SyncAll() {
+  // No mapping may enter the index between the data flush and the index sync
+  // (mapping_gate.h).
+  std::unique_lock no_new_mappings(mapping_gate_);
   SPILLFS_RETURN_IF_ERROR(store_.Flush());
   return index_.Sync();
 }

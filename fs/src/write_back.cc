@@ -362,6 +362,7 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
   WriteBackCache::File& file = *batch->file;
   auto& extents = batch->plan.extents;
   auto overlay = cache_.GetOverlay(ino);
+  std::shared_lock mapping(mapping_gate_);  // maps data just written
   std::lock_guard lock(mu_);
   auto record = LoadInode(ino);
   if (!record.ok()) {

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <thread>
@@ -32,6 +33,12 @@ std::atomic<int> failures_armed{0};
 std::atomic<int> failures_injected{0};
 std::atomic<int> delay_ms{0};
 std::atomic<int> data_image_syncs{0};
+std::atomic<int64_t> last_sync_end_ns{0};  // steady clock, when the last data.img fdatasync returned
+
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 bool IsDataImage(int fd) {
   char link[4096];
@@ -52,10 +59,13 @@ extern "C" int fdatasync(int fd) {
   if (delay_ms.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
   if (failures_armed.load() > 0 && failures_armed.fetch_sub(1) > 0) {
     ++failures_injected;
+    last_sync_end_ns = SteadyNowNs();
     errno = EIO;
     return -1;
   }
-  return real(fd);
+  int rc = real(fd);
+  last_sync_end_ns = SteadyNowNs();
+  return rc;
 }
 
 namespace spillfs {
@@ -162,6 +172,43 @@ TEST_F(DataSyncTest, FsyncFailsAfterTheBackgroundSyncLostTheWriteBack) {
   Status fsync = (*fs)->Fsync(entry->ino, /*datasync=*/false);
   EXPECT_EQ(fsync.code(), EIO) << fsync.ToString();
   EXPECT_EQ(failures_injected.load(), 1) << "fsync was failed by the sticky error, not by a second injection";
+}
+
+// Crash order rule 2 across an fsync: SyncAll flushes the data area, then
+// syncs the index. A mapping committed in between would be made durable by
+// that index sync although its data was written after the fdatasync began.
+// While SyncAll's fdatasync runs (slowed to 300 ms), a write-through write
+// must not commit its mapping: it returns only after that fdatasync has.
+TEST_F(DataSyncTest, AMappingWaitsForAnIndexSyncInProgress) {
+  FilesystemOptions options;
+  options.ram_tier_bytes = 0;  // write-through: Write commits its mapping itself
+  auto fs = OpenFilesystem(options);
+  ASSERT_TRUE(fs.ok()) << fs.status().ToString();
+  auto entry = (*fs)->MakeNode(kRootInode, "f", S_IFREG | 0644, 0, Caller{});
+  ASSERT_TRUE(entry.ok()) << entry.status().ToString();
+
+  delay_ms = 300;
+  const int before = data_image_syncs.load();
+  std::thread syncer([&] { EXPECT_TRUE((*fs)->SyncAll().ok()); });
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (data_image_syncs.load() == before && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  ASSERT_GT(data_image_syncs.load(), before) << "SyncAll never reached its fdatasync";
+
+  std::string data(16 << 10, 'm');
+  auto written = (*fs)->Write(entry->ino, 0, data.data(), data.size());
+  const int64_t mapped_ns = SteadyNowNs();
+  syncer.join();
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  EXPECT_GE(mapped_ns, last_sync_end_ns.load())
+      << "the write committed its mapping while SyncAll's data flush was still running";
+  delay_ms = 0;
+  std::string back;
+  AlignedBuffer scratch;
+  auto read = (*fs)->Read(entry->ino, 0, data.size(), &scratch, [&](const iovec* pieces, int count) {
+    for (int i = 0; i < count; ++i) back.append(static_cast<const char*>(pieces[i].iov_base), pieces[i].iov_len);
+  });
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(back, data);
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 #include "spillfs/fs/aligned_buffer.h"
 #include "spillfs/fs/allocator.h"
 #include "spillfs/fs/background_sync.h"
+#include "spillfs/fs/mapping_gate.h"
 #include "spillfs/fs/read_ahead.h"
 #include "spillfs/fs/reclaim_gate.h"
 #include "spillfs/fs/volume.h"
@@ -186,7 +187,8 @@ class Filesystem {
   Result<std::vector<std::string>> ListXattr(InodeNumber ino);
   Status RemoveXattr(InodeNumber ino, std::string_view name);
 
-  // Makes every committed change durable (data flush, then index sync).
+  // Makes every committed change durable (data flush, then index sync). Never
+  // call it holding mu_ or mapping_gate_: it takes the gate exclusive.
   Status SyncAll();
 
   // --- direct data path (direct_path.cc) ---
@@ -393,11 +395,16 @@ class Filesystem {
   ReadAhead read_ahead_;  // after what its fetches use: destroyed (joined) first
   std::atomic<bool> stopping_{false};
   // Started with the flusher when options_.bytes_per_sync > 0; else null.
-  // The data area only, on purpose: an index sync here could make durable a
-  // mapping whose data a flush wrote after this fdatasync began (DESIGN.md,
-  // crash order rule 2). For that reason too the sync that releases parked
-  // space stays under mu_ (CommitTxn).
+  // The data area only: it makes nothing durable in the index.
   std::unique_ptr<BackgroundSync> data_sync_;
+  // Held shared by each commit that maps freshly written data (before mu_),
+  // exclusive by SyncAll (mapping_gate.h).
+  MappingGate mapping_gate_;
+  // SyncAll on its own thread, asked for by CommitTxn when freed space has
+  // been parked too long: a sync there, under mu_ and inside a mapping
+  // commit, could not take mapping_gate_. Null once the destructor is done
+  // with it.
+  std::unique_ptr<BackgroundSync> parked_sync_;
   uint64_t background_synced_to_ = 0;  // store_.bytes_written() at the last request
   std::thread flusher_;
   bool opened_ = false;  // Open finished (recovery included): a close may be marked clean
