@@ -28,6 +28,7 @@
 #include <gtest/gtest.h>
 
 #include "errno_names.h"
+#include "eventually.h"
 #include "mounted_volume.h"
 
 namespace spillfs::testing {
@@ -436,11 +437,8 @@ TEST_F(AttrTest, TruncateWithinAnExtentKeepsFreeSpaceHonest) {
   ASSERT_EQ(unlink(P("f").c_str()), 0);
   // FUSE sends RELEASE after close() returns: wait (bounded) until the space
   // is back, then check that no more than that came back.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  do {
-    ASSERT_EQ(statvfs(dir_.c_str(), &sv), 0);
-  } while (sv.f_bfree + 16 < before && std::chrono::steady_clock::now() < deadline &&
-           (std::this_thread::sleep_for(std::chrono::milliseconds(5)), true));
+  Eventually([&] { return statvfs(dir_.c_str(), &sv) == 0 && sv.f_bfree + 16 >= before; });
+  ASSERT_EQ(statvfs(dir_.c_str(), &sv), 0);
   EXPECT_GE(sv.f_bfree + 16, before) << "the file's space did not come back";
   EXPECT_LE(sv.f_bfree, sv.f_blocks) << "more blocks free than exist: space was freed twice";
   EXPECT_LE(sv.f_bfree, before + 16) << "unlink freed more than the file ever used";

@@ -32,6 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "eventually.h"
 #include "mounted_volume.h"
 
 namespace spillfs::testing {
@@ -1077,12 +1078,8 @@ TEST_F(SmallVolumeTest, WriteUntilEnospcThenFreeSpace) {
   // may reclaim the inode just after unlink returns: wait (bounded) for statfs
   // to show the space, then require that writing works again.
   const uint64_t want_free = free_full + written / 2;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  uint64_t free_now = FreeBytes(volume_->mountpoint());
-  while (free_now < want_free && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    free_now = FreeBytes(volume_->mountpoint());
-  }
+  uint64_t free_now = 0;
+  Eventually([&] { return (free_now = FreeBytes(volume_->mountpoint())) >= want_free; });
   EXPECT_GE(free_now, want_free) << "statfs free bytes after deleting " << written << " bytes (before: " << free_full
                                  << ")";
   const uint64_t again = std::min<uint64_t>(written, 32 * kMiB);

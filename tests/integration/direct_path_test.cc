@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "eventually.h"
 #include "mounted_volume.h"
 #include "spillfs/client.h"
 
@@ -123,12 +124,8 @@ uint64_t FreeBytes(const std::string& mountpoint) {
 // RELEASE after close() has returned, so space that a closed control handle
 // held comes back a moment later.
 uint64_t SettledFreeBytes(const std::string& mountpoint, uint64_t expected) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  uint64_t free = FreeBytes(mountpoint);
-  while (free != expected && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    free = FreeBytes(mountpoint);
-  }
+  uint64_t free = 0;
+  Eventually([&] { return (free = FreeBytes(mountpoint)) == expected; }, std::chrono::seconds(5));
   return free;
 }
 

@@ -28,6 +28,7 @@
 #include <gtest/gtest.h>
 
 #include "errno_names.h"
+#include "eventually.h"
 #include "mounted_volume.h"
 
 namespace spillfs::testing {
@@ -168,19 +169,6 @@ uint64_t FreeBytes(const std::string& path) {
     return 0;
   }
   return static_cast<uint64_t>(sv.f_bfree) * sv.f_frsize;
-}
-
-// Polls COND until it holds or 10 s pass. Used only where the kernel makes the
-// daemon's work asynchronous to the system call that caused it: FUSE sends
-// RELEASE for a closed file in the background, after close() has returned, so
-// space held by an unlinked file comes back shortly after the last close.
-bool Eventually(const std::function<bool()>& cond) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
 }
 
 constexpr uint64_t kMiB = 1 << 20;

@@ -33,6 +33,7 @@
 #include <gtest/gtest.h>
 
 #include "errno_names.h"
+#include "eventually.h"
 #include "mounted_volume.h"
 
 namespace spillfs::testing {
@@ -162,17 +163,6 @@ uint64_t FreeBytes(const std::string& path) {
     return 0;
   }
   return static_cast<uint64_t>(sv.f_bfree) * sv.f_frsize;
-}
-
-// Polls COND until it holds or 10 s pass (for work the daemon may do in the
-// background after mounting, such as reclaiming orphans).
-bool Eventually(const std::function<bool()>& cond) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
 }
 
 // A temporary directory, removed with its contents.

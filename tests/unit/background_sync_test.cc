@@ -8,6 +8,8 @@
 #include <mutex>
 #include <thread>
 
+#include "eventually.h"
+
 namespace spillfs {
 namespace {
 
@@ -46,9 +48,7 @@ class HeldSync {
 };
 
 bool WaitForSyncs(const BackgroundSync& sync, uint64_t n) {
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (sync.syncs() < n && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
-  return sync.syncs() >= n;
+  return Eventually([&] { return sync.syncs() >= n; }, 10s, 1ms);
 }
 
 TEST(BackgroundSyncTest, NothingRunsUntilAsked) {

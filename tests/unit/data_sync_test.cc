@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "eventually.h"
 #include "spillfs/fs/block_store.h"
 #include "spillfs/fs/filesystem.h"
 #include "spillfs/fs/volume.h"
@@ -165,9 +166,8 @@ TEST_F(DataSyncTest, FsyncFailsAfterTheBackgroundSyncLostTheWriteBack) {
   auto written = (*fs)->Write(entry->ino, 0, data.data(), data.size());
   ASSERT_TRUE(written.ok()) << written.status().ToString();
   // The flusher writes the file and its background sync takes the failure.
-  const auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (failures_injected.load() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
-  ASSERT_EQ(failures_injected.load(), 1) << "the background sync never ran";
+  ASSERT_TRUE(Eventually([] { return failures_injected.load() > 0; }, 20s)) << "the background sync never ran";
+  ASSERT_EQ(failures_injected.load(), 1);
 
   Status fsync = (*fs)->Fsync(entry->ino, /*datasync=*/false);
   EXPECT_EQ(fsync.code(), EIO) << fsync.ToString();
@@ -190,9 +190,8 @@ TEST_F(DataSyncTest, AMappingWaitsForAnIndexSyncInProgress) {
   delay_ms = 300;
   const int before = data_image_syncs.load();
   std::thread syncer([&] { EXPECT_TRUE((*fs)->SyncAll().ok()); });
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (data_image_syncs.load() == before && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
-  ASSERT_GT(data_image_syncs.load(), before) << "SyncAll never reached its fdatasync";
+  ASSERT_TRUE(Eventually([&] { return data_image_syncs.load() > before; }, 10s, 0ms))
+      << "SyncAll never reached its fdatasync";
 
   std::string data(16 << 10, 'm');
   auto written = (*fs)->Write(entry->ino, 0, data.data(), data.size());

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "eventually.h"
 #include "read_bytes.h"
 #include "spillfs/fs/volume.h"
 #include "spillfs/kvindex/coding.h"
@@ -474,14 +475,9 @@ TEST_P(BackgroundSyncFilesystemTest, FlusherSyncsTheDataAreaWithoutAnFsync) {
   const std::string data = RandomBytes(8 << 20, &rng);  // nothing for dedup to share
   for (uint64_t mib = 0; mib < 8; ++mib) WriteAt(ino, mib << 20, data.substr(mib << 20, 1 << 20));
   // Wait until the flusher has written it all, then a moment for the sync.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (store().bytes_written() < 8u << 20 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  ASSERT_GE(store().bytes_written(), 8u << 20) << "the flusher did not write the file";
-  while (GetParam() > 0 && store().syncs() == syncs_before && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  ASSERT_TRUE(Eventually([&] { return store().bytes_written() >= 8u << 20; }, std::chrono::seconds(20)))
+      << "the flusher did not write the file";
+  if (GetParam() > 0) Eventually([&] { return store().syncs() > syncs_before; }, std::chrono::seconds(20));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   if (GetParam() > 0) {
     EXPECT_GT(store().syncs(), syncs_before);

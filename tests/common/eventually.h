@@ -1,0 +1,23 @@
+// Eventually: polls a condition until it holds or a timeout passes. For tests
+// of work that happens after the call that caused it has returned: the
+// write-behind flusher, the background sync, FUSE's RELEASE of a closed file.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <thread>
+
+namespace spillfs {
+
+// True as soon as `cond` holds; false if it still does not after `timeout`.
+inline bool Eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout = std::chrono::seconds(10),
+                       std::chrono::milliseconds poll = std::chrono::milliseconds(5)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() >= deadline) return cond();
+    std::this_thread::sleep_for(poll);
+  }
+  return true;
+}
+
+}  // namespace spillfs
