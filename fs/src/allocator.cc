@@ -108,7 +108,8 @@ void Allocator::ReleaseHold(uint64_t bytes) {
 Result<std::vector<PhysicalExtent>> Allocator::Reserve(uint64_t length, uint64_t from_hold) {
   bool short_of_parked = false;
   auto reserved = TryReserve(length, from_hold, &short_of_parked);
-  if (reserved.ok() || !short_of_parked || !shortage_ || !shortage_()) return reserved;
+  if (reserved.ok() || !short_of_parked || !shortage_) return reserved;
+  SPILLFS_RETURN_IF_ERROR(shortage_());
   return TryReserve(length, from_hold, &short_of_parked);
 }
 

@@ -165,6 +165,11 @@ Status BlockStore::ReadAt(uint64_t offset, char* buffer, uint64_t length) {
   return Read({PhysicalExtent{offset, length}}, buffer);
 }
 
+Status BlockStore::sync_error() const {
+  std::lock_guard lock(sync_mu_);
+  return sync_error_;
+}
+
 Status BlockStore::Flush() {
   if (journal_ == nullptr) return SyncData();
   // No write runs between the fdatasync and the truncation of the journal.

@@ -64,7 +64,7 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
   // A reservation that only parked space could satisfy: make the index
   // durable the way fsync does (data first, so what becomes durable keeps
   // the data-before-metadata order) instead of failing with ENOSPC.
-  allocator_.SetShortageHandler([this] { return SyncAll().ok(); });
+  allocator_.SetShortageHandler([this] { return SyncAll(); });
   parked_sync_ = std::make_unique<BackgroundSync>([this] { return SyncAll(); });
   // RocksDB can make mappings durable without SyncAll, by flushing a sealed
   // memtable: flush their data first (index.h, SetSealListener).

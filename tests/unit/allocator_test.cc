@@ -412,7 +412,7 @@ TEST_F(AllocatorTest, ShortageHandlerMakesParkedSpaceUsable) {
   index_->SetDurableListener([this](uint64_t commit) { alloc_.Durable(commit); });
   alloc_.SetShortageHandler([&] {
     ++calls;
-    return index_->Sync().ok();
+    return index_->Sync();
   });
   auto all = alloc_.Reserve(kTotal);
   ASSERT_TRUE(all.ok());
@@ -440,6 +440,26 @@ TEST_F(AllocatorTest, ShortageHandlerMakesParkedSpaceUsable) {
   EXPECT_EQ(calls, 1);
   alloc_.SetShortageHandler(nullptr);
   index_->SetDurableListener(nullptr);
+}
+
+// A shortage handler that cannot make parked space durable (the data area's
+// sync failed): the reservation fails with its error, not with ENOSPC.
+TEST_F(AllocatorTest, AFailedShortageHandlerIsTheReservationsError) {
+  int calls = 0;
+  alloc_.SetShortageHandler([&] {
+    ++calls;
+    return Status::IOError("data area sync failed");
+  });
+  auto all = alloc_.Reserve(kTotal);
+  ASSERT_TRUE(all.ok());
+  Commit(*all, {});
+  const PhysicalExtent freed{kBase, 2 * kUnit};
+  Commit({}, {freed});
+  alloc_.Release({freed}, index_->last_commit());
+  auto reserved = alloc_.Reserve(kUnit);
+  EXPECT_EQ(reserved.status().code(), EIO) << reserved.status().ToString();
+  EXPECT_EQ(calls, 1);
+  alloc_.SetShortageHandler(nullptr);
 }
 
 TEST_F(AllocatorTest, LoadRefusesAMalformedFreeList) {

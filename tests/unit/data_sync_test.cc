@@ -137,6 +137,7 @@ TEST_F(DataSyncTest, AFailedFlushFailsEveryLaterFlush) {
   ASSERT_TRUE((*store)->Flush().ok());
   const uint64_t syncs = (*store)->syncs();
 
+  EXPECT_TRUE((*store)->sync_error().ok());
   failures_armed = 1;
   Status first = (*store)->Flush();
   EXPECT_EQ(first.code(), EIO) << first.ToString();
@@ -145,6 +146,7 @@ TEST_F(DataSyncTest, AFailedFlushFailsEveryLaterFlush) {
   Status later = (*store)->Flush();
   EXPECT_EQ(later.code(), EIO) << later.ToString();
   EXPECT_NE(later.message().find("remount"), std::string::npos) << later.ToString();
+  EXPECT_EQ((*store)->sync_error().code(), EIO) << "what spillfs stat shows";
   EXPECT_EQ((*store)->syncs(), syncs) << "a failed fdatasync is not counted, and none ran after it";
 }
 

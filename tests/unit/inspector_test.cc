@@ -216,6 +216,8 @@ TEST_F(InspectorTest, StatCountsTheTree) {
     ASSERT_TRUE(s.contains(key)) << key;
     EXPECT_EQ(s[key], 0u) << key;
   }
+  EXPECT_EQ(s["data_sync_failed"], false);
+  EXPECT_TRUE(s["data_sync_error"].is_null());
 }
 
 TEST_F(InspectorTest, StatOfAnEmptyVolume) {
@@ -244,6 +246,7 @@ TEST_F(InspectorTest, StatTakesLiveCountersFromTheDaemon) {
   rt.bytes_cancelled = 15;
   rt.checksum_errors = 16;
   rt.data_syncs = 19;
+  rt.data_sync_error = "EIO: fdatasync failed";
   rt.reads = 17;
   rt.writes = 18;
   rt.uptime_seconds = 2.5;
@@ -260,6 +263,8 @@ TEST_F(InspectorTest, StatTakesLiveCountersFromTheDaemon) {
   EXPECT_EQ(s["bytes_cancelled"], 15u);
   EXPECT_EQ(s["checksum_errors"], 16u);
   EXPECT_EQ(s["data_syncs"], 19u);
+  EXPECT_EQ(s["data_sync_failed"], true);
+  EXPECT_EQ(s["data_sync_error"], "EIO: fdatasync failed");
   EXPECT_EQ(s["reads"], 17u);
   EXPECT_EQ(s["writes"], 18u);
   EXPECT_DOUBLE_EQ(s["uptime_seconds"].get<double>(), 2.5);

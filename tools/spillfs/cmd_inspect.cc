@@ -303,7 +303,11 @@ int RunStat(const StatArgs& args) {
                                                         Percent(U64(stat, "ram_tier_bytes"), tier_capacity)));
   PrintRow("ssd written", HumanBytes(U64(stat, "bytes_written_ssd")));
   PrintRow("ssd read", HumanBytes(U64(stat, "bytes_read_ssd")));
-  PrintRow("data syncs", std::to_string(U64(stat, "data_syncs")));
+  std::string syncs = std::to_string(U64(stat, "data_syncs"));
+  if (stat.contains("data_sync_error") && stat["data_sync_error"].is_string()) {
+    syncs += fmt::format(", then FAILED: {}", stat["data_sync_error"].get<std::string>());
+  }
+  PrintRow("data syncs", syncs);
   PrintRow("cancelled", HumanBytes(U64(stat, "bytes_cancelled")));
   PrintRow("checksum errors", std::to_string(U64(stat, "checksum_errors")));
   return 0;

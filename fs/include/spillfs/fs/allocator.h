@@ -45,9 +45,12 @@ class Allocator {
   Status Load(const Index& index);
 
   // Called, without the allocator's lock, when a reservation fits only with
-  // parked space; returns true when it made some durable (Durable() was
-  // called), and the reservation is tried once more. Set before use.
-  void SetShortageHandler(std::function<bool()> handler) { shortage_ = std::move(handler); }
+  // parked space, to make it durable (Durable() is called); then the
+  // reservation is tried once more. When it fails, the reservation fails with
+  // its error instead of ENOSPC: the space exists, but cannot be used (a
+  // failed sync of the data area keeps it parked until a remount). Set
+  // before use.
+  void SetShortageHandler(std::function<Status()> handler) { shortage_ = std::move(handler); }
 
   // Reserves `length` bytes (a multiple of unit) as one or more extents,
   // preferring one contiguous run after the last allocation. ENOSPC when the
@@ -108,7 +111,7 @@ class Allocator {
   uint64_t parked_bytes_ = 0;
   std::chrono::steady_clock::time_point oldest_parked_{};  // valid while parked_ is non-empty
   uint64_t durable_ = 0;                                   // highest durable commit number
-  std::function<bool()> shortage_;
+  std::function<Status()> shortage_;
 };
 
 }  // namespace spillfs

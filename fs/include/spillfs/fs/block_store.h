@@ -88,6 +88,8 @@ class BlockStore {
   Status Flush();
   // fdatasync calls that succeeded since Open (callers that shared one count once).
   uint64_t syncs() const { return syncs_.load(std::memory_order_relaxed); }
+  // The sticky error of Flush: OK until an fdatasync has failed.
+  Status sync_error() const;
 
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
@@ -112,7 +114,7 @@ class BlockStore {
   std::atomic<uint64_t> bytes_written_{0};
   std::atomic<uint64_t> bytes_read_{0};
   // Group commit of fdatasync (SyncData), all guarded by sync_mu_.
-  std::mutex sync_mu_;
+  mutable std::mutex sync_mu_;
   std::condition_variable sync_done_;
   bool sync_running_ = false;
   uint64_t sync_tickets_ = 0;  // callers so far, numbered from 1

@@ -66,6 +66,9 @@ struct RuntimeStats {
   // fdatasync calls on the data area that succeeded (fsync, unmount, the
   // background sync; fsyncs that shared one count once).
   uint64_t data_syncs = 0;
+  // The failed fdatasync that every later sync reports until a remount
+  // (block_store.h, Flush); empty while none has failed.
+  std::string data_sync_error;
 
   // Client-visible traffic (FUSE read/write and the direct path).
   uint64_t bytes_written = 0;  // logical bytes accepted by write()
