@@ -82,7 +82,8 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
     }
   }
 
-  std::shared_lock mapping(mapping_gate_);  // maps data just written
+  std::shared_lock mapping(mapping_gate_, std::defer_lock);
+  if (tail) mapping.lock();  // maps the block just rewritten
   std::lock_guard lock(mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   int64_t now = NowNs();

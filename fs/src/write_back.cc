@@ -362,7 +362,9 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
   WriteBackCache::File& file = *batch->file;
   auto& extents = batch->plan.extents;
   auto overlay = cache_.GetOverlay(ino);
-  std::shared_lock mapping(mapping_gate_);  // maps data just written
+  // Maps data just written (a batch with no data, only size and mtime, does not).
+  std::shared_lock mapping(mapping_gate_, std::defer_lock);
+  if (!extents.empty() || !batch->shared.empty()) mapping.lock();
   std::lock_guard lock(mu_);
   auto record = LoadInode(ino);
   if (!record.ok()) {

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,7 +20,6 @@
 #include <regex>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -338,22 +338,40 @@ TEST_F(ToolsTest, MountWaitsForAProcessThatHoldsTheVolume) {
   const std::string lock_path = vol_ + "/lock";
   int fd = open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(fd, 0) << strerror(errno);
+  struct CloseAtEnd {
+    int* fd;
+    ~CloseAtEnd() {
+      if (*fd >= 0) close(*fd);
+    }
+  } close_at_end{&fd};
   ASSERT_EQ(flock(fd, LOCK_EX | LOCK_NB), 0);
   const std::string pid = std::to_string(getpid());
+  ASSERT_EQ(ftruncate(fd, 0), 0);
   ASSERT_EQ(pwrite(fd, pid.data(), pid.size(), 0), static_cast<ssize_t>(pid.size()));
   // Held throughout: fails after the wait, naming the holder.
   std::string out = Run("mount " + vol_ + " " + mnt_ + " --lock-wait 1", 1);
   EXPECT_NE(out.find("volume " + vol_ + " is in use by process " + pid + ", still after 1 s"), std::string::npos)
       << out;
-  // Let go while the mount waits: it mounts.
-  std::thread holder([fd] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    close(fd);
-  });
-  out = Run("mount " + vol_ + " " + mnt_, 0);
-  holder.join();
-  EXPECT_NE(out.find("waiting up to 30 s for it to let go"), std::string::npos) << out;
-  EXPECT_NE(out.find("mounted on " + mnt_), std::string::npos) << out;
+  // Other mistakes are reported at once, without the wait.
+  out = Run("mount " + vol_ + " " + mnt_ + " --read-ahead lots", 1);
+  EXPECT_EQ(out.find("waiting"), std::string::npos) << out;
+  // Let go once the mount says it waits: it mounts.
+  const std::string command = std::string(SpillfsBinary()) + " mount " + vol_ + " " + mnt_ + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string text;
+  char line[4096];
+  while (fgets(line, sizeof(line), pipe) != nullptr) {
+    text += line;
+    if (fd >= 0 && text.find("waiting up to 30 s for it to let go") != std::string::npos) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  const int status = pclose(pipe);
+  EXPECT_EQ(fd, -1) << "the mount never said that it waits:\n" << text;
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
+  EXPECT_NE(text.find("mounted on " + mnt_), std::string::npos) << text;
   {
     std::ifstream a(mnt_ + "/a.txt", std::ios::binary);
     EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}), Pattern(kA, 1));

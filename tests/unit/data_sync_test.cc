@@ -34,19 +34,19 @@ std::atomic<int> failures_armed{0};
 std::atomic<int> failures_injected{0};
 std::atomic<int> delay_ms{0};
 std::atomic<int> data_image_syncs{0};
-std::atomic<int64_t> last_sync_end_ns{0};  // steady clock, when the last data.img fdatasync returned
+std::atomic<int64_t> last_sync_end_ns{0};      // steady clock, when the last data.img fdatasync returned
+std::atomic<int64_t> last_wal_sync_end_ns{0};  // the same for the index's WAL (*.log)
 
 int64_t SteadyNowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
-bool IsDataImage(int fd) {
+bool PathEndsWith(int fd, const std::string& suffix) {
   char link[4096];
   ssize_t n = readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof(link) - 1);
   if (n <= 0) return false;
   std::string path(link, static_cast<size_t>(n));
-  const std::string suffix = "/data.img";
   return path.size() >= suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
@@ -55,7 +55,11 @@ bool IsDataImage(int fd) {
 extern "C" int fdatasync(int fd) {
   using Real = int (*)(int);
   static const Real real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "fdatasync"));
-  if (!IsDataImage(fd)) return real(fd);
+  if (!PathEndsWith(fd, "/data.img")) {
+    int rc = real(fd);
+    if (PathEndsWith(fd, ".log")) last_wal_sync_end_ns = SteadyNowNs();
+    return rc;
+  }
   ++data_image_syncs;
   if (delay_ms.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
   if (failures_armed.load() > 0 && failures_armed.fetch_sub(1) > 0) {
@@ -177,10 +181,10 @@ TEST_F(DataSyncTest, FsyncFailsAfterTheBackgroundSyncLostTheWriteBack) {
 }
 
 // Crash order rule 2 across an fsync: SyncAll flushes the data area, then
-// syncs the index. A mapping committed in between would be made durable by
-// that index sync although its data was written after the fdatasync began.
+// syncs the index's WAL. A mapping committed in between would be made durable
+// by that WAL sync although its data was written after the fdatasync began.
 // While SyncAll's fdatasync runs (slowed to 300 ms), a write-through write
-// must not commit its mapping: it returns only after that fdatasync has.
+// must not commit its mapping: it returns only after the WAL sync.
 TEST_F(DataSyncTest, AMappingWaitsForAnIndexSyncInProgress) {
   FilesystemOptions options;
   options.ram_tier_bytes = 0;  // write-through: Write commits its mapping itself
@@ -192,17 +196,26 @@ TEST_F(DataSyncTest, AMappingWaitsForAnIndexSyncInProgress) {
   delay_ms = 300;
   const int before = data_image_syncs.load();
   std::thread syncer([&] { EXPECT_TRUE((*fs)->SyncAll().ok()); });
+  struct Joiner {  // joins at once, or at the end when an assertion returns
+    std::thread* thread;
+    void Join() {
+      if (thread->joinable()) thread->join();
+      delay_ms = 0;
+    }
+    ~Joiner() { Join(); }
+  } syncer_done{&syncer};
   ASSERT_TRUE(Eventually([&] { return data_image_syncs.load() > before; }, 10s, 0ms))
       << "SyncAll never reached its fdatasync";
 
   std::string data(16 << 10, 'm');
   auto written = (*fs)->Write(entry->ino, 0, data.data(), data.size());
   const int64_t mapped_ns = SteadyNowNs();
-  syncer.join();
+  syncer_done.Join();  // SyncAll's own syncs are the last ones now
   ASSERT_TRUE(written.ok()) << written.status().ToString();
   EXPECT_GE(mapped_ns, last_sync_end_ns.load())
       << "the write committed its mapping while SyncAll's data flush was still running";
-  delay_ms = 0;
+  EXPECT_GE(mapped_ns, last_wal_sync_end_ns.load())
+      << "the write committed its mapping between SyncAll's data flush and its WAL sync";
   std::string back;
   AlignedBuffer scratch;
   auto read = (*fs)->Read(entry->ino, 0, data.size(), &scratch, [&](const iovec* pieces, int count) {
@@ -210,6 +223,22 @@ TEST_F(DataSyncTest, AMappingWaitsForAnIndexSyncInProgress) {
   });
   ASSERT_TRUE(read.ok()) << read.status().ToString();
   EXPECT_EQ(back, data);
+}
+
+// A memtable flush makes mappings durable without SyncAll: the filesystem
+// flushes the data area when RocksDB seals the memtable (Index::SetSealListener).
+TEST_F(DataSyncTest, AnIndexFlushFlushesTheDataAreaFirst) {
+  FilesystemOptions options;
+  options.ram_tier_bytes = 0;
+  auto fs = OpenFilesystem(options);
+  ASSERT_TRUE(fs.ok()) << fs.status().ToString();
+  auto entry = (*fs)->MakeNode(kRootInode, "f", S_IFREG | 0644, 0, Caller{});
+  ASSERT_TRUE(entry.ok()) << entry.status().ToString();
+  std::string data(64 << 10, 's');
+  ASSERT_TRUE((*fs)->Write(entry->ino, 0, data.data(), data.size()).ok());
+  const uint64_t syncs = (*fs)->volume().store().syncs();
+  ASSERT_TRUE((*fs)->volume().index().FlushMemTables().ok());
+  EXPECT_GT((*fs)->volume().store().syncs(), syncs) << "the memtable was flushed without a data sync first";
 }
 
 }  // namespace

@@ -65,6 +65,9 @@ Status WaitForVolumeLock(const std::string& volume, unsigned wait_s) {
       return Status::OK();
     }
     if (lock.status().code() != EBUSY) return lock.status();
+    if (auto mounted = FindVolumeMount(volume)) {  // mounted meanwhile, by someone else
+      return Status::Error(EBUSY, fmt::format("volume {} is already mounted on {}", volume, mounted->mountpoint));
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
       return Status::Error(EBUSY, fmt::format("{}, still after {} s (--lock-wait)", lock.status().message(), wait_s));
     }
@@ -101,7 +104,7 @@ Status Validate(MountArgs* args) {
     return Status::Error(
         EBUSY, fmt::format("{} is already a mount point ({} from {})", args->mountpoint, busy->fstype, busy->source));
   }
-  return WaitForVolumeLock(args->volume, args->lock_wait_s);
+  return Status::OK();
 }
 
 // Opens the volume and mounts it; `report` is called once with the outcome.
@@ -222,6 +225,8 @@ int RunMount(MountArgs args) {
     // wait forever.
     return Fail("mount", "--fuse-uring and --writeback-cache cannot be used together");
   }
+  // Last: every other mistake is reported without waiting.
+  if (Status free = WaitForVolumeLock(args.volume, args.lock_wait_s); !free.ok()) return Fail("mount", free.message());
   args.fs_options.flush_age_ms = args.flush_age_ms;
   if (!args.foreground) return RunBackground(args);
   return Serve(args, [&](const Status& s) {

@@ -10,6 +10,12 @@
 // image file one device flush covers both and this is benign; with the data
 // on its own device (mkfs --device) it is not.
 //
+// What it does not cover, in device mode: the kernel may write the WAL file
+// back before any sync, and RocksDB syncs a closed WAL before a memtable
+// flush (Index::SetSealListener flushes the data area at the seal, but a
+// flush of another family may sync that WAL while that runs). Either can make
+// a mapping durable before its data; tests/RELIABILITY.md, "Still open".
+//
 // Commits hold the gate shared (many at once), taken before Filesystem::mu_;
 // SyncAll holds it exclusive. It prefers the exclusive side, so a steady
 // stream of commits cannot starve an fsync; therefore a thread must never
@@ -17,6 +23,8 @@
 #pragma once
 
 #include <pthread.h>
+
+#include <cstdlib>
 
 namespace spillfs {
 
@@ -34,13 +42,19 @@ class MappingGate {
   MappingGate& operator=(const MappingGate&) = delete;
 
   // Shared: one mapping commit (std::shared_lock).
-  void lock_shared() { pthread_rwlock_rdlock(&lock_); }
-  void unlock_shared() { pthread_rwlock_unlock(&lock_); }
+  void lock_shared() { Check(pthread_rwlock_rdlock(&lock_)); }
+  void unlock_shared() { Check(pthread_rwlock_unlock(&lock_)); }
   // Exclusive: SyncAll (std::unique_lock).
-  void lock() { pthread_rwlock_wrlock(&lock_); }
-  void unlock() { pthread_rwlock_unlock(&lock_); }
+  void lock() { Check(pthread_rwlock_wrlock(&lock_)); }
+  void unlock() { Check(pthread_rwlock_unlock(&lock_)); }
 
  private:
+  // A failure here is a locking bug (EDEADLK: this thread holds the gate
+  // already), and going on would unlock someone else's hold: stop.
+  static void Check(int rc) {
+    if (rc != 0) std::abort();
+  }
+
   pthread_rwlock_t lock_;
 };
 
