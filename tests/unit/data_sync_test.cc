@@ -200,7 +200,6 @@ TEST_F(DataSyncTest, AMappingWaitsForAnIndexSyncInProgress) {
     std::thread* thread;
     void Join() {
       if (thread->joinable()) thread->join();
-      delay_ms = 0;
     }
     ~Joiner() { Join(); }
   } syncer_done{&syncer};
