@@ -66,7 +66,7 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
     extents.emplace_back(file_offset + at, std::move(record));
     at += piece.length;
   }
-  std::shared_lock mapping(mapping_gate_);  // maps data just written
+  SPILLFS_RETURN_IF_ERROR(FlushBeforeMapping(ino));  // the client's writes have completed
   std::lock_guard lock(mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "commit target is not a regular file");

@@ -85,17 +85,12 @@ Status Filesystem::ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t co
   return Status::OK();
 }
 
-Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteBlocks(const char* data, uint64_t file_offset,
+Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteBlocks(const InodeRecord& record,
+                                                                               const char* data, uint64_t file_offset,
                                                                                uint64_t length) {
-  return WriteSegments({Segment{file_offset, data, length, {}, {}, {}}}, 0);
-}
-
-// Reserves space for all segments at once, writes them in parallel and
-// returns one extent per run that is contiguous both in the file and on disk.
-Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteSegments(const std::vector<Segment>& segments,
-                                                                                 uint64_t from_hold) {
-  SPILLFS_ASSIGN_OR_RETURN(SegmentPlan plan, PlanSegments(segments, from_hold));
+  SPILLFS_ASSIGN_OR_RETURN(SegmentPlan plan, PlanSegments({Segment{file_offset, data, length, {}, {}, {}}}, 0));
   Status written = store_.WriteSlices(plan.slices);
+  if (written.ok()) written = FlushBeforeMapping(record);
   if (!written.ok()) {
     allocator_.Unreserve(plan.space);
     return written;
@@ -292,9 +287,8 @@ Result<size_t> Filesystem::WriteThrough(InodeNumber ino, uint64_t offset, const 
         ReadBlocks(ino, (last - block_size_) / block_size_, 1, buffer.data() + (last - first - block_size_)));
   }
   std::memcpy(buffer.data() + (offset - first), data, size);
-  SPILLFS_ASSIGN_OR_RETURN(auto extents, WriteBlocks(buffer.data(), first, last - first));
+  SPILLFS_ASSIGN_OR_RETURN(auto extents, WriteBlocks(record, buffer.data(), first, last - first));
 
-  std::shared_lock mapping(mapping_gate_);  // maps data just written
   std::lock_guard lock(mu_);
   SPILLFS_ASSIGN_OR_RETURN(record, LoadInode(ino));
   Txn txn(index_);

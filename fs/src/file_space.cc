@@ -62,7 +62,7 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
         buffer.Resize(block_size_);
         SPILLFS_RETURN_IF_ERROR(ReadBlocks(ino, block / block_size_, 1, buffer.data()));
         std::memset(buffer.data() + (size - block), 0, block_size_ - (size - block));
-        SPILLFS_ASSIGN_OR_RETURN(auto extents, WriteBlocks(buffer.data(), block, block_size_));
+        SPILLFS_ASSIGN_OR_RETURN(auto extents, WriteBlocks(record, buffer.data(), block, block_size_));
         tail = BlockRewrite{block, std::move(extents)};
       }
     }
@@ -82,8 +82,6 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
     }
   }
 
-  std::shared_lock mapping(mapping_gate_, std::defer_lock);
-  if (tail) mapping.lock();  // maps the block just rewritten
   std::lock_guard lock(mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   int64_t now = NowNs();

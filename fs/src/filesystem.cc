@@ -66,12 +66,6 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
   // the data-before-metadata order) instead of failing with ENOSPC.
   allocator_.SetShortageHandler([this] { return SyncAll(); });
   parked_sync_ = std::make_unique<BackgroundSync>([this] { return SyncAll(); });
-  // RocksDB can make mappings durable without SyncAll, by flushing a sealed
-  // memtable: flush their data first (index.h, SetSealListener).
-  index_.SetSealListener([this] {
-    Status s = store_.Flush();
-    if (!s.ok()) fmt::print(stderr, "spillfs: data sync before an index flush failed: {}\n", s.ToString());
-  });
 }
 
 Filesystem::~Filesystem() {
@@ -91,7 +85,6 @@ Filesystem::~Filesystem() {
   }
   if (!s.ok()) fmt::print(stderr, "spillfs: final flush failed: {}\n", s.ToString());
   parked_sync_.reset();                // nothing commits any more
-  index_.SetSealListener(nullptr);     // the index outlives store_'s users here
   index_.SetDurableListener(nullptr);  // the index outlives allocator_
 }
 
@@ -102,9 +95,6 @@ Result<std::unique_ptr<Filesystem>> Filesystem::Open(std::unique_ptr<Volume> vol
   SPILLFS_RETURN_IF_ERROR(fs->Recover());
   if (options.ram_tier_bytes > 0) {
     fs->cache_.WarmUp(options.ram_tier_warm_bytes);
-    if (options.bytes_per_sync > 0) {
-      fs->data_sync_ = std::make_unique<BackgroundSync>([store = &fs->store_] { return store->Flush(); });
-    }
     fs->flusher_ = std::thread([raw = fs.get()] { raw->FlusherLoop(); });
   }
   fs->opened_ = true;
@@ -252,7 +242,7 @@ Status Filesystem::CommitTxn(Txn* txn) {
   // A workload that never fsyncs still gets its freed space back on time, as
   // ext4 commits its journal every 5 s: the shortage handler would do it when
   // space runs out, this keeps the parked set small before that. In the
-  // background (mu_ is held here, and maybe mapping_gate_); a failed sync is
+  // background (mu_ is held here); a failed sync is
   // asked for again by a later commit.
   if (allocator_.parked_for() > kParkedSyncInterval) parked_sync_->Request();
   return Status::OK();
@@ -373,11 +363,19 @@ Status Filesystem::Release(InodeNumber ino) {
 }
 
 Status Filesystem::SyncAll() {
-  // No mapping may enter the index between the data flush and the index sync
-  // (mapping_gate.h).
-  std::unique_lock no_new_mappings(mapping_gate_);
   SPILLFS_RETURN_IF_ERROR(store_.Flush());
   return index_.Sync();
+}
+
+Status Filesystem::FlushBeforeMapping(const InodeRecord& record) {
+  if (record.flags & kInodeEphemeral) return Status::OK();
+  return store_.Flush();
+}
+
+Status Filesystem::FlushBeforeMapping(InodeNumber ino) {
+  auto record = LoadInode(ino);
+  if (!record.ok()) return record.status().code() == ENOENT ? Status::OK() : record.status();  // nothing to map
+  return FlushBeforeMapping(*record);
 }
 
 Status Filesystem::Fsync(InodeNumber ino, bool datasync) {

@@ -240,6 +240,10 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
     if (!pending) return Status::OK();
     std::unique_ptr<FlushBatch> batch = std::move(pending);
     Status written = batch->written.get();
+    // Outside the I/O lock (unless the caller holds it): writers go on
+    // meanwhile. Dedup hits count too: their blob may be an ephemeral file's,
+    // mapped without a flush.
+    if (written.ok() && (!batch->plan.extents.empty() || !batch->shared.empty())) written = FlushBeforeMapping(ino);
     auto lock = exclusive();
     if (!written.ok()) {
       allocator_.Unreserve(batch->plan.space);
@@ -255,6 +259,7 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
     GatherBatch(again, &retry);
     SPILLFS_RETURN_IF_ERROR(PlanBatch(&retry, /*dedup=*/false));
     Status rewritten = store_.WriteSlices(retry.plan.slices);
+    if (rewritten.ok()) rewritten = FlushBeforeMapping(ino);
     if (!rewritten.ok()) {
       allocator_.Unreserve(retry.plan.space);
       AbandonBatch(&retry);
@@ -286,7 +291,6 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
           std::async(std::launch::async, [this, slices = batch->plan.slices] { return store_.WriteSlices(slices); });
     }
     Status committed = commit_pending();
-    if (scope == FlushScope::kBackground) RequestBackgroundSync();  // one file may be GiBs
     pending = std::move(batch);
     if (!committed.ok()) {
       // The batch just started is written: map it, or give it back (the
@@ -362,9 +366,6 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
   WriteBackCache::File& file = *batch->file;
   auto& extents = batch->plan.extents;
   auto overlay = cache_.GetOverlay(ino);
-  // Maps data just written (a batch with no data, only size and mtime, does not).
-  std::shared_lock mapping(mapping_gate_, std::defer_lock);
-  if (!extents.empty() || !batch->shared.empty()) mapping.lock();
   std::lock_guard lock(mu_);
   auto record = LoadInode(ino);
   if (!record.ok()) {
@@ -496,14 +497,6 @@ Status Filesystem::FlushAll() {
   return first;
 }
 
-void Filesystem::RequestBackgroundSync() {
-  // Durable as it goes (background_sync.h), so the fsync at the end of a long
-  // write waits for the last stretch only.
-  if (!data_sync_ || store_.bytes_written() - background_synced_to_ < options_.bytes_per_sync) return;
-  background_synced_to_ = store_.bytes_written();
-  data_sync_->Request();
-}
-
 void Filesystem::FlusherLoop() {
   pthread_setname_np(pthread_self(), "spillfs-flush");
   const int64_t max_age_ns = options_.flush_age_ms * 1000000;
@@ -513,7 +506,6 @@ void Filesystem::FlusherLoop() {
       if (stopping_) break;
       Status s = FlushFile(ino, FlushScope::kBackground);
       if (!s.ok()) fmt::print(stderr, "spillfs: background flush of inode {} failed: {}\n", ino, s.ToString());
-      RequestBackgroundSync();
     }
   }
 }

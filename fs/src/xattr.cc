@@ -25,9 +25,20 @@ bool IsSecurityXattr(std::string_view name) { return name.substr(0, 9) == "secur
 
 }  // namespace
 
+Status Filesystem::FlushForEphemeralChange(std::unique_lock<std::mutex>* flush_lock) {
+  // A file that stops being ephemeral promises its mapped data from the
+  // flag's commit on, and its batches were mapped without a data flush
+  // (FlushBeforeMapping): flush now, and keep its flushes out (FlushLock)
+  // until the flag is committed.
+  flush_lock->lock();
+  return store_.Flush();
+}
+
 Status Filesystem::SetXattr(InodeNumber ino, std::string_view name, std::string_view value, int flags) {
   SPILLFS_RETURN_IF_ERROR(CheckXattrName(name));
   if (value.size() > kXattrValueMax) return Status::Error(E2BIG, "attribute value larger than 64 KiB");
+  std::unique_lock flush_lock(FlushLock(ino), std::defer_lock);
+  if (name == kEphemeralXattr) SPILLFS_RETURN_IF_ERROR(FlushForEphemeralChange(&flush_lock));
   std::lock_guard lock(mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   std::string existing;
@@ -76,6 +87,8 @@ Result<std::vector<std::string>> Filesystem::ListXattr(InodeNumber ino) {
 
 Status Filesystem::RemoveXattr(InodeNumber ino, std::string_view name) {
   SPILLFS_RETURN_IF_ERROR(CheckXattrName(name));
+  std::unique_lock flush_lock(FlushLock(ino), std::defer_lock);
+  if (name == kEphemeralXattr) SPILLFS_RETURN_IF_ERROR(FlushForEphemeralChange(&flush_lock));
   std::lock_guard lock(mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   std::string existing;

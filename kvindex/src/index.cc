@@ -92,28 +92,6 @@ rocksdb::ColumnFamilyOptions FamilyOptions(const std::shared_ptr<rocksdb::Cache>
 
 }  // namespace
 
-// Passes RocksDB's OnMemTableSealed to the listener set by SetSealListener
-// (none until then: an index opened by a tool has none).
-class SealNotifier : public rocksdb::EventListener {
- public:
-  void Set(std::function<void()> listener) {
-    std::lock_guard lock(mu_);
-    listener_ = std::move(listener);
-  }
-  void OnMemTableSealed(const rocksdb::MemTableInfo& /*info*/) override {
-    std::lock_guard lock(mu_);
-    if (listener_) listener_();
-  }
-
- private:
-  std::mutex mu_;
-  std::function<void()> listener_;
-};
-
-void Index::SetSealListener(std::function<void()> listener) {
-  if (seal_notifier_) seal_notifier_->Set(std::move(listener));
-}
-
 const char* FamilyName(Family family) { return kFamilyNames[static_cast<int>(family)]; }
 
 std::string EncodeMetaU64(uint64_t value) {
@@ -196,8 +174,6 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& path, const Option
     s = rocksdb::DB::OpenForReadOnly(DatabaseOptions(false), path, families, &handles, &db);
   } else {
     rocksdb::Options db_options = DatabaseOptions(options.create);
-    index->seal_notifier_ = std::make_shared<SealNotifier>();
-    db_options.listeners.push_back(index->seal_notifier_);
     const char* journal = getenv(powercut::kIndexJournalEnv);
     if (journal != nullptr && *journal != '\0') {
       // Power-cut simulation: nothing written before this open is in doubt.
@@ -244,11 +220,6 @@ Status Index::Commit(Batch* batch, bool sync) {
     if (sync) NoteDurable(before);  // batches numbered in between may follow this one in the WAL
   }
   return Status::OK();
-}
-
-Status Index::FlushMemTables() {
-  if (read_only_) return Status::OK();
-  return FromRocks(db_->Flush(rocksdb::FlushOptions(), handles_), "index flush");
 }
 
 Status Index::Sync() {

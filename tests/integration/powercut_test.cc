@@ -22,6 +22,12 @@
 // (LosingEvery...), or a seeded random subset of them (a device may have
 // written any of its cached writes: RandomSubset...).
 //
+// A third test keeps the whole index instead (WalWrittenBack...): the kernel
+// may write RocksDB's WAL back to the media at any moment, before any sync,
+// so every committed batch may survive a cut. Crash order rule 2 (a mapping
+// reaches the index only after its data is durable) then means no block may
+// read EIO at all: every mapping the index holds names data that was flushed.
+//
 // What must hold afterwards: `spillfs fsck` finds the volume consistent
 // (orphans pending for mount allowed, as in crash_test); it mounts; every name
 // is in one of the states it had since the last fsync (present or absent,
@@ -45,6 +51,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <dirent.h>
@@ -79,6 +86,13 @@ constexpr uint64_t kMaxFiles = 40;
 constexpr int kMinKillMs = 200;
 constexpr int kMaxKillMs = 1800;
 constexpr uint64_t kBlock = 4096;  // the volume's block size (mkfs default)
+// Files created under this directory (user.spillfs.ephemeral=1, inherited by
+// its subdirectories) are never flushed by fsync or close, only when the RAM
+// tier is short (it is kept small, kRamTier): their data is mapped without a
+// data flush, so the cut finds unflushed writes to undo, and every such file
+// must be gone after it.
+constexpr const char* kEphemeralDir = "eph";
+constexpr const char* kRamTier = "8M";
 // The journal format of fs/include/spillfs/fs/block_store.h.
 constexpr const char* kJournalEnv = "SPILLFS_POWERCUT_JOURNAL";
 constexpr uint32_t kRecordMagic = 0x50434a31;
@@ -143,6 +157,7 @@ uint64_t Blocks(uint64_t size) { return (size + kBlock - 1) / kBlock; }
 struct FileState {
   std::string content;
   std::vector<bool> fresh;
+  bool ephemeral = false;  // created under kEphemeralDir: reclaimed at the mount after the cut
 
   void Resize(uint64_t size) {
     content.resize(size, '\0');
@@ -163,7 +178,7 @@ struct Version {
 // The writer workload and its model of what a power cut may leave.
 class Writer {
  public:
-  Writer(const MountedVolume& volume, uint64_t seed) : rng_(seed) {
+  Writer(const MountedVolume& volume, uint64_t seed) : rng_(seed), mountpoint_(volume.mountpoint()) {
     root_ = open(volume.mountpoint().c_str(), O_RDONLY | O_DIRECTORY);
   }
   ~Writer() {
@@ -174,9 +189,15 @@ class Writer {
   // resolved from a descriptor of the mounted root, so nothing lands in the
   // directory under the mountpoint once the mount is detached.
   void Run(const std::atomic<bool>& killed) {
-    dirs_ = {""};
+    dirs_ = {"", kEphemeralDir};
+    ephemeral_dirs_ = {kEphemeralDir};
     if (root_ < 0) {
       early_failure_ = "cannot open the mount root";
+      return;
+    }
+    if (mkdirat(root_, kEphemeralDir, 0755) != 0 ||
+        setxattr(MountPath(kEphemeralDir).c_str(), "user.spillfs.ephemeral", "1", 1, 0) != 0) {
+      early_failure_ = std::string("cannot make the ephemeral directory: ") + strerror(errno);
       return;
     }
     while (!failed_ && ops_ < 100000) {
@@ -223,14 +244,20 @@ class Writer {
     }
   }
   std::string RandomDir() { return dirs_[Pick(dirs_.size())]; }
+  std::string MountPath(const std::string& path) const { return mountpoint_ + "/" + path; }
   std::string Join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
   // In a phase without fsync, two picks in three go to files changed since
   // the last fsync (when there are any), so that a kill finds lost writes
   // next to durable files, and the third may unlink, overwrite or truncate a
   // durable one (whose old blocks must survive the cut).
+  // In an ephemeral phase, only ephemeral files (Step makes sure there is one).
   std::string RandomFile() {
     std::vector<const std::string*> candidates;
-    if (unsynced_phase_ > 0 && Pick(3) != 0) {
+    if (ephemeral_phase_) {
+      for (const auto& [path, state] : files_) {
+        if (state.ephemeral) candidates.push_back(&path);
+      }
+    } else if (unsynced_phase_ > 0 && Pick(3) != 0) {
       for (const auto& [path, state] : files_) {
         auto it = history_.find(path);
         if (it == history_.end() || it->second.size() > 1) candidates.push_back(&path);
@@ -274,12 +301,19 @@ class Writer {
     ++ops_;
     // Phases without any fsync (every fsync makes all earlier data writes
     // durable), so that a kill often finds many writes to undo.
+    // Half of them touch ephemeral files only: no durable file's flush then
+    // flushes the data area, so ephemeral data written under RAM-tier
+    // pressure is still unflushed when the kill comes.
     if (unsynced_phase_ > 0) {
-      --unsynced_phase_;
+      if (--unsynced_phase_ == 0) ephemeral_phase_ = false;
     } else if (Pick(8) == 0) {
       unsynced_phase_ = 5 + Pick(40);
+      ephemeral_phase_ = Pick(2) == 0;
     }
+    bool no_ephemeral_file =
+        std::none_of(files_.begin(), files_.end(), [](const auto& entry) { return entry.second.ephemeral; });
     uint64_t dice = Pick(100);
+    if (ephemeral_phase_ && no_ephemeral_file) return Create();
     if (files_.size() < 4 || (dice < 30 && files_.size() < kMaxFiles)) return Create();
     if (dice < 52) return Overwrite();
     if (dice < 62) return SyncLater();
@@ -291,9 +325,12 @@ class Writer {
   }
 
   void Create() {
-    std::string path = Join(RandomDir(), "f" + std::to_string(next_name_++));
+    std::string dir = RandomDir();
+    while (ephemeral_phase_ && !ephemeral_dirs_.count(dir)) dir = RandomDir();
+    std::string path = Join(dir, "f" + std::to_string(next_name_++));
     std::string content = RandomBytes(rng_, WriteSize());
     files_[path] = FileState{};
+    files_[path].ephemeral = ephemeral_dirs_.count(dir) > 0;
     Note(path);
     int fd = openat(root_, path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
     if (!Check(fd >= 0, "create " + path)) return;
@@ -393,9 +430,11 @@ class Writer {
 
   void MakeDir() {
     if (dirs_.size() >= 8) return;
-    std::string path = Join(RandomDir(), "d" + std::to_string(next_name_++));
+    std::string parent = RandomDir();
+    std::string path = Join(parent, "d" + std::to_string(next_name_++));
     if (!Check(mkdirat(root_, path.c_str(), 0755) == 0, "mkdir " + path)) return;
     dirs_.push_back(path);
+    if (ephemeral_dirs_.count(parent)) ephemeral_dirs_.insert(path);
   }
 
   void SyncDir() {
@@ -410,11 +449,14 @@ class Writer {
 
   int root_ = -1;
   std::mt19937_64 rng_;
+  std::string mountpoint_;
   std::vector<std::string> dirs_;
+  std::set<std::string> ephemeral_dirs_;
   std::map<std::string, FileState> files_;  // path -> file now
   std::map<std::string, std::vector<Version>> history_;
   uint64_t next_name_ = 0;
-  uint64_t unsynced_phase_ = 0;  // operations left in a phase without fsync
+  uint64_t unsynced_phase_ = 0;   // operations left in a phase without fsync
+  bool ephemeral_phase_ = false;  // that phase touches ephemeral files only
   uint64_t ops_ = 0;
   uint64_t fsyncs_ = 0;
   bool failed_ = false;
@@ -605,10 +647,12 @@ FileCheck CheckFile(const std::string& mounted_path, const std::vector<Version>&
   FileCheck check;
   std::vector<const FileState*> states;
   for (const Version& v : versions) {
-    if (v.file) states.push_back(v.file.get());
+    if (v.file && !v.file->ephemeral) states.push_back(v.file.get());  // ephemeral: reclaimed
   }
   if (states.empty()) {
-    check.problem = "exists, but had no state since the last fsync in which it existed";
+    check.problem =
+        "exists, but had no state since the last fsync in which it existed (ephemeral files "
+        "are reclaimed after a crash)";
     return check;
   }
   int fd = open(mounted_path.c_str(), O_RDONLY);
@@ -706,8 +750,11 @@ class JournalEnv {
 };
 
 enum class DataLoss { kAll, kRandomSubset };
+// What the index keeps: what a sync covered, or every byte RocksDB wrote (the
+// kernel wrote the WAL back before its sync).
+enum class IndexLoss { kUnsynced, kNothing };
 
-void RunIteration(uint64_t seed, DataLoss loss, Totals* totals) {
+void RunIteration(uint64_t seed, DataLoss loss, IndexLoss index_loss, Totals* totals) {
   std::mt19937_64 timing(seed * 104729);
   const int kill_ms = std::uniform_int_distribution<int>(kMinKillMs, kMaxKillMs)(timing);
   char tmpl[] = "/tmp/spillfs-powercut-XXXXXX";
@@ -726,7 +773,9 @@ void RunIteration(uint64_t seed, DataLoss loss, Totals* totals) {
   std::unique_ptr<MountedVolume> volume;
   {
     JournalEnv env(data_journal, index_journal);  // mkfs and the daemon, not later commands
-    volume = std::make_unique<MountedVolume>();
+    MountedVolume::Options options;
+    options.mount_args = {"--ram-tier", kRamTier};
+    volume = std::make_unique<MountedVolume>(options);
   }
   Writer writer(*volume, seed);
   std::atomic<bool> killed{false};
@@ -741,7 +790,9 @@ void RunIteration(uint64_t seed, DataLoss loss, Totals* totals) {
 
   // The power cut: the index loses what was not synced, the data area the
   // writes since the last fdatasync (all, or a random subset).
-  auto index_cut = powercut::ApplyIndexCut(index_journal, volume->volume() + "/index");
+  auto index_cut = index_loss == IndexLoss::kUnsynced
+                       ? powercut::ApplyIndexCut(index_journal, volume->volume() + "/index")
+                       : Result<powercut::IndexCut>(powercut::IndexCut{});
   ASSERT_TRUE(index_cut.ok()) << index_cut.status().ToString();
   totals->index_truncated += index_cut->files_truncated;
   totals->index_removed += index_cut->files_removed;
@@ -782,7 +833,7 @@ void RunIteration(uint64_t seed, DataLoss loss, Totals* totals) {
     const std::vector<Version>& versions = it == history.end() ? absent_only : it->second;
     if (!present.count(path)) {
       bool may_be_absent = false;
-      for (const Version& v : versions) may_be_absent |= !v.file;
+      for (const Version& v : versions) may_be_absent |= !v.file || v.file->ephemeral;
       if (!may_be_absent) {
         problems.push_back(path + ": lost (it existed in every state since the last fsync)");
       }
@@ -790,6 +841,10 @@ void RunIteration(uint64_t seed, DataLoss loss, Totals* totals) {
       continue;
     }
     FileCheck check = CheckFile(volume->Path(path), versions);
+    if (check.problem.empty() && index_loss == IndexLoss::kNothing && check.eio_blocks > 0) {
+      check.problem = std::to_string(check.eio_blocks) +
+                      " blocks read EIO: the index kept a mapping whose data was not flushed before it";
+    }
     if (!check.problem.empty()) {
       problems.push_back(path + ": " + check.problem + "; its states: " + Describe(versions));
       continue;
@@ -825,7 +880,7 @@ void RunIteration(uint64_t seed, DataLoss loss, Totals* totals) {
           changed_files, changed_bytes, eio, rolled_back);
 }
 
-void RunAll(DataLoss loss) {
+void RunAll(DataLoss loss, IndexLoss index_loss = IndexLoss::kUnsynced) {
   const uint64_t iterations = EnvU64("SPILLFS_POWERCUT_ITERATIONS", kDefaultIterations);
   const uint64_t first_seed = EnvU64("SPILLFS_POWERCUT_SEED", 1);
   Totals totals;
@@ -833,19 +888,20 @@ void RunAll(DataLoss loss) {
     const uint64_t seed = first_seed + i;
     SCOPED_TRACE("seed " + std::to_string(seed));
     uint64_t before = totals.survived;
-    RunIteration(seed, loss, &totals);
+    RunIteration(seed, loss, index_loss, &totals);
     if (totals.survived == before) totals.failed_seeds.push_back(seed);
   }
   std::string failed;
   for (uint64_t seed : totals.failed_seeds) failed += " " + std::to_string(seed);
   fprintf(stderr,
-          "powercut test (%s): %" PRIu64 " of %" PRIu64 " power cuts survived; data writes: %" PRIu64
+          "powercut test (%s%s): %" PRIu64 " of %" PRIu64 " power cuts survived; data writes: %" PRIu64
           " undone (%" PRIu64 " bytes), %" PRIu64 " kept (%" PRIu64 " bytes); index: %" PRIu64
           " files truncated (%" PRIu64 " bytes), %" PRIu64 " removed; %" PRIu64 " untouched files (%" PRIu64
           " bytes) exact, %" PRIu64 " changed files (%" PRIu64 " bytes) checked, %" PRIu64 " lost blocks EIO, %" PRIu64
           " names not as at the kill; %" PRIu64 " ops, %" PRIu64 " fsyncs; failed seeds:%s\n",
-          loss == DataLoss::kAll ? "every unflushed data write lost" : "a random subset lost", totals.survived,
-          iterations, totals.data_undone, totals.data_undone_bytes, totals.data_survived, totals.data_survived_bytes,
+          loss == DataLoss::kAll ? "every unflushed data write lost" : "a random subset lost",
+          index_loss == IndexLoss::kNothing ? ", the whole index kept" : "", totals.survived, iterations,
+          totals.data_undone, totals.data_undone_bytes, totals.data_survived, totals.data_survived_bytes,
           totals.index_truncated, totals.index_bytes_dropped, totals.index_removed, totals.durable_files,
           totals.durable_bytes, totals.changed_files, totals.changed_bytes, totals.eio_blocks, totals.rolled_back,
           totals.ops, totals.fsyncs, failed.empty() ? " none" : failed.c_str());
@@ -854,8 +910,10 @@ void RunAll(DataLoss loss) {
   EXPECT_EQ(totals.survived, iterations);
   // The simulation must have had something to undo, or it tested nothing.
   EXPECT_GT(totals.data_undone_bytes, 0u) << "no data write was ever undone: is the journal written?";
-  EXPECT_GT(totals.index_bytes_dropped + totals.index_removed, 0u)
-      << "the index never lost anything: is its journal written?";
+  if (index_loss == IndexLoss::kUnsynced) {
+    EXPECT_GT(totals.index_bytes_dropped + totals.index_removed, 0u)
+        << "the index never lost anything: is its journal written?";
+  }
   if (loss == DataLoss::kRandomSubset) {
     EXPECT_GT(totals.data_survived, 0u);
   }
@@ -864,6 +922,8 @@ void RunAll(DataLoss loss) {
 TEST(PowercutTest, LosingEveryUnflushedWriteKeepsEveryDurableByte) { RunAll(DataLoss::kAll); }
 
 TEST(PowercutTest, LosingARandomSubsetOfUnflushedWritesKeepsEveryDurableByte) { RunAll(DataLoss::kRandomSubset); }
+
+TEST(PowercutTest, WalWrittenBackBeforeItsSyncNeverNamesLostData) { RunAll(DataLoss::kAll, IndexLoss::kNothing); }
 
 }  // namespace
 }  // namespace spillfs::testing

@@ -1,8 +1,8 @@
 // BlockStore::Flush, the sync of the data area. A failed fdatasync is sticky
 // (block_store.h): the kernel reports a lost write-back to one fdatasync
-// only, and with the background sync (background_sync.h) that one may be the
-// background thread's; then the user's fsync must fail too, not find the
-// error gone. Callers that overlap share fdatasync calls (group commit).
+// only, and that one may be the background flusher's (it syncs before it
+// maps, Filesystem::FlushBeforeMapping); then the user's fsync must fail too,
+// not find the error gone. Callers that overlap share fdatasync calls (group commit).
 //
 // This binary interposes fdatasync for calls on a volume's data image
 // (data.img): while failures are armed they fail with EIO, the way a lost
@@ -26,6 +26,7 @@
 #include "spillfs/fs/block_store.h"
 #include "spillfs/fs/filesystem.h"
 #include "spillfs/fs/volume.h"
+#include "spillfs/kvindex/keys.h"
 #include "temp_dir.h"
 
 namespace {
@@ -34,13 +35,6 @@ std::atomic<int> failures_armed{0};
 std::atomic<int> failures_injected{0};
 std::atomic<int> delay_ms{0};
 std::atomic<int> data_image_syncs{0};
-std::atomic<int64_t> last_sync_end_ns{0};      // steady clock, when the last data.img fdatasync returned
-std::atomic<int64_t> last_wal_sync_end_ns{0};  // the same for the index's WAL (*.log)
-
-int64_t SteadyNowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 bool PathEndsWith(int fd, const std::string& suffix) {
   char link[4096];
@@ -55,22 +49,15 @@ bool PathEndsWith(int fd, const std::string& suffix) {
 extern "C" int fdatasync(int fd) {
   using Real = int (*)(int);
   static const Real real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "fdatasync"));
-  if (!PathEndsWith(fd, "/data.img")) {
-    int rc = real(fd);
-    if (PathEndsWith(fd, ".log")) last_wal_sync_end_ns = SteadyNowNs();
-    return rc;
-  }
+  if (!PathEndsWith(fd, "/data.img")) return real(fd);
   ++data_image_syncs;
   if (delay_ms.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
   if (failures_armed.load() > 0 && failures_armed.fetch_sub(1) > 0) {
     ++failures_injected;
-    last_sync_end_ns = SteadyNowNs();
     errno = EIO;
     return -1;
   }
-  int rc = real(fd);
-  last_sync_end_ns = SteadyNowNs();
-  return rc;
+  return real(fd);
 }
 
 namespace spillfs {
@@ -154,12 +141,11 @@ TEST_F(DataSyncTest, AFailedFlushFailsEveryLaterFlush) {
   EXPECT_EQ((*store)->syncs(), syncs) << "a failed fdatasync is not counted, and none ran after it";
 }
 
-TEST_F(DataSyncTest, FsyncFailsAfterTheBackgroundSyncLostTheWriteBack) {
+TEST_F(DataSyncTest, FsyncFailsAfterTheFlusherLostTheWriteBack) {
   FilesystemOptions options;
   options.ram_tier_bytes = 32 << 20;
   options.ram_tier_warm_bytes = 0;
   options.flush_age_ms = 10;
-  options.bytes_per_sync = 1 << 20;
   auto fs = OpenFilesystem(options);
   ASSERT_TRUE(fs.ok()) << fs.status().ToString();
   auto entry = (*fs)->MakeNode(kRootInode, "f", S_IFREG | 0644, 0, Caller{});
@@ -171,8 +157,8 @@ TEST_F(DataSyncTest, FsyncFailsAfterTheBackgroundSyncLostTheWriteBack) {
   for (char& c : data) c = static_cast<char>(rng());
   auto written = (*fs)->Write(entry->ino, 0, data.data(), data.size());
   ASSERT_TRUE(written.ok()) << written.status().ToString();
-  // The flusher writes the file and its background sync takes the failure.
-  ASSERT_TRUE(Eventually([] { return failures_injected.load() > 0; }, 20s)) << "the background sync never ran";
+  // The flusher writes the file and its sync before the mapping takes the failure.
+  ASSERT_TRUE(Eventually([] { return failures_injected.load() > 0; }, 20s)) << "the flusher never synced";
   ASSERT_EQ(failures_injected.load(), 1);
 
   Status fsync = (*fs)->Fsync(entry->ino, /*datasync=*/false);
@@ -180,64 +166,83 @@ TEST_F(DataSyncTest, FsyncFailsAfterTheBackgroundSyncLostTheWriteBack) {
   EXPECT_EQ(failures_injected.load(), 1) << "fsync was failed by the sticky error, not by a second injection";
 }
 
-// Crash order rule 2 across an fsync: SyncAll flushes the data area, then
-// syncs the index's WAL. A mapping committed in between would be made durable
-// by that WAL sync although its data was written after the fdatasync began.
-// While SyncAll's fdatasync runs (slowed to 300 ms), a write-through write
-// must not commit its mapping: it returns only after the WAL sync.
-TEST_F(DataSyncTest, AMappingWaitsForAnIndexSyncInProgress) {
-  FilesystemOptions options;
-  options.ram_tier_bytes = 0;  // write-through: Write commits its mapping itself
-  auto fs = OpenFilesystem(options);
-  ASSERT_TRUE(fs.ok()) << fs.status().ToString();
-  auto entry = (*fs)->MakeNode(kRootInode, "f", S_IFREG | 0644, 0, Caller{});
-  ASSERT_TRUE(entry.ok()) << entry.status().ToString();
+// Crash order rule 2: a batch that maps data just written is committed only
+// after a data flush that covers that data, because whatever enters the WAL
+// may reach the media before any sync (kernel write-back, a memtable flush).
+// Each check fails the flush: without the flush first, the mapping would be
+// in the index and the call would succeed.
+class FlushBeforeMappingTest : public DataSyncTest {
+ protected:
+  void Open(uint64_t ram_tier_bytes) {
+    FilesystemOptions options;
+    options.ram_tier_bytes = ram_tier_bytes;
+    options.ram_tier_warm_bytes = 0;
+    options.flush_age_ms = 60000;  // the flusher leaves the data to the test's fsync
+    auto fs = OpenFilesystem(options);
+    ASSERT_TRUE(fs.ok()) << fs.status().ToString();
+    fs_ = std::move(fs).value();
+    auto entry = fs_->MakeNode(kRootInode, "f", S_IFREG | 0644, 0, Caller{});
+    ASSERT_TRUE(entry.ok()) << entry.status().ToString();
+    ino_ = entry->ino;
+  }
+  // The committed record and whether any extent of the file is mapped.
+  InodeRecord Committed() {
+    auto record = fs_->volume().index().GetInode(ino_);
+    EXPECT_TRUE(record.ok()) << record.status().ToString();
+    return record.ok() ? *record : InodeRecord{};
+  }
+  bool AnyExtentMapped() {
+    auto cursor = fs_->volume().index().NewCursor(Family::kExtent, keys::Ino(ino_));
+    cursor->Seek(keys::Ino(ino_));
+    return cursor->Valid();
+  }
+  std::unique_ptr<Filesystem> fs_;
+  InodeNumber ino_ = 0;
+  const std::string data_ = std::string(256 << 10, 'd');
+};
 
-  delay_ms = 300;
-  const int before = data_image_syncs.load();
-  std::thread syncer([&] { EXPECT_TRUE((*fs)->SyncAll().ok()); });
-  struct Joiner {  // joins at once, or at the end when an assertion returns
-    std::thread* thread;
-    void Join() {
-      if (thread->joinable()) thread->join();
-    }
-    ~Joiner() { Join(); }
-  } syncer_done{&syncer};
-  ASSERT_TRUE(Eventually([&] { return data_image_syncs.load() > before; }, 10s, 0ms))
-      << "SyncAll never reached its fdatasync";
-
-  std::string data(16 << 10, 'm');
-  auto written = (*fs)->Write(entry->ino, 0, data.data(), data.size());
-  const int64_t mapped_ns = SteadyNowNs();
-  syncer_done.Join();  // SyncAll's own syncs are the last ones now
-  ASSERT_TRUE(written.ok()) << written.status().ToString();
-  EXPECT_GE(mapped_ns, last_sync_end_ns.load())
-      << "the write committed its mapping while SyncAll's data flush was still running";
-  EXPECT_GE(mapped_ns, last_wal_sync_end_ns.load())
-      << "the write committed its mapping between SyncAll's data flush and its WAL sync";
-  std::string back;
-  AlignedBuffer scratch;
-  auto read = (*fs)->Read(entry->ino, 0, data.size(), &scratch, [&](const iovec* pieces, int count) {
-    for (int i = 0; i < count; ++i) back.append(static_cast<const char*>(pieces[i].iov_base), pieces[i].iov_len);
-  });
-  ASSERT_TRUE(read.ok()) << read.status().ToString();
-  EXPECT_EQ(back, data);
+TEST_F(FlushBeforeMappingTest, AWriteThroughIsMappedOnlyAfterItsDataIsFlushed) {
+  ASSERT_NO_FATAL_FAILURE(Open(/*ram_tier_bytes=*/0));  // Write maps its data itself
+  failures_armed = 1;
+  auto written = fs_->Write(ino_, 0, data_.data(), data_.size());
+  EXPECT_EQ(written.status().code(), EIO) << written.status().ToString();
+  EXPECT_EQ(failures_injected.load(), 1);
+  EXPECT_FALSE(AnyExtentMapped()) << "the mapping was committed although its data could not be flushed";
+  EXPECT_EQ(Committed().size, 0u);
 }
 
-// A memtable flush makes mappings durable without SyncAll: the filesystem
-// flushes the data area when RocksDB seals the memtable (Index::SetSealListener).
-TEST_F(DataSyncTest, AnIndexFlushFlushesTheDataAreaFirst) {
-  FilesystemOptions options;
-  options.ram_tier_bytes = 0;
-  auto fs = OpenFilesystem(options);
-  ASSERT_TRUE(fs.ok()) << fs.status().ToString();
-  auto entry = (*fs)->MakeNode(kRootInode, "f", S_IFREG | 0644, 0, Caller{});
-  ASSERT_TRUE(entry.ok()) << entry.status().ToString();
-  std::string data(64 << 10, 's');
-  ASSERT_TRUE((*fs)->Write(entry->ino, 0, data.data(), data.size()).ok());
-  const uint64_t syncs = (*fs)->volume().store().syncs();
-  ASSERT_TRUE((*fs)->volume().index().FlushMemTables().ok());
-  EXPECT_GT((*fs)->volume().store().syncs(), syncs) << "the memtable was flushed without a data sync first";
+TEST_F(FlushBeforeMappingTest, AFlushBatchIsMappedOnlyAfterItsDataIsFlushed) {
+  ASSERT_NO_FATAL_FAILURE(Open(/*ram_tier_bytes=*/32 << 20));
+  ASSERT_TRUE(fs_->Write(ino_, 0, data_.data(), data_.size()).ok());
+  failures_armed = 1;
+  Status fsync = fs_->Fsync(ino_, /*datasync=*/true);
+  EXPECT_EQ(fsync.code(), EIO) << fsync.ToString();
+  EXPECT_EQ(failures_injected.load(), 1);
+  EXPECT_FALSE(AnyExtentMapped()) << "the batch was mapped although its data could not be flushed";
+}
+
+// Ephemeral files promise nothing across a crash (reclaimed at mount): their
+// data is mapped without a flush.
+TEST_F(FlushBeforeMappingTest, AnEphemeralFileIsMappedWithoutADataFlush) {
+  ASSERT_NO_FATAL_FAILURE(Open(/*ram_tier_bytes=*/0));
+  ASSERT_TRUE(fs_->SetXattr(ino_, "user.spillfs.ephemeral", "1", 0).ok());
+  const int syncs = data_image_syncs.load();
+  ASSERT_TRUE(fs_->Write(ino_, 0, data_.data(), data_.size()).ok());
+  EXPECT_EQ(data_image_syncs.load(), syncs);
+  EXPECT_TRUE(AnyExtentMapped());
+}
+
+// A file that stops being ephemeral promises the data mapped while it was:
+// the flag goes only after a data flush.
+TEST_F(FlushBeforeMappingTest, AFileStopsBeingEphemeralOnlyAfterItsDataIsFlushed) {
+  ASSERT_NO_FATAL_FAILURE(Open(/*ram_tier_bytes=*/0));
+  ASSERT_TRUE(fs_->SetXattr(ino_, "user.spillfs.ephemeral", "1", 0).ok());
+  ASSERT_TRUE(fs_->Write(ino_, 0, data_.data(), data_.size()).ok());
+  failures_armed = 1;
+  EXPECT_EQ(fs_->SetXattr(ino_, "user.spillfs.ephemeral", "0", 0).code(), EIO);
+  EXPECT_EQ(fs_->RemoveXattr(ino_, "user.spillfs.ephemeral").code(), EIO) << "the failed flush is sticky";
+  EXPECT_EQ(failures_injected.load(), 1);
+  EXPECT_TRUE(Committed().flags & kInodeEphemeral) << "the file left ephemeral mode without a data flush";
 }
 
 }  // namespace

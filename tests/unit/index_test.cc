@@ -157,31 +157,6 @@ TEST_F(IndexTest, FamilyNames) {
   EXPECT_STREQ(FamilyName(Family::kMeta), "meta");
 }
 
-// The seal listener runs before a memtable's flush writes its SST file: the
-// point where the data area must be flushed (crash order rule 2).
-TEST_F(IndexTest, SealListenerRunsBeforeTheMemtableBecomesAnSst) {
-  auto index = Create();
-  ASSERT_NE(index, nullptr);
-  auto sst_files = [&] {
-    int n = 0;
-    for (const auto& f : std::filesystem::directory_iterator(IndexPath())) n += f.path().extension() == ".sst";
-    return n;
-  };
-  std::vector<int> sst_files_when_sealed;
-  index->SetSealListener([&] { sst_files_when_sealed.push_back(sst_files()); });
-  PutAll(index.get(), Family::kExtent, {"x1", "x2"});
-  const int before = sst_files();
-  ASSERT_TRUE(index->FlushMemTables().ok());
-  ASSERT_FALSE(sst_files_when_sealed.empty()) << "no memtable was sealed by the flush";
-  EXPECT_EQ(sst_files_when_sealed.front(), before);
-  EXPECT_GT(sst_files(), before);
-  index->SetSealListener(nullptr);
-  PutAll(index.get(), Family::kExtent, {"x3"});
-  const size_t calls = sst_files_when_sealed.size();
-  ASSERT_TRUE(index->FlushMemTables().ok());
-  EXPECT_EQ(sst_files_when_sealed.size(), calls) << "called after it was removed";
-}
-
 TEST_F(IndexTest, BatchIsAllOrNothing) {
   auto index = Create();
   ASSERT_NE(index, nullptr);

@@ -42,7 +42,7 @@ struct MountArgs {
   bool fuse_uring = false;
   std::string ram_tier;        // size of the write-back RAM tier ("" = default)
   std::string read_ahead;      // bytes fetched ahead of a sequential reader ("" = default)
-  std::string bytes_per_sync;  // background sync of the data area ("" = default)
+  std::string bytes_per_sync;  // accepted for old scripts, checked and ignored
   std::string ram_tier_warm;   // RAM-tier memory faulted in at mount ("" = default)
   int64_t flush_age_ms = 2000;
   unsigned lock_wait_s = 30;  // how long to wait for a daemon still finishing an unmount
@@ -205,18 +205,20 @@ Status ParseSizeOption(const SizeOption& option) {
 int RunMount(MountArgs args) {
   Status valid = Validate(&args);
   if (!valid.ok()) return Fail("mount", valid.message());
+  uint64_t ignored_bytes_per_sync = 0;
   for (const SizeOption& option : {
            SizeOption{"--ram-tier", args.ram_tier, 0, UINT64_MAX, &args.fs_options.ram_tier_bytes},
            SizeOption{"--read-ahead", args.read_ahead, 0, kMaxReadAheadBytes, &args.fs_options.read_ahead_bytes},
            SizeOption{"--ram-tier-warm", args.ram_tier_warm, 0, UINT64_MAX, &args.fs_options.ram_tier_warm_bytes},
-           SizeOption{"--bytes-per-sync", args.bytes_per_sync, kMinBytesPerSync, UINT64_MAX,
-                      &args.fs_options.bytes_per_sync},
+           SizeOption{"--bytes-per-sync", args.bytes_per_sync, kMinBytesPerSync, UINT64_MAX, &ignored_bytes_per_sync},
        }) {
     Status parsed = ParseSizeOption(option);
     if (!parsed.ok()) return Fail("mount", parsed.message());
   }
-  if (!args.bytes_per_sync.empty() && args.fs_options.ram_tier_bytes == 0) {
-    fmt::print(stderr, "spillfs mount: --bytes-per-sync does nothing with --ram-tier 0 (no background flusher)\n");
+  if (!args.bytes_per_sync.empty()) {
+    fmt::print(stderr,
+               "spillfs mount: --bytes-per-sync is ignored: the data of every flush batch is made durable before "
+               "the batch is mapped\n");
   }
   if (args.fuse_uring && args.writeback_cache) {
     // A handler that drops the kernel's cached pages (a direct-path commit)
@@ -293,9 +295,8 @@ void RegisterMount(CLI::App& app, int* exit_code) {
                   "RAM-tier memory faulted in at mount, so the first writes do not wait for fresh pages; at most "
                   "the RAM tier, 0 none (default: 256M)");
   cmd->add_option("--bytes-per-sync", args->bytes_per_sync,
-                  "Sync the data area in the background each time the RAM tier's flusher has written this much, so "
-                  "an fsync after a long write waits for the last stretch only; at least 1M, 0: sync only at "
-                  "fsync and unmount (default: 64M)");
+                  "Ignored, kept for old scripts: the data of every flush batch is now made durable before it is "
+                  "mapped, which did this option's job (syncing as the flusher writes)");
   cmd->add_flag(
       "--no-dedup", [args](int64_t) { args->fs_options.dedup = false; },
       "Do not deduplicate data flushed during this mount");

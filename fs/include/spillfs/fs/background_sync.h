@@ -1,15 +1,12 @@
-// BackgroundSync: makes written data durable in the background, so that a
-// later fsync finds little left to flush (the idea of RocksDB's
-// bytes_per_sync, for the data area).
+// BackgroundSync: runs a sync function on its own thread when asked, so
+// that a caller holding locks (Filesystem::CommitTxn holds the commit lock)
+// can ask for a sync without waiting for it. The filesystem uses it to make
+// the index durable when freed space has waited too long for a sync
+// (allocator.h, parked space).
 //
-// Why: the write-behind flusher writes a long sequential file to the SSD as
-// it arrives, but the writes sit in the device's volatile cache (or, on a
-// VM, in the host's page cache) until a flush command; the fsync at the end
-// then pays for the whole file at once. Measured on the 2-core VM
-// (tools/bench/RESULTS.md, 2026-12-05): after 1 GiB of write-behind, the
-// fsync's fdatasync of the image took 0.45-0.67 s with the disk and both
-// CPUs idle before it; syncing as the data goes lets that overlap the
-// writer.
+// (From the fifth session to the seventh it also synced the data area as the
+// flusher wrote, `--bytes-per-sync`; every flush batch is now made durable
+// before it is mapped, Filesystem::FlushBeforeMapping, which does that job.)
 //
 // Request() returns at once; requests that arrive while a sync runs are
 // served by one more sync after it (the running one may have missed their

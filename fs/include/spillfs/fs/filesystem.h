@@ -30,7 +30,6 @@
 #include "spillfs/fs/aligned_buffer.h"
 #include "spillfs/fs/allocator.h"
 #include "spillfs/fs/background_sync.h"
-#include "spillfs/fs/mapping_gate.h"
 #include "spillfs/fs/read_ahead.h"
 #include "spillfs/fs/reclaim_gate.h"
 #include "spillfs/fs/volume.h"
@@ -81,10 +80,6 @@ struct FilesystemOptions {
   // Bytes fetched ahead of each sequential reader (ReadAhead); 0: none.
   uint64_t read_ahead_bytes = kDefaultReadAheadBytes;
   static constexpr uint64_t kDefaultReadAheadBytes = 16ull << 20;
-  // The background flusher asks for a sync of the data area each time it has
-  // written this much (background_sync.h); 0: only fsync and unmount sync.
-  uint64_t bytes_per_sync = kDefaultBytesPerSync;
-  static constexpr uint64_t kDefaultBytesPerSync = 64ull << 20;
   // RAM-tier memory faulted in at open (at most ram_tier_bytes), so the first
   // writes after a mount do not pay for fresh pages.
   uint64_t ram_tier_warm_bytes = kDefaultRamTierWarmBytes;
@@ -187,8 +182,9 @@ class Filesystem {
   Result<std::vector<std::string>> ListXattr(InodeNumber ino);
   Status RemoveXattr(InodeNumber ino, std::string_view name);
 
-  // Makes every committed change durable (data flush, then index sync). Never
-  // call it holding mu_ or mapping_gate_: it takes the gate exclusive.
+  // Makes every committed change durable (data flush, then index sync). The
+  // data flush also reports a write-back lost since the last one (block_store.h).
+  // Slow: not under mu_.
   Status SyncAll();
 
   // --- direct data path (direct_path.cc) ---
@@ -303,14 +299,14 @@ class Filesystem {
   // A `speculative` read (read-ahead) neither counts nor logs a checksum
   // mismatch: the reader's own read will, if it comes.
   Status ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t count, char* out, bool speculative = false);
-  // Writes whole blocks at block-aligned `file_offset`, redirect-on-write;
-  // returns the new extents for the caller to map in its txn.
-  Result<std::vector<std::pair<uint64_t, ExtentRecord>>> WriteBlocks(const char* data, uint64_t file_offset,
-                                                                     uint64_t length);
-  Result<std::vector<std::pair<uint64_t, ExtentRecord>>> WriteSegments(const std::vector<Segment>& segments,
-                                                                       uint64_t from_hold);
+  // Writes whole blocks of the file `record` at block-aligned `file_offset`,
+  // redirect-on-write, and makes them ready to map (FlushBeforeMapping);
+  // returns the new extents for the caller to map in its txn. The space is
+  // given back on failure.
+  Result<std::vector<std::pair<uint64_t, ExtentRecord>>> WriteBlocks(const InodeRecord& record, const char* data,
+                                                                     uint64_t file_offset, uint64_t length);
   // Where segments will go: reserved space, the extents to map (with block
-  // checksums) and the I/O slices to write. WriteSegments = plan + write.
+  // checksums) and the I/O slices to write.
   struct SegmentPlan {
     std::vector<PhysicalExtent> space;
     std::vector<std::pair<uint64_t, ExtentRecord>> extents;
@@ -352,6 +348,7 @@ class Filesystem {
   Status PlanBatch(FlushBatch* batch, bool dedup);
   // Maps the written batch; EAGAIN when a dedup hit vanished meanwhile (the
   // batch is then undone for a retry without dedup). I/O lock exclusive held.
+  // The batch's writes must have passed FlushBeforeMapping.
   Status CommitBatch(InodeNumber ino, FlushBatch* batch);
   // Gives back what a batch that will not commit took (I/O lock held).
   void AbandonBatch(FlushBatch* batch);
@@ -364,11 +361,22 @@ class Filesystem {
   void HashSegments(std::vector<Segment>* segments, bool dedup) const;
   // The dedup hash of one dedup unit.
   static std::string DedupHash(const char* data);
+  // Crash order rule 2 (DESIGN.md): makes the data area durable before a
+  // batch that maps data just written to it is committed. Whatever reaches
+  // RocksDB's WAL may reach the media at any moment (kernel write-back of
+  // the WAL, a memtable flush, another thread's sync), so the data must be
+  // durable first, on an image file as on a device of its own. Callers
+  // sharing the moment share one fdatasync (BlockStore::Flush). Ephemeral
+  // files promise nothing across a crash (reclaimed at mount): no flush.
+  // Call it after the data writes completed and before taking mu_, holding
+  // FlushLock(ino) (which SetXattr takes to change the ephemeral flag).
+  Status FlushBeforeMapping(const InodeRecord& record);
+  Status FlushBeforeMapping(InodeNumber ino);
+  // Before the ephemeral flag of a file changes: takes `flush_lock` (the
+  // file's FlushLock) and flushes the data area (xattr.cc).
+  Status FlushForEphemeralChange(std::unique_lock<std::mutex>* flush_lock);
   Status ApplyBlobRefs(Txn* txn);
   void FlusherLoop();
-  // Asks data_sync_ for a sync when the flusher has written bytes_per_sync
-  // since the last request (flusher thread only).
-  void RequestBackgroundSync();
   static void ApplyOverlay(const WriteBackCache::Overlay& overlay, Entry* entry);
   // Unmaps [start, end) (block aligned; end may be UINT64_MAX) into txn.
   Status UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_t end, uint64_t* unmapped_bytes);
@@ -394,18 +402,10 @@ class Filesystem {
   std::array<std::mutex, kIoLockStripes> flush_locks_;
   ReadAhead read_ahead_;  // after what its fetches use: destroyed (joined) first
   std::atomic<bool> stopping_{false};
-  // Started with the flusher when options_.bytes_per_sync > 0; else null.
-  // The data area only: it makes nothing durable in the index.
-  std::unique_ptr<BackgroundSync> data_sync_;
-  // Held shared by each commit that maps freshly written data (before mu_),
-  // exclusive by SyncAll (mapping_gate.h).
-  MappingGate mapping_gate_;
   // SyncAll on its own thread, asked for by CommitTxn when freed space has
-  // been parked too long: a sync there, under mu_ and inside a mapping
-  // commit, could not take mapping_gate_. Null once the destructor is done
-  // with it.
+  // been parked too long (CommitTxn runs under mu_, where a sync would stall
+  // every metadata operation). Null once the destructor is done with it.
   std::unique_ptr<BackgroundSync> parked_sync_;
-  uint64_t background_synced_to_ = 0;  // store_.bytes_written() at the last request
   std::thread flusher_;
   bool opened_ = false;  // Open finished (recovery included): a close may be marked clean
   std::atomic<uint64_t> privilege_epoch_{1};

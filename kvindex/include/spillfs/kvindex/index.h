@@ -105,9 +105,6 @@ class Index {
   Status Commit(Batch* batch, bool sync = false);
   // Makes every committed batch durable.
   Status Sync();
-  // Writes every family's memtable to an SST file (RocksDB's Flush), as
-  // RocksDB does by itself when one fills.
-  Status FlushMemTables();
 
   // The number of the last commit, and the highest number known durable: a
   // Sync() makes every batch durable that was committed before it started; a
@@ -119,14 +116,6 @@ class Index {
   // Commit(sync=true) that succeeds, on the caller's thread, without any
   // Index lock held. Set it before the index is shared between threads.
   void SetDurableListener(std::function<void(uint64_t)> listener) { durable_listener_ = std::move(listener); }
-  // Called when RocksDB seals a memtable (it filled, or a flush was asked
-  // for), on the thread that sealed it, before anything in it can become
-  // durable without a Sync(): by the memtable's flush to an SST, or by the
-  // sync of the WAL it closed. spillfs flushes the data area there, so that
-  // what such a flush makes durable maps only data already on the media
-  // (DESIGN.md, crash order rule 2). Set it before the index is shared
-  // between threads; it must not call back into this Index.
-  void SetSealListener(std::function<void()> listener);
   // A cursor over `family` limited to keys starting with `prefix` (may be empty).
   std::unique_ptr<Cursor> NewCursor(Family family, std::string_view prefix) const;
 
@@ -151,7 +140,6 @@ class Index {
   std::atomic<uint64_t> last_commit_{0};
   std::atomic<uint64_t> durable_commit_{0};
   std::function<void(uint64_t)> durable_listener_;
-  std::shared_ptr<class SealNotifier> seal_notifier_;  // registered with RocksDB at Open
 };
 
 // Encodes a meta u64 value (fixed big-endian).
