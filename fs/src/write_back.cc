@@ -211,6 +211,9 @@ Status Filesystem::FlushLocked(InodeNumber ino) {
 Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
   auto file = cache_.Find(ino);
   if (!file) return Status::OK();
+  // After a failed sync of the data area no batch of a durable file can be
+  // mapped (FlushBeforeMapping): fail before writing it to the SSD again.
+  if (Status failed = store_.sync_error(); !failed.ok() && !file->ephemeral) return failed;
   // Exclusive I/O lock for the short steps (none when the caller holds it).
   auto exclusive = [&] {
     return locked ? std::unique_lock<std::shared_mutex>() : std::unique_lock<std::shared_mutex>(IoLock(ino));
@@ -239,11 +242,7 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
   auto commit_pending = [&]() -> Status {
     if (!pending) return Status::OK();
     std::unique_ptr<FlushBatch> batch = std::move(pending);
-    Status written = batch->written.get();
-    // Outside the I/O lock (unless the caller holds it): writers go on
-    // meanwhile. Dedup hits count too: their blob may be an ephemeral file's,
-    // mapped without a flush.
-    if (written.ok() && (!batch->plan.extents.empty() || !batch->shared.empty())) written = FlushBeforeMapping(ino);
+    Status written = batch->written.get();  // written and flushed
     auto lock = exclusive();
     if (!written.ok()) {
       allocator_.Unreserve(batch->plan.space);
@@ -257,7 +256,10 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
     FlushBatch retry;
     retry.file = file;
     GatherBatch(again, &retry);
-    SPILLFS_RETURN_IF_ERROR(PlanBatch(&retry, /*dedup=*/false));
+    if (Status planned = PlanBatch(&retry, /*dedup=*/false); !planned.ok()) {
+      AbandonBatch(&retry);
+      return planned;
+    }
     Status rewritten = store_.WriteSlices(retry.plan.slices);
     if (rewritten.ok()) rewritten = FlushBeforeMapping(ino);
     if (!rewritten.ok()) {
@@ -283,13 +285,17 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
       Status first = commit_pending();
       return first.ok() ? planned : first;
     }
-    if (locked) {
-      batch->written =
-          std::async(std::launch::deferred, [this, slices = batch->plan.slices] { return store_.WriteSlices(slices); });
-    } else {
-      batch->written =
-          std::async(std::launch::async, [this, slices = batch->plan.slices] { return store_.WriteSlices(slices); });
-    }
+    // The writes, then the flush that must come before the mapping: on
+    // their own thread, so that this one gathers and hashes the next batch
+    // meanwhile. Dedup hits need the flush too: their blob may be an
+    // ephemeral file's, mapped without one.
+    const bool maps_data = !batch->plan.extents.empty() || !batch->shared.empty();
+    auto write_and_flush = [this, ino, maps_data, slices = batch->plan.slices] {
+      Status written = store_.WriteSlices(slices);
+      if (written.ok() && maps_data) written = FlushBeforeMapping(ino);
+      return written;
+    };
+    batch->written = std::async(locked ? std::launch::deferred : std::launch::async, std::move(write_and_flush));
     Status committed = commit_pending();
     pending = std::move(batch);
     if (!committed.ok()) {

@@ -25,12 +25,15 @@ bool IsSecurityXattr(std::string_view name) { return name.substr(0, 9) == "secur
 
 }  // namespace
 
-Status Filesystem::FlushForEphemeralChange(std::unique_lock<std::mutex>* flush_lock) {
+Status Filesystem::FlushForEphemeralChange(InodeNumber ino, bool clears, std::unique_lock<std::mutex>* flush_lock) {
   // A file that stops being ephemeral promises its mapped data from the
   // flag's commit on, and its batches were mapped without a data flush
   // (FlushBeforeMapping): flush now, and keep its flushes out (FlushLock)
   // until the flag is committed.
   flush_lock->lock();
+  if (!clears) return Status::OK();
+  auto record = LoadInode(ino);
+  if (!record.ok() || !S_ISREG(record->mode) || !(record->flags & kInodeEphemeral)) return Status::OK();
   return store_.Flush();
 }
 
@@ -38,7 +41,7 @@ Status Filesystem::SetXattr(InodeNumber ino, std::string_view name, std::string_
   SPILLFS_RETURN_IF_ERROR(CheckXattrName(name));
   if (value.size() > kXattrValueMax) return Status::Error(E2BIG, "attribute value larger than 64 KiB");
   std::unique_lock flush_lock(FlushLock(ino), std::defer_lock);
-  if (name == kEphemeralXattr) SPILLFS_RETURN_IF_ERROR(FlushForEphemeralChange(&flush_lock));
+  if (name == kEphemeralXattr) SPILLFS_RETURN_IF_ERROR(FlushForEphemeralChange(ino, value == "0", &flush_lock));
   std::lock_guard lock(mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   std::string existing;
@@ -88,7 +91,7 @@ Result<std::vector<std::string>> Filesystem::ListXattr(InodeNumber ino) {
 Status Filesystem::RemoveXattr(InodeNumber ino, std::string_view name) {
   SPILLFS_RETURN_IF_ERROR(CheckXattrName(name));
   std::unique_lock flush_lock(FlushLock(ino), std::defer_lock);
-  if (name == kEphemeralXattr) SPILLFS_RETURN_IF_ERROR(FlushForEphemeralChange(&flush_lock));
+  if (name == kEphemeralXattr) SPILLFS_RETURN_IF_ERROR(FlushForEphemeralChange(ino, /*clears=*/true, &flush_lock));
   std::lock_guard lock(mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   std::string existing;

@@ -1,6 +1,6 @@
 // Eventually: polls a condition until it holds or a timeout passes. For tests
 // of work that happens after the call that caused it has returned: the
-// write-behind flusher, the background sync, FUSE's RELEASE of a closed file.
+// write-behind flusher, the background index sync, FUSE's RELEASE of a closed file.
 #pragma once
 
 #include <chrono>

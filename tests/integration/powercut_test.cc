@@ -92,7 +92,7 @@ constexpr uint64_t kBlock = 4096;  // the volume's block size (mkfs default)
 // data flush, so the cut finds unflushed writes to undo, and every such file
 // must be gone after it.
 constexpr const char* kEphemeralDir = "eph";
-constexpr const char* kRamTier = "8M";
+constexpr const char* kRamTier = "12M";
 // The journal format of fs/include/spillfs/fs/block_store.h.
 constexpr const char* kJournalEnv = "SPILLFS_POWERCUT_JOURNAL";
 constexpr uint32_t kRecordMagic = 0x50434a31;
@@ -615,6 +615,7 @@ struct Totals {
   uint64_t index_bytes_dropped = 0;
   uint64_t ops = 0;
   uint64_t fsyncs = 0;
+  uint64_t ephemeral_at_kill = 0;  // ephemeral files that existed at the kill (all must be gone)
   std::vector<uint64_t> failed_seeds;
 };
 
@@ -822,6 +823,9 @@ void RunIteration(uint64_t seed, DataLoss loss, IndexLoss index_loss, Totals* to
   std::set<std::string> present;
   ASSERT_NO_FATAL_FAILURE(Walk(*volume, "", &present));
   const auto& history = writer.history();
+  for (const auto& [path, versions] : history) {
+    totals->ephemeral_at_kill += versions.back().file && versions.back().file->ephemeral;
+  }
   std::set<std::string> names = present;
   for (const auto& [path, versions] : history) names.insert(path);
   std::vector<std::string> problems;
@@ -898,13 +902,14 @@ void RunAll(DataLoss loss, IndexLoss index_loss = IndexLoss::kUnsynced) {
           " undone (%" PRIu64 " bytes), %" PRIu64 " kept (%" PRIu64 " bytes); index: %" PRIu64
           " files truncated (%" PRIu64 " bytes), %" PRIu64 " removed; %" PRIu64 " untouched files (%" PRIu64
           " bytes) exact, %" PRIu64 " changed files (%" PRIu64 " bytes) checked, %" PRIu64 " lost blocks EIO, %" PRIu64
-          " names not as at the kill; %" PRIu64 " ops, %" PRIu64 " fsyncs; failed seeds:%s\n",
+          " names not as at the kill; %" PRIu64 " ephemeral files at the kills; %" PRIu64 " ops, %" PRIu64
+          " fsyncs; failed seeds:%s\n",
           loss == DataLoss::kAll ? "every unflushed data write lost" : "a random subset lost",
           index_loss == IndexLoss::kNothing ? ", the whole index kept" : "", totals.survived, iterations,
           totals.data_undone, totals.data_undone_bytes, totals.data_survived, totals.data_survived_bytes,
           totals.index_truncated, totals.index_bytes_dropped, totals.index_removed, totals.durable_files,
           totals.durable_bytes, totals.changed_files, totals.changed_bytes, totals.eio_blocks, totals.rolled_back,
-          totals.ops, totals.fsyncs, failed.empty() ? " none" : failed.c_str());
+          totals.ephemeral_at_kill, totals.ops, totals.fsyncs, failed.empty() ? " none" : failed.c_str());
   ::testing::Test::RecordProperty("iterations_survived", static_cast<int>(totals.survived));
   ::testing::Test::RecordProperty("bytes_verified", std::to_string(totals.durable_bytes + totals.changed_bytes));
   EXPECT_EQ(totals.survived, iterations);
@@ -917,6 +922,7 @@ void RunAll(DataLoss loss, IndexLoss index_loss = IndexLoss::kUnsynced) {
   if (loss == DataLoss::kRandomSubset) {
     EXPECT_GT(totals.data_survived, 0u);
   }
+  EXPECT_GT(totals.ephemeral_at_kill, 0u) << "no ephemeral file existed at any kill: the workload did not test them";
 }
 
 TEST(PowercutTest, LosingEveryUnflushedWriteKeepsEveryDurableByte) { RunAll(DataLoss::kAll); }

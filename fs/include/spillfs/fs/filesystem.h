@@ -272,9 +272,10 @@ class Filesystem {
                   const std::optional<WriteBackCache::Overlay>& overlay) const;
   // Serializes data changes of an inode (exclusive) against reads (shared).
   std::shared_mutex& IoLock(InodeNumber ino) { return io_locks_[ino % kIoLockStripes]; }
-  // Held for the whole of a flush of the inode, and by every operation that
-  // drops or rewrites cached chunks other than by write(). Taken before the
-  // I/O lock, never while holding it.
+  // Held for the whole of a flush of the inode, by every operation that
+  // drops or rewrites cached chunks other than by write() or maps data, and
+  // by a change of the ephemeral flag (FlushForEphemeralChange). Taken before
+  // the I/O lock, never while holding it.
   std::mutex& FlushLock(InodeNumber ino) { return flush_locks_[ino % kIoLockStripes]; }
   // Declared after the exclusive I/O lock of an operation that changes a
   // file's bytes or size: drops the file's read-ahead windows when the
@@ -372,9 +373,10 @@ class Filesystem {
   // FlushLock(ino) (which SetXattr takes to change the ephemeral flag).
   Status FlushBeforeMapping(const InodeRecord& record);
   Status FlushBeforeMapping(InodeNumber ino);
-  // Before the ephemeral flag of a file changes: takes `flush_lock` (the
-  // file's FlushLock) and flushes the data area (xattr.cc).
-  Status FlushForEphemeralChange(std::unique_lock<std::mutex>* flush_lock);
+  // Before a change of the ephemeral flag: takes `flush_lock` (the file's
+  // FlushLock), and flushes the data area when an ephemeral regular file
+  // stops being one (`clears`) (xattr.cc).
+  Status FlushForEphemeralChange(InodeNumber ino, bool clears, std::unique_lock<std::mutex>* flush_lock);
   Status ApplyBlobRefs(Txn* txn);
   void FlusherLoop();
   static void ApplyOverlay(const WriteBackCache::Overlay& overlay, Entry* entry);

@@ -63,8 +63,8 @@ struct RuntimeStats {
   // truncated while they waited in the RAM tier.
   uint64_t bytes_cancelled = 0;
   uint64_t checksum_errors = 0;
-  // fdatasync calls on the data area that succeeded (fsync, unmount, the
-  // background sync; fsyncs that shared one count once).
+  // fdatasync calls on the data area that succeeded (before each mapping of
+  // fresh data, fsync, unmount; callers that shared one count once).
   uint64_t data_syncs = 0;
   // The failed fdatasync that every later sync reports until a remount
   // (block_store.h, Flush); empty while none has failed.
