@@ -87,6 +87,20 @@ Status CheckTarget(const std::string& dir, bool force) {
 
 }  // namespace
 
+namespace {
+
+// Writes this process's pid into the held lock file `fd` (for the errors of
+// those who find the volume locked).
+Status NoteLockHolder(int fd, const std::string& path) {
+  std::string pid = std::to_string(getpid()) + "\n";
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    return Status::IOError(fmt::format("cannot write {}", path));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<int> LockVolume(const std::string& dir) {
   std::string path = Volume::LockPath(dir);
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -97,10 +111,9 @@ Result<int> LockVolume(const std::string& dir) {
     return Status::Error(EBUSY, holder == "?" ? fmt::format("volume {} is in use by a process that is closing it", dir)
                                               : fmt::format("volume {} is in use by process {}", dir, holder));
   }
-  std::string pid = std::to_string(getpid()) + "\n";
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+  if (Status noted = NoteLockHolder(fd, path); !noted.ok()) {
     close(fd);
-    return Status::IOError(fmt::format("cannot write {}", path));
+    return noted;
   }
   return fd;
 }
@@ -167,12 +180,17 @@ Result<Superblock> Volume::Create(const std::string& dir, const CreateOptions& o
 }
 
 Result<std::unique_ptr<Volume>> Volume::Open(const std::string& dir, const OpenOptions& options) {
+  std::unique_ptr<Volume> volume(new Volume());
+  volume->lock_fd_ = options.lock_fd;  // owned from here, failed or not
   std::error_code ec;
   if (!stdfs::is_directory(dir, ec)) return Status::NotFound(fmt::format("{} is not a directory", dir));
   if (!Exists(dir)) return Status::Error(EINVAL, fmt::format("{} is not a spillfs volume (no index/ inside)", dir));
-  std::unique_ptr<Volume> volume(new Volume());
   volume->dir_ = dir;
-  SPILLFS_ASSIGN_OR_RETURN(volume->lock_fd_, LockVolume(dir));
+  if (volume->lock_fd_ < 0) {
+    SPILLFS_ASSIGN_OR_RETURN(volume->lock_fd_, LockVolume(dir));
+  } else {
+    SPILLFS_RETURN_IF_ERROR(NoteLockHolder(volume->lock_fd_, LockPath(dir)));  // a forked daemon: its own pid
+  }
   SPILLFS_ASSIGN_OR_RETURN(volume->index_, Index::Open(IndexPath(dir), Index::Options{.read_only = options.read_only}));
   SPILLFS_ASSIGN_OR_RETURN(volume->superblock_, volume->index_->GetSuperblock());
   const Superblock& sb = volume->superblock_;

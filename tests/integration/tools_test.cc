@@ -376,6 +376,15 @@ TEST_F(ToolsTest, MountWaitsForAProcessThatHoldsTheVolume) {
     std::ifstream a(mnt_ + "/a.txt", std::ios::binary);
     EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}), Pattern(kA, 1));
   }
+  // The lock the mount waited for went to the daemon it forked (no gap in
+  // which another process could take the volume), which names itself in it.
+  const size_t at = text.find("(daemon pid ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::string daemon_pid = std::to_string(std::stoul(text.substr(at + 12)));
+  std::ifstream holder(lock_path);
+  std::string named;
+  std::getline(holder, named);
+  EXPECT_EQ(named, daemon_pid);
   Run("umount " + mnt_, 0);
 }
 

@@ -46,24 +46,23 @@ struct MountArgs {
   std::string ram_tier_warm;   // RAM-tier memory faulted in at mount ("" = default)
   int64_t flush_age_ms = 2000;
   unsigned lock_wait_s = 30;  // how long to wait for a daemon still finishing an unmount
+  int lock_fd = -1;           // the volume lock, taken before the fork and handed to Volume::Open
   FilesystemOptions fs_options;
 };
 
-// Takes the volume's lock and lets it go again, waiting up to `wait_s` while
-// another process holds it. A plain `umount` returns before the daemon has
+// Takes the volume's lock, waiting up to `wait_s` while another process
+// holds it, and returns it held: the daemon's Volume::Open takes it over, so
+// nobody can take the volume in between. A plain `umount` returns before the daemon has
 // flushed and closed the volume (`spillfs umount` waits), so `umount` followed
 // by `spillfs mount` would otherwise fail for a few seconds. The volume is not
 // mounted anywhere (checked before), so the holder is such a daemon or an
 // offline command (stat, fsck) that will let go.
-Status WaitForVolumeLock(const std::string& volume, unsigned wait_s) {
+Result<int> WaitForVolumeLock(const std::string& volume, unsigned wait_s) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(wait_s);
   bool said = false;
   for (;;) {
     auto lock = LockVolume(volume);
-    if (lock.ok()) {
-      close(*lock);
-      return Status::OK();
-    }
+    if (lock.ok()) return lock;
     if (lock.status().code() != EBUSY) return lock.status();
     if (auto mounted = FindVolumeMount(volume)) {  // mounted meanwhile, by someone else
       return Status::Error(EBUSY, fmt::format("volume {} is already mounted on {}", volume, mounted->mountpoint));
@@ -109,7 +108,7 @@ Status Validate(MountArgs* args) {
 
 // Opens the volume and mounts it; `report` is called once with the outcome.
 int Serve(const MountArgs& args, const std::function<void(const Status&)>& report) {
-  auto volume = Volume::Open(args.volume, {});
+  auto volume = Volume::Open(args.volume, {.lock_fd = args.lock_fd});
   if (!volume.ok()) {
     report(volume.status());
     return 1;
@@ -144,6 +143,7 @@ int RunBackground(const MountArgs& args) {
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return Fail("mount", std::strerror(errno));
   pid_t pid = fork();
   if (pid < 0) return Fail("mount", std::strerror(errno));
+  if (pid != 0) close(args.lock_fd);  // the daemon holds it now (flock: one lock for both descriptors)
   if (pid == 0) {
     close(pipe_fds[0]);
     setsid();
@@ -228,7 +228,9 @@ int RunMount(MountArgs args) {
     return Fail("mount", "--fuse-uring and --writeback-cache cannot be used together");
   }
   // Last: every other mistake is reported without waiting.
-  if (Status free = WaitForVolumeLock(args.volume, args.lock_wait_s); !free.ok()) return Fail("mount", free.message());
+  auto lock = WaitForVolumeLock(args.volume, args.lock_wait_s);
+  if (!lock.ok()) return Fail("mount", lock.status().message());
+  args.lock_fd = *lock;
   args.fs_options.flush_age_ms = args.flush_age_ms;
   if (!args.foreground) return RunBackground(args);
   return Serve(args, [&](const Status& s) {

@@ -28,6 +28,12 @@ class Volume {
   };
   struct OpenOptions {
     bool read_only = false;  // inspection: no writes, index opened read-only
+    // A lock on this volume that the caller took (LockVolume) and hands over,
+    // so that nobody can take the volume between a check and the open
+    // (spillfs mount waits for the lock, then forks the daemon). -1: Open
+    // takes the lock itself. The volume owns it from the call on, failed
+    // or not.
+    int lock_fd = -1;
   };
 
   ~Volume();
@@ -60,7 +66,9 @@ class Volume {
   std::unique_ptr<BlockStore> store_;
 };
 
-// Takes the exclusive volume lock; the error names the holder's pid.
+// Takes the exclusive volume lock (flock, so a forked child shares it) and
+// writes this process's pid into the lock file; the error names the holder's
+// pid.
 Result<int> LockVolume(const std::string& dir);
 
 }  // namespace spillfs
