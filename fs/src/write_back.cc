@@ -194,6 +194,8 @@ namespace {
 // Batches are this large: big enough for the SSD's queue depth, small enough
 // that the next batch's hashing overlaps this one's I/O.
 constexpr uint64_t kFlushBatchBytes = 64 << 20;
+// A file written within this long is taken to be still appended to.
+constexpr int64_t kAppendingNs = 1'000'000'000;
 
 }  // namespace
 
@@ -219,12 +221,16 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
     return locked ? std::unique_lock<std::shared_mutex>() : std::unique_lock<std::shared_mutex>(IoLock(ino));
   };
   // The chunks to flush, fixed now: data written later is a later flush's.
+  // A partly filled last chunk stays while a writer is likely filling it; an
+  // idle file's goes too, or files that each end in one (small ephemeral
+  // files, which close does not flush) would hold the tier full for good.
   std::vector<uint64_t> todo;
   {
     auto lock = exclusive();
     for (const auto& [index, chunk] : file->chunks) todo.push_back(index);
     if (scope == FlushScope::kBackground && !todo.empty() &&
-        file->chunks.at(todo.back()).valid_blocks < cache_.blocks_per_chunk()) {
+        file->chunks.at(todo.back()).valid_blocks < cache_.blocks_per_chunk() &&
+        SteadyNowNs() - file->last_write_ns < kAppendingNs) {
       todo.pop_back();
     }
   }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "spillfs/fs/clock.h"
+
 namespace spillfs {
 namespace {
 
@@ -79,6 +81,7 @@ void WriteBackCache::NoteWrite(File& file, uint64_t end_offset, int64_t mtime_ns
   std::lock_guard lock(mu_);
   file.size = std::max(file.size, end_offset);
   file.mtime_ns = mtime_ns;
+  file.last_write_ns = SteadyNowNs();
   if (file.first_dirty_ns == 0) file.first_dirty_ns = mtime_ns;
 }
 

@@ -487,6 +487,34 @@ TEST_F(FlusherSyncTest, FlusherSyncsTheDataAreaWithoutAnFsync) {
   EXPECT_TRUE(SameBytes(ReadAll(ino), data));
 }
 
+// Files that each end in a partly filled chunk and are no longer written
+// (small ephemeral files: close does not flush them) must not hold the RAM
+// tier full: once idle, the flusher writes their last chunks out too.
+class SmallRamTierTest : public FilesystemTestBase {
+ protected:
+  uint64_t RamTier() const override { return 4 << 20; }  // 16 chunks
+  void Tune(FilesystemOptions* options) const override {
+    options->flush_age_ms = 10;
+    options->ram_tier_warm_bytes = 0;
+  }
+};
+
+TEST_F(SmallRamTierTest, IdleFilesDoNotHoldTheTierWithTheirLastChunks) {
+  const std::string data(64 << 10, 'e');  // a quarter of a chunk each
+  std::vector<InodeNumber> files;
+  for (int i = 0; i < 14; ++i) {  // 14 chunks: past the 3/4 mark, pressure
+    files.push_back(MakeFile(kRootInode, "e" + std::to_string(i)));
+    ASSERT_TRUE(fs_->SetXattr(files.back(), "user.spillfs.ephemeral", "1", 0).ok());
+    WriteAt(files.back(), 0, data);
+  }
+  const uint64_t capacity = fs_->ram_tier_stats().capacity_bytes;
+  // Below the pressure mark (3/4): the flusher need not go further.
+  EXPECT_TRUE(
+      Eventually([&] { return fs_->ram_tier_stats().used_bytes <= capacity / 4 * 3; }, std::chrono::seconds(10)))
+      << "the tier stays at " << fs_->ram_tier_stats().used_bytes << " of " << capacity << " bytes";
+  for (InodeNumber ino : files) EXPECT_TRUE(SameBytes(ReadAll(ino), data));
+}
+
 TEST_P(FilesystemDataTest, UnalignedWritesAcrossBlockBoundaries) {
   std::mt19937_64 rng(11);
   InodeNumber ino = MakeFile(kRootInode, "f");
@@ -1491,6 +1519,25 @@ TEST_P(ReadAheadTest, SequentialReadsAreServedByReadAhead) {
 // Windows let go before their fetch started (the reader jumped, or they fell
 // behind) are not fetched: with a large --read-ahead a random reader would
 // otherwise queue many times the bytes it reads.
+// spillfs mount takes the volume lock, then forks the daemon, whose
+// Volume::Open takes it over: the volume stays locked throughout, and is free
+// again once the volume is closed.
+TEST(VolumeLockTest, OpenTakesOverAHeldLock) {
+  TempDir dir("spillfs-volume-lock-test");
+  const std::string vol = dir.path() + "/vol";
+  ASSERT_TRUE(Volume::Create(vol, SizedOptions(64 << 20)).ok());
+  auto lock = LockVolume(vol);
+  ASSERT_TRUE(lock.ok()) << lock.status().ToString();
+  {
+    auto volume = Volume::Open(vol, {.lock_fd = *lock});
+    ASSERT_TRUE(volume.ok()) << volume.status().ToString();
+    EXPECT_EQ(LockVolume(vol).status().code(), EBUSY);
+  }
+  auto again = LockVolume(vol);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  close(*again);
+}
+
 TEST(ReadAheadDropTest, WindowsDroppedBeforeTheirFetchAreNotFetched) {
   std::mutex mu;
   std::condition_variable cv;

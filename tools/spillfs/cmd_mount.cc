@@ -1,8 +1,10 @@
 // spillfs mount VOLUME MOUNTPOINT [-f] [-o OPTS] and spillfs umount MOUNTPOINT.
 //
 // The daemon forks before it opens the volume: RocksDB's background threads
-// and POSIX locks do not survive fork(). The parent waits on a pipe for the
-// child to say "mounted" (or why not) and exits with that result.
+// do not survive fork(). The volume lock (an flock, which a forked child
+// shares) is taken before the fork and handed to the child's Volume::Open.
+// The parent waits on a pipe for the child to say "mounted" (or why not) and
+// exits with that result.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mount.h>
@@ -142,7 +144,10 @@ int RunBackground(const MountArgs& args) {
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return Fail("mount", std::strerror(errno));
   pid_t pid = fork();
-  if (pid < 0) return Fail("mount", std::strerror(errno));
+  if (pid < 0) {
+    close(args.lock_fd);
+    return Fail("mount", std::strerror(errno));
+  }
   if (pid != 0) close(args.lock_fd);  // the daemon holds it now (flock: one lock for both descriptors)
   if (pid == 0) {
     close(pipe_fds[0]);

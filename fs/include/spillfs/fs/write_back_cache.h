@@ -50,6 +50,7 @@ class WriteBackCache {
     uint64_t size = 0;                 // logical size including cached data
     int64_t mtime_ns = 0;
     int64_t first_dirty_ns = 0;  // when the oldest unflushed data arrived
+    int64_t last_write_ns = 0;   // SteadyNowNs() of the last write (utimes does not move it)
     bool ephemeral = false;
     uint64_t dirty_bytes = 0;  // valid bytes held (accounting)
     uint64_t chunk_count = 0;  // chunks.size(), readable under the cache mutex
