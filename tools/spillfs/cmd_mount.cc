@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "commands.h"
@@ -52,33 +53,46 @@ struct MountArgs {
   FilesystemOptions fs_options;
 };
 
-// Takes the volume's lock, waiting up to `wait_s` while another process
-// holds it, and returns it held: the daemon's Volume::Open takes it over, so
-// nobody can take the volume in between. A plain `umount` returns before the daemon has
-// flushed and closed the volume (`spillfs umount` waits), so `umount` followed
-// by `spillfs mount` would otherwise fail for a few seconds. The volume is not
-// mounted anywhere (checked before), so the holder is such a daemon or an
-// offline command (stat, fsck) that will let go.
-Result<int> WaitForVolumeLock(const std::string& volume, unsigned wait_s) {
+// Takes the volume's lock, polling every `interval` for up to `wait_s` while
+// another process holds it; returns it held. `on_busy` sees each "in use"
+// answer and may end the wait with an error of its own. After the wait, the
+// last "in use" error.
+Result<int> PollVolumeLock(const std::string& volume, unsigned wait_s, std::chrono::milliseconds interval,
+                           const std::function<Status(const Status& busy)>& on_busy) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(wait_s);
-  bool said = false;
   for (;;) {
     auto lock = LockVolume(volume);
-    if (lock.ok()) return lock;
-    if (lock.status().code() != EBUSY) return lock.status();
+    if (lock.ok() || lock.status().code() != EBUSY) return lock;
+    SPILLFS_RETURN_IF_ERROR(on_busy(lock.status()));
+    if (std::chrono::steady_clock::now() >= deadline) return lock.status();
+    std::this_thread::sleep_for(interval);
+  }
+}
+
+// Takes the volume's lock for a mount, waiting up to `wait_s` while another
+// process holds it, and returns it held: the daemon's Volume::Open takes it
+// over, so nobody can take the volume in between. A plain `umount` returns
+// before the daemon has flushed and closed the volume (`spillfs umount`
+// waits), so `umount` followed by `spillfs mount` would otherwise fail for a
+// few seconds. The volume is not mounted anywhere (checked before), so the
+// holder is such a daemon or an offline command (stat, fsck) that will let go.
+Result<int> WaitForVolumeLock(const std::string& volume, unsigned wait_s) {
+  bool said = false;
+  bool mounted_elsewhere = false;
+  auto lock = PollVolumeLock(volume, wait_s, std::chrono::milliseconds(20), [&](const Status& busy) {
     if (auto mounted = FindVolumeMount(volume)) {  // mounted meanwhile, by someone else
+      mounted_elsewhere = true;
       return Status::Error(EBUSY, fmt::format("volume {} is already mounted on {}", volume, mounted->mountpoint));
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return Status::Error(EBUSY, fmt::format("{}, still after {} s (--lock-wait)", lock.status().message(), wait_s));
     }
     if (!said) {
       fmt::print(stderr, "spillfs mount: {}, which has not mounted it; waiting up to {} s for it to let go\n",
-                 lock.status().message(), wait_s);
+                 busy.message(), wait_s);
       said = true;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+    return Status::OK();
+  });
+  if (lock.ok() || lock.status().code() != EBUSY || mounted_elsewhere) return lock;
+  return Status::Error(EBUSY, fmt::format("{}, still after {} s (--lock-wait)", lock.status().message(), wait_s));
 }
 
 // Checks everything that can be checked before forking.
@@ -262,18 +276,15 @@ int RunUmount(const std::string& path) {
     if (std::system(command.c_str()) != 0) return Fail("umount", fmt::format("fusermount3 -u {} failed", mountpoint));
   }
   // Wait for the daemon to finish syncing and release the volume.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto lock = LockVolume(entry->source);
-    if (lock.ok()) {
-      close(*lock);
-      fmt::print("spillfs: unmounted {}\n", mountpoint);
-      return 0;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  auto lock =
+      PollVolumeLock(entry->source, 120, std::chrono::milliseconds(10), [](const Status&) { return Status::OK(); });
+  if (lock.ok()) {
+    close(*lock);
+    fmt::print("spillfs: unmounted {}\n", mountpoint);
+    return 0;
   }
-  return Fail("umount",
-              fmt::format("unmounted {}, but the daemon has not released {} after 120 s", mountpoint, entry->source));
+  return Fail("umount", fmt::format("unmounted {}, but the daemon has not released {}: {}", mountpoint, entry->source,
+                                    lock.status().message()));
 }
 
 }  // namespace
