@@ -266,8 +266,7 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
       AbandonBatch(&retry);
       return planned;
     }
-    Status rewritten = store_.WriteSlices(retry.plan.slices);
-    if (rewritten.ok()) rewritten = FlushBeforeMapping(ino);
+    Status rewritten = WriteForMapping(ino, retry.plan.slices);
     if (!rewritten.ok()) {
       allocator_.Unreserve(retry.plan.space);
       AbandonBatch(&retry);
@@ -297,9 +296,7 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
     // ephemeral file's, mapped without one.
     const bool maps_data = !batch->plan.extents.empty() || !batch->shared.empty();
     auto write_and_flush = [this, ino, maps_data, slices = batch->plan.slices] {
-      Status written = store_.WriteSlices(slices);
-      if (written.ok() && maps_data) written = FlushBeforeMapping(ino);
-      return written;
+      return maps_data ? WriteForMapping(ino, slices) : store_.WriteSlices(slices);
     };
     batch->written = std::async(locked ? std::launch::deferred : std::launch::async, std::move(write_and_flush));
     Status committed = commit_pending();
@@ -507,6 +504,11 @@ Status Filesystem::FlushAll() {
     if (first.ok() && !s.ok()) first = s;
   }
   return first;
+}
+
+Status Filesystem::WriteForMapping(InodeNumber ino, const std::vector<IoSlice>& slices) {
+  SPILLFS_RETURN_IF_ERROR(store_.WriteSlices(slices));
+  return FlushBeforeMapping(ino);
 }
 
 void Filesystem::FlusherLoop() {

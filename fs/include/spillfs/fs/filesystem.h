@@ -373,6 +373,8 @@ class Filesystem {
   // FlushLock(ino) (which SetXattr takes to change the ephemeral flag).
   Status FlushBeforeMapping(const InodeRecord& record);
   Status FlushBeforeMapping(InodeNumber ino);
+  // A flush batch's writes, then FlushBeforeMapping (write_back.cc).
+  Status WriteForMapping(InodeNumber ino, const std::vector<IoSlice>& slices);
   // Before a change of the ephemeral flag: takes `flush_lock` (the file's
   // FlushLock), and flushes the data area when an ephemeral regular file
   // stops being one (`clears`) (xattr.cc).
