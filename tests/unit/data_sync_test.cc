@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "eventually.h"
+#include "read_bytes.h"
 #include "spillfs/fs/block_store.h"
 #include "spillfs/fs/filesystem.h"
 #include "spillfs/fs/volume.h"
@@ -173,9 +174,10 @@ TEST_F(DataSyncTest, FsyncFailsAfterTheFlusherLostTheWriteBack) {
 // in the index and the call would succeed.
 class FlushBeforeMappingTest : public DataSyncTest {
  protected:
-  void Open(uint64_t ram_tier_bytes) {
+  void Open(uint64_t ram_tier_bytes, uint64_t flush_batch_bytes = FilesystemOptions::kDefaultFlushBatchBytes) {
     FilesystemOptions options;
     options.ram_tier_bytes = ram_tier_bytes;
+    options.flush_batch_bytes = flush_batch_bytes;
     options.ram_tier_warm_bytes = 0;
     options.flush_age_ms = 60000;  // the flusher leaves the data to the test's fsync
     auto fs = OpenFilesystem(options);
@@ -243,6 +245,46 @@ TEST_F(FlushBeforeMappingTest, AFileStopsBeingEphemeralOnlyAfterItsDataIsFlushed
   EXPECT_EQ(fs_->RemoveXattr(ino_, "user.spillfs.ephemeral").code(), EIO) << "the failed flush is sticky";
   EXPECT_EQ(failures_injected.load(), 1);
   EXPECT_TRUE(Committed().flags & kInodeEphemeral) << "the file left ephemeral mode without a data flush";
+}
+
+// A flush of many batches keeps several in flight: those written while a
+// sync runs share the next one, so the SSD is not left idle for a sync per
+// batch. Eight 1 MiB batches while each sync takes 300 ms: with one batch
+// written at a time behind the one being mapped, every batch had a sync of its
+// own (8, and one more for the fsync's own sync); with four in flight, the
+// three written during the first sync share the second, and so on.
+TEST_F(FlushBeforeMappingTest, BatchesWrittenDuringASyncShareTheNextOne) {
+  ASSERT_NO_FATAL_FAILURE(Open(/*ram_tier_bytes=*/16 << 20, /*flush_batch_bytes=*/1 << 20));
+  const std::string data(8 << 20, 'b');
+  ASSERT_TRUE(fs_->Write(ino_, 0, data.data(), data.size()).ok());
+  delay_ms = 300;
+  const int syncs = data_image_syncs.load();
+  ASSERT_TRUE(fs_->Fsync(ino_, /*datasync=*/true).ok());
+  const int used = data_image_syncs.load() - syncs;
+  EXPECT_GE(used, 2) << "a flush before the mappings and the fsync's own";
+  EXPECT_LE(used, 6) << "each batch waited for a sync of its own";
+  EXPECT_EQ(Committed().size, data.size());
+  delay_ms = 0;
+  auto back = ReadBytes(*fs_, ino_, 0, data.size() + 1);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(*back == data) << "the batches were not mapped where their data lies";
+}
+
+// A failed sync with several batches in flight: none of them is mapped, and
+// the data stays readable in the RAM tier.
+TEST_F(FlushBeforeMappingTest, AFailedSyncMapsNoneOfTheBatchesInFlight) {
+  ASSERT_NO_FATAL_FAILURE(Open(/*ram_tier_bytes=*/16 << 20, /*flush_batch_bytes=*/1 << 20));
+  std::string data(8 << 20, '\0');
+  for (size_t i = 0; i < data.size(); i += 4096) data[i] = static_cast<char>(i / 4096);
+  ASSERT_TRUE(fs_->Write(ino_, 0, data.data(), data.size()).ok());
+  failures_armed = 1;
+  Status fsync = fs_->Fsync(ino_, /*datasync=*/true);
+  EXPECT_EQ(fsync.code(), EIO) << fsync.ToString();
+  EXPECT_EQ(failures_injected.load(), 1);
+  EXPECT_FALSE(AnyExtentMapped()) << "a batch was mapped although the sync before it failed";
+  auto back = ReadBytes(*fs_, ino_, 0, data.size() + 1);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(*back == data) << "the abandoned batches lost data held in the RAM tier";
 }
 
 }  // namespace

@@ -84,6 +84,12 @@ struct FilesystemOptions {
   // writes after a mount do not pay for fresh pages.
   uint64_t ram_tier_warm_bytes = kDefaultRamTierWarmBytes;
   static constexpr uint64_t kDefaultRamTierWarmBytes = 256ull << 20;
+  // RAM-tier data flushed per batch (rounded down to whole chunks, at least
+  // one). Each batch is mapped only after a sync of the data area; several
+  // are in flight at once. Big enough for the SSD's queue depth; tests make
+  // it small to have many batches.
+  uint64_t flush_batch_bytes = kDefaultFlushBatchBytes;
+  static constexpr uint64_t kDefaultFlushBatchBytes = 64ull << 20;
   // A quarter of physical memory, at most 8 GiB.
   static uint64_t DefaultRamTierBytes();
 };
@@ -329,19 +335,31 @@ class Filesystem {
   // How much of a file a flush takes.
   enum class FlushScope {
     kAll,         // every cached block present when the flush starts (fsync, close)
-    kBackground,  // all but a partly filled last chunk, which a writer is likely filling
+    kBackground,  // all but a partly filled last chunk, which a writer is likely filling;
+                  // and chunks filled while the flush runs (a stream is one flush)
   };
   // A batch of cached chunks on its way to the SSD (write_back.cc).
   struct FlushBatch;
   // Flushes the file's cached data. The I/O lock is held only to pick chunks
   // and to commit their mapping; the SSD writes run without it, so writers of
-  // other chunks go on, and batches are pipelined (one commits while the next
-  // is written). Takes FlushLock(ino).
+  // other chunks go on, and batches are pipelined (the next ones are written
+  // while the oldest waits for its sync and is mapped). Takes FlushLock(ino).
   Status FlushFile(InodeNumber ino, FlushScope scope = FlushScope::kAll);
   // The same, for a caller that holds FlushLock(ino) and the I/O lock
   // exclusively (runs every step under them).
   Status FlushLocked(InodeNumber ino);
   Status FlushChunks(InodeNumber ino, FlushScope scope, bool locked);
+  // The I/O lock, exclusive, unless the caller holds it (`held`).
+  std::unique_lock<std::shared_mutex> IoLockUnlessHeld(InodeNumber ino, bool held);
+  // The file's chunks that a flush of `scope` takes now, in file order, but
+  // none already on its way to the SSD (I/O lock held by the caller).
+  std::vector<uint64_t> ChunksToFlush(const WriteBackCache::File& file, FlushScope scope) const;
+  // Starts a planned batch's SSD writes and the flush after them (on their
+  // own thread, or deferred to the wait when the caller holds the locks).
+  void StartBatchWrites(InodeNumber ino, FlushBatch* batch, bool locked);
+  // Waits for a started batch's writes and maps them; a batch that cannot be
+  // mapped is given back (AbandonBatch). Retries once without dedup.
+  Status MapWrittenBatch(InodeNumber ino, std::unique_ptr<FlushBatch> batch, bool locked);
   // Marks the chunks flushing and collects their valid blocks (I/O lock
   // exclusive held by the caller).
   void GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* batch);
