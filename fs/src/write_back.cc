@@ -198,10 +198,12 @@ namespace {
 // a sync runs (one took 7-99 ms on the CPU VM under a stream of writes,
 // against ~45 ms to write a 64 MiB batch).
 constexpr size_t kFlushBatchesInFlight = 4;
-// A background flush takes chunks filled while it runs, up to this much in
-// all, instead of ending (and waiting for its last sync) and starting again:
-// a file being streamed is flushed in one pipeline. It stops taking more once
-// a caller waits to flush the whole file (File::flushes_waiting).
+// A background flush of a durable file takes chunks filled while it runs, up
+// to this much in all, instead of ending (and waiting for its last sync) and
+// starting again: a file being streamed is flushed in one pipeline. It stops
+// taking more once anyone waits for the flush lock (an fsync, a writer of a
+// chunk being flushed, a truncate) or the file system stops. Ephemeral files
+// are flushed only to relieve pressure: no more than they hold then.
 constexpr uint64_t kBackgroundFlushBytes = 1 << 30;
 // A file written within this long is taken to be still appended to.
 constexpr int64_t kAppendingNs = 1'000'000'000;
@@ -209,15 +211,8 @@ constexpr int64_t kAppendingNs = 1'000'000'000;
 }  // namespace
 
 Status Filesystem::FlushFile(InodeNumber ino, FlushScope scope) {
-  auto file = cache_.Find(ino);
-  if (!file) return Status::OK();
-  if (scope == FlushScope::kBackground) {
-    std::lock_guard flush_lock(FlushLock(ino));
-    return FlushChunks(ino, scope, /*locked=*/false);
-  }
-  file->flushes_waiting.fetch_add(1);  // a background flush holding the lock ends sooner
-  std::unique_lock flush_lock(FlushLock(ino));
-  file->flushes_waiting.fetch_sub(1);
+  if (!cache_.Find(ino)) return Status::OK();
+  std::lock_guard flush_lock(FlushLock(ino));
   return FlushChunks(ino, scope, /*locked=*/false);
 }
 
@@ -230,15 +225,14 @@ std::unique_lock<std::shared_mutex> Filesystem::IoLockUnlessHeld(InodeNumber ino
   return held ? std::unique_lock<std::shared_mutex>() : std::unique_lock<std::shared_mutex>(IoLock(ino));
 }
 
-std::vector<uint64_t> Filesystem::ChunksToFlush(const WriteBackCache::File& file, FlushScope scope) const {
+std::vector<uint64_t> Filesystem::ChunksToFlush(const WriteBackCache::File& file, FlushScope scope, bool refill) const {
   // A partly filled last chunk stays while a writer is likely filling it; an
   // idle file's goes too, or files that each end in one (small ephemeral
   // files, which close does not flush) would hold the tier full for good.
-  // Chunks already on their way (an earlier batch of this flush) are not
-  // taken again.
+  // A refill skips the chunks already on their way (this flush's batches).
   std::vector<uint64_t> chunks;
   for (const auto& [index, chunk] : file.chunks) {
-    if (!chunk.flushing) chunks.push_back(index);
+    if (!refill || !chunk.flushing) chunks.push_back(index);
   }
   if (scope == FlushScope::kBackground && !chunks.empty() &&
       file.chunks.at(chunks.back()).valid_blocks < cache_.blocks_per_chunk() &&
@@ -260,7 +254,7 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
   std::vector<uint64_t> todo;
   {
     auto lock = IoLockUnlessHeld(ino, locked);
-    todo = ChunksToFlush(*file, scope);
+    todo = ChunksToFlush(*file, scope, /*refill=*/false);
   }
   if (todo.empty()) {
     if (scope == FlushScope::kBackground) return Status::OK();
@@ -276,10 +270,10 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
   uint64_t started_bytes = 0;
   Status first;
   for (size_t next = 0; first.ok();) {
-    if (next == todo.size() && scope == FlushScope::kBackground && started_bytes < kBackgroundFlushBytes &&
-        file->flushes_waiting.load() == 0) {
+    if (next == todo.size() && scope == FlushScope::kBackground && !file->ephemeral &&
+        started_bytes < kBackgroundFlushBytes && !FlushLock(ino).waited() && !stopping_) {
       auto lock = IoLockUnlessHeld(ino, locked);
-      todo = ChunksToFlush(*file, scope);
+      todo = ChunksToFlush(*file, scope, /*refill=*/true);
       next = 0;
     }
     if (next == todo.size()) break;
@@ -324,7 +318,15 @@ void Filesystem::StartBatchWrites(InodeNumber ino, FlushBatch* batch, bool locke
   auto write_and_flush = [this, ino, maps_data, slices = batch->plan.slices] {
     return maps_data ? WriteForMapping(ino, slices) : store_.WriteSlices(slices);
   };
-  batch->written = std::async(locked ? std::launch::deferred : std::launch::async, std::move(write_and_flush));
+  if (!locked) {
+    try {
+      batch->written = std::async(std::launch::async, write_and_flush);
+      return;
+    } catch (const std::system_error&) {
+      // No thread to be had: the writes run when the batch is waited for.
+    }
+  }
+  batch->written = std::async(std::launch::deferred, std::move(write_and_flush));
 }
 
 Status Filesystem::MapWrittenBatch(InodeNumber ino, std::unique_ptr<FlushBatch> batch, bool locked) {
@@ -388,8 +390,11 @@ Status Filesystem::PlanBatch(FlushBatch* batch, bool dedup) {
   HashSegments(&batch->segments, dedup);
   if (dedup) Deduplicate(&batch->segments, &batch->shared);
   uint64_t fresh_bytes = batch->total - batch->shared.size() * kDedupUnit;
-  batch->reserved_from_hold = std::min(batch->hold, fresh_bytes);
-  SPILLFS_ASSIGN_OR_RETURN(batch->plan, PlanSegments(batch->segments, batch->reserved_from_hold));
+  // Taken from the hold only once the space is reserved: a failed plan
+  // leaves the whole hold to AbandonBatch.
+  const uint64_t from_hold = std::min(batch->hold, fresh_bytes);
+  SPILLFS_ASSIGN_OR_RETURN(batch->plan, PlanSegments(batch->segments, from_hold));
+  batch->reserved_from_hold = from_hold;
   allocator_.ReleaseHold(batch->hold - batch->reserved_from_hold);  // dedup hits need no space
   batch->hold = 0;
   return Status::OK();
@@ -472,7 +477,13 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
     record->ctime_ns = std::max(record->ctime_ns, overlay->mtime_ns);
   }
   PutInode(&txn, ino, *record);
-  SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
+  if (Status committed = CommitTxn(&txn); !committed.ok()) {
+    // The chunks stay cached and a later flush takes them again. Their space
+    // stays reserved: a failed write may still have reached the WAL, and a
+    // remount rebuilds the free list from the index anyway.
+    AbandonBatch(batch);
+    return committed;
+  }
   counters_.bytes_deduplicated.fetch_add(batch->shared.size() * kDedupUnit, std::memory_order_relaxed);
   cache_.FinishFlush(ino, file, batch->chunks);
   return Status::OK();

@@ -25,7 +25,7 @@ bool IsSecurityXattr(std::string_view name) { return name.substr(0, 9) == "secur
 
 }  // namespace
 
-Status Filesystem::FlushForEphemeralChange(InodeNumber ino, bool clears, std::unique_lock<std::mutex>* flush_lock) {
+Status Filesystem::FlushForEphemeralChange(InodeNumber ino, bool clears, std::unique_lock<WaitedMutex>* flush_lock) {
   // A file that stops being ephemeral promises its mapped data from the
   // flag's commit on, and its batches were mapped without a data flush
   // (FlushBeforeMapping): flush now, and keep its flushes out (FlushLock)

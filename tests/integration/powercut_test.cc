@@ -93,6 +93,9 @@ constexpr uint64_t kBlock = 4096;  // the volume's block size (mkfs default)
 // must be gone after it.
 constexpr const char* kEphemeralDir = "eph";
 constexpr const char* kRamTier = "12M";
+// Flush batches this small keep several in flight, each mapped only after a
+// data sync that covers it (Filesystem::FlushChunks), within the small tier.
+constexpr const char* kFlushBatch = "1M";
 // The journal format of fs/include/spillfs/fs/block_store.h.
 constexpr const char* kJournalEnv = "SPILLFS_POWERCUT_JOURNAL";
 constexpr uint32_t kRecordMagic = 0x50434a31;
@@ -775,7 +778,7 @@ void RunIteration(uint64_t seed, DataLoss loss, IndexLoss index_loss, Totals* to
   {
     JournalEnv env(data_journal, index_journal);  // mkfs and the daemon, not later commands
     MountedVolume::Options options;
-    options.mount_args = {"--ram-tier", kRamTier};
+    options.mount_args = {"--ram-tier", kRamTier, "--flush-batch", kFlushBatch};
     volume = std::make_unique<MountedVolume>(options);
   }
   Writer writer(*volume, seed);

@@ -322,6 +322,12 @@ TEST_F(ToolsTest, ErrorsExitOne) {
   EXPECT_NE(out.find("spillfs mount: --read-ahead: "), std::string::npos) << out;
   out = Run("mount " + vol_ + " " + mnt_ + " --ram-tier-warm lots", 1);
   EXPECT_NE(out.find("spillfs mount: --ram-tier-warm: "), std::string::npos) << out;
+  out = Run("mount " + vol_ + " " + mnt_ + " --flush-batch 4K", 1);
+  EXPECT_NE(out.find("spillfs mount: --flush-batch: 4K is less than the least, 256.0 KiB"), std::string::npos) << out;
+  out = Run("mount " + vol_ + " " + mnt_ + " --flush-batch 0", 1);
+  EXPECT_NE(out.find("spillfs mount: --flush-batch: 0 is less than the least, 256.0 KiB"), std::string::npos) << out;
+  out = Run("mount " + vol_ + " " + mnt_ + " --flush-batch 2G", 1);
+  EXPECT_NE(out.find("spillfs mount: --flush-batch: 2G is more than the most, 1.0 GiB"), std::string::npos) << out;
   out = Run("mount " + vol_ + " " + mnt_ + " --bytes-per-sync -1", 1);
   EXPECT_NE(out.find("spillfs mount: --bytes-per-sync: "), std::string::npos) << out;
   out = Run("mount " + vol_ + " " + mnt_ + " --bytes-per-sync 4K", 1);

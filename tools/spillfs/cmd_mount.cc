@@ -33,6 +33,10 @@ namespace stdfs = std::filesystem;
 constexpr uint64_t kMaxReadAheadBytes = 256ull << 20;
 // Smaller would sync after nearly every flushed file.
 constexpr uint64_t kMinBytesPerSync = 1ull << 20;
+// A flush batch is whole RAM-tier chunks (256 KiB); past 1 GiB one batch
+// would hold the tier frozen for seconds.
+constexpr uint64_t kMinFlushBatchBytes = 256ull << 10;
+constexpr uint64_t kMaxFlushBatchBytes = 1ull << 30;
 
 struct MountArgs {
   std::string volume;
@@ -47,6 +51,7 @@ struct MountArgs {
   std::string read_ahead;      // bytes fetched ahead of a sequential reader ("" = default)
   std::string bytes_per_sync;  // accepted for old scripts, checked and ignored
   std::string ram_tier_warm;   // RAM-tier memory faulted in at mount ("" = default)
+  std::string flush_batch;     // RAM-tier bytes written per flush batch ("" = default)
   int64_t flush_age_ms = 2000;
   unsigned lock_wait_s = 30;  // how long to wait for a daemon still finishing an unmount
   int lock_fd = -1;           // the volume lock, taken before the fork and handed to Volume::Open
@@ -229,10 +234,15 @@ int RunMount(MountArgs args) {
            SizeOption{"--ram-tier", args.ram_tier, 0, UINT64_MAX, &args.fs_options.ram_tier_bytes},
            SizeOption{"--read-ahead", args.read_ahead, 0, kMaxReadAheadBytes, &args.fs_options.read_ahead_bytes},
            SizeOption{"--ram-tier-warm", args.ram_tier_warm, 0, UINT64_MAX, &args.fs_options.ram_tier_warm_bytes},
+           SizeOption{"--flush-batch", args.flush_batch, kMinFlushBatchBytes, kMaxFlushBatchBytes,
+                      &args.fs_options.flush_batch_bytes},
            SizeOption{"--bytes-per-sync", args.bytes_per_sync, kMinBytesPerSync, UINT64_MAX, &ignored_bytes_per_sync},
        }) {
     Status parsed = ParseSizeOption(option);
     if (!parsed.ok()) return Fail("mount", parsed.message());
+  }
+  if (!args.flush_batch.empty() && args.fs_options.flush_batch_bytes == 0) {
+    return Fail("mount", fmt::format("--flush-batch: 0 is less than the least, {}", HumanBytes(kMinFlushBatchBytes)));
   }
   if (!args.bytes_per_sync.empty()) {
     fmt::print(stderr,
@@ -312,6 +322,9 @@ void RegisterMount(CLI::App& app, int* exit_code) {
   cmd->add_option("--ram-tier-warm", args->ram_tier_warm,
                   "RAM-tier memory faulted in at mount, so the first writes do not wait for fresh pages; at most "
                   "the RAM tier, 0 none (default: 256M)");
+  cmd->add_option("--flush-batch", args->flush_batch,
+                  "RAM-tier data written to the SSD per flush batch, e.g. 16M; each batch is made durable before "
+                  "it is mapped, and up to four are in flight (default: 64M; 256K to 1G)");
   cmd->add_option("--bytes-per-sync", args->bytes_per_sync,
                   "Ignored, kept for old scripts: the data of every flush batch is now made durable before it is "
                   "mapped, which did this option's job (syncing as the flusher writes)");

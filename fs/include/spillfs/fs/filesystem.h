@@ -33,6 +33,7 @@
 #include "spillfs/fs/read_ahead.h"
 #include "spillfs/fs/reclaim_gate.h"
 #include "spillfs/fs/volume.h"
+#include "spillfs/fs/waited_mutex.h"
 #include "spillfs/fs/write_back_cache.h"
 #include "spillfs/kvindex/records.h"
 #include "spillfs/status.h"
@@ -281,8 +282,9 @@ class Filesystem {
   // Held for the whole of a flush of the inode, by every operation that
   // drops or rewrites cached chunks other than by write() or maps data, and
   // by a change of the ephemeral flag (FlushForEphemeralChange). Taken before
-  // the I/O lock, never while holding it.
-  std::mutex& FlushLock(InodeNumber ino) { return flush_locks_[ino % kIoLockStripes]; }
+  // the I/O lock, never while holding it. A background flush gives it up
+  // early when someone waits for it (WaitedMutex).
+  WaitedMutex& FlushLock(InodeNumber ino) { return flush_locks_[ino % kIoLockStripes]; }
   // Declared after the exclusive I/O lock of an operation that changes a
   // file's bytes or size: drops the file's read-ahead windows when the
   // operation ends, before the I/O lock lets readers in again.
@@ -336,7 +338,7 @@ class Filesystem {
   enum class FlushScope {
     kAll,         // every cached block present when the flush starts (fsync, close)
     kBackground,  // all but a partly filled last chunk, which a writer is likely filling;
-                  // and chunks filled while the flush runs (a stream is one flush)
+                  // and, for a durable file, chunks filled while the flush runs
   };
   // A batch of cached chunks on its way to the SSD (write_back.cc).
   struct FlushBatch;
@@ -351,9 +353,10 @@ class Filesystem {
   Status FlushChunks(InodeNumber ino, FlushScope scope, bool locked);
   // The I/O lock, exclusive, unless the caller holds it (`held`).
   std::unique_lock<std::shared_mutex> IoLockUnlessHeld(InodeNumber ino, bool held);
-  // The file's chunks that a flush of `scope` takes now, in file order, but
-  // none already on its way to the SSD (I/O lock held by the caller).
-  std::vector<uint64_t> ChunksToFlush(const WriteBackCache::File& file, FlushScope scope) const;
+  // The file's chunks that a flush of `scope` takes now, in file order; for
+  // a `refill`, none already on its way to the SSD (I/O lock held by the
+  // caller).
+  std::vector<uint64_t> ChunksToFlush(const WriteBackCache::File& file, FlushScope scope, bool refill) const;
   // Starts a planned batch's SSD writes and the flush after them (on their
   // own thread, or deferred to the wait when the caller holds the locks).
   void StartBatchWrites(InodeNumber ino, FlushBatch* batch, bool locked);
@@ -396,7 +399,7 @@ class Filesystem {
   // Before a change of the ephemeral flag: takes `flush_lock` (the file's
   // FlushLock), and flushes the data area when an ephemeral regular file
   // stops being one (`clears`) (xattr.cc).
-  Status FlushForEphemeralChange(InodeNumber ino, bool clears, std::unique_lock<std::mutex>* flush_lock);
+  Status FlushForEphemeralChange(InodeNumber ino, bool clears, std::unique_lock<WaitedMutex>* flush_lock);
   Status ApplyBlobRefs(Txn* txn);
   void FlusherLoop();
   static void ApplyOverlay(const WriteBackCache::Overlay& overlay, Entry* entry);
@@ -421,7 +424,7 @@ class Filesystem {
   FsCounters counters_;
   WriteBackCache cache_;
   std::array<std::shared_mutex, kIoLockStripes> io_locks_;
-  std::array<std::mutex, kIoLockStripes> flush_locks_;
+  std::array<WaitedMutex, kIoLockStripes> flush_locks_;
   ReadAhead read_ahead_;  // after what its fetches use: destroyed (joined) first
   std::atomic<bool> stopping_{false};
   // SyncAll on its own thread, asked for by CommitTxn when freed space has

@@ -56,9 +56,6 @@ class WriteBackCache {
     uint64_t dirty_bytes = 0;  // valid bytes held (accounting)
     uint64_t chunk_count = 0;  // chunks.size(), readable under the cache mutex
     uint64_t held_bytes = 0;   // space promised by Allocator::Hold for this data
-    // Callers waiting for the file's FlushLock to flush all of it (fsync,
-    // close): a background flush then stops taking chunks filled meanwhile.
-    std::atomic<int> flushes_waiting{0};
   };
 
   struct Stats {
