@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -196,9 +197,13 @@ Status BlockStore::SyncData() {
   const uint64_t covers = sync_tickets_;  // every caller so far asked before this sync starts
   lock.unlock();
   int rc;
+  const auto started = std::chrono::steady_clock::now();
   do {
     rc = fdatasync(fd_);
   } while (rc != 0 && errno == EINTR);
+  sync_ns_.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count(),
+      std::memory_order_relaxed);
   Status failed = rc == 0 ? Status::OK() : Errno("fdatasync of " + path_);
   lock.lock();
   sync_running_ = false;

@@ -229,6 +229,7 @@ RuntimeStats ControlPlane::Runtime() const {
   r.bytes_read_ssd = fs_->volume().store().bytes_read();
   r.bytes_cancelled = tier.cancelled_bytes;
   r.data_syncs = fs_->volume().store().syncs();
+  r.data_sync_seconds = static_cast<double>(fs_->volume().store().sync_ns()) / 1e9;
   if (Status failed = fs_->volume().store().sync_error(); !failed.ok()) r.data_sync_error = failed.ToString();
   r.checksum_errors = c.checksum_errors.load();
   r.bytes_written = c.bytes_written.load();

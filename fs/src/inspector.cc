@@ -309,6 +309,7 @@ Result<nlohmann::json> Inspector::Stat(const RuntimeStats& runtime) const {
   out["bytes_cancelled"] = runtime.bytes_cancelled;
   out["checksum_errors"] = runtime.checksum_errors;
   out["data_syncs"] = runtime.data_syncs;
+  out["data_sync_seconds"] = runtime.data_sync_seconds;
   out["data_sync_failed"] = !runtime.data_sync_error.empty();
   out["data_sync_error"] = runtime.data_sync_error.empty() ? json() : json(runtime.data_sync_error);
   out["bytes_written"] = runtime.bytes_written;

@@ -49,6 +49,7 @@ constexpr MetricInfo kMetrics[] = {
     {"bytes_cancelled", "Bytes dropped from the RAM tier before reaching the SSD since mount.", true},
     {"checksum_errors", "Checksum mismatches detected on read since mount.", true},
     {"data_syncs", "fdatasync calls on the data area since mount.", true},
+    {"data_sync_seconds", "Seconds spent in fdatasync of the data area since mount.", true},
     {"data_sync_failed", "1 once an fdatasync of the data area has failed: every sync fails until a remount.", false},
     {"bytes_written", "Bytes written by clients since mount.", true},
     {"bytes_read", "Bytes read by clients since mount.", true},

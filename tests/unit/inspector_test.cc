@@ -246,6 +246,7 @@ TEST_F(InspectorTest, StatTakesLiveCountersFromTheDaemon) {
   rt.bytes_cancelled = 15;
   rt.checksum_errors = 16;
   rt.data_syncs = 19;
+  rt.data_sync_seconds = 0.25;
   rt.data_sync_error = "EIO: fdatasync failed";
   rt.reads = 17;
   rt.writes = 18;
@@ -263,6 +264,7 @@ TEST_F(InspectorTest, StatTakesLiveCountersFromTheDaemon) {
   EXPECT_EQ(s["bytes_cancelled"], 15u);
   EXPECT_EQ(s["checksum_errors"], 16u);
   EXPECT_EQ(s["data_syncs"], 19u);
+  EXPECT_DOUBLE_EQ(s["data_sync_seconds"].get<double>(), 0.25);
   EXPECT_EQ(s["data_sync_failed"], true);
   EXPECT_EQ(s["data_sync_error"], "EIO: fdatasync failed");
   EXPECT_EQ(s["reads"], 17u);

@@ -304,6 +304,7 @@ int RunStat(const StatArgs& args) {
   PrintRow("ssd written", HumanBytes(U64(stat, "bytes_written_ssd")));
   PrintRow("ssd read", HumanBytes(U64(stat, "bytes_read_ssd")));
   std::string syncs = std::to_string(U64(stat, "data_syncs"));
+  if (U64(stat, "data_syncs") > 0) syncs += fmt::format(", {:.0f} ms in all", F64(stat, "data_sync_seconds") * 1e3);
   if (stat.contains("data_sync_error") && stat["data_sync_error"].is_string()) {
     syncs += fmt::format(", then FAILED: {}", stat["data_sync_error"].get<std::string>());
   }

@@ -88,6 +88,9 @@ class BlockStore {
   Status Flush();
   // fdatasync calls that succeeded since Open (callers that shared one count once).
   uint64_t syncs() const { return syncs_.load(std::memory_order_relaxed); }
+  // Nanoseconds spent in those fdatasync calls (and in failed ones): how much
+  // the flush before each mapping costs on this device.
+  uint64_t sync_ns() const { return sync_ns_.load(std::memory_order_relaxed); }
   // The sticky error of Flush: OK until an fdatasync has failed.
   Status sync_error() const;
 
@@ -121,6 +124,7 @@ class BlockStore {
   uint64_t sync_covered_ = 0;  // callers up to this one are durable
   Status sync_error_;          // the first failed fdatasync, returned ever after
   std::atomic<uint64_t> syncs_{0};
+  std::atomic<uint64_t> sync_ns_{0};
 };
 
 }  // namespace spillfs

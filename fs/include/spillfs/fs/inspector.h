@@ -66,6 +66,7 @@ struct RuntimeStats {
   // fdatasync calls on the data area that succeeded (before each mapping of
   // fresh data, fsync, unmount; callers that shared one count once).
   uint64_t data_syncs = 0;
+  double data_sync_seconds = 0;  // spent in those syncs (and in a failed one)
   // The failed fdatasync that every later sync reports until a remount
   // (block_store.h, Flush); empty while none has failed.
   std::string data_sync_error;
