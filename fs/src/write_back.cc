@@ -212,6 +212,15 @@ constexpr int64_t kAppendingNs = 1'000'000'000;
 
 Status Filesystem::FlushFile(InodeNumber ino, FlushScope scope) {
   if (!cache_.Find(ino)) return Status::OK();
+  if (scope == FlushScope::kBackground) {
+    // Not while another thread flushes the file or waits to (an fsync, a
+    // truncate, a writer of a chunk being flushed): that one frees the memory
+    // anyway, and the lock is not fair, so the flusher taking it again and
+    // again could keep the waiter out for many flushes.
+    std::unique_lock flush_lock(FlushLock(ino), std::try_to_lock);
+    if (!flush_lock.owns_lock() || FlushLock(ino).waited()) return Status::OK();
+    return FlushChunks(ino, scope, /*locked=*/false);
+  }
   std::lock_guard flush_lock(FlushLock(ino));
   return FlushChunks(ino, scope, /*locked=*/false);
 }

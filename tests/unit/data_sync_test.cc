@@ -275,6 +275,52 @@ TEST_F(FlushBeforeMappingTest, BatchesWrittenDuringASyncShareTheNextOne) {
   EXPECT_TRUE(*back == data) << "the batches were not mapped where their data lies";
 }
 
+// A background flush of a file being appended to goes on with the chunks
+// filled while it runs (one pipeline for a stream), but not once someone waits
+// for the file's flush lock, and the flusher does not start another while
+// someone waits: an fsync then waits for the batches in flight, not for the
+// stream. Here each data sync takes 100 ms, so a flush moves a few 1 MiB
+// batches per sync, and the writer, held back by the 32 MiB tier, keeps it
+// busy. The fsync took 1.8-3.1 s on the CPU VM. A flush that went on taking
+// chunks ran until the writer gave up (60 s); with that fixed but the flusher
+// free to take the lock again before the fsync (the lock is not fair), 19-30 s.
+TEST_F(DataSyncTest, AnFsyncStopsABackgroundFlushFromTakingMore) {
+  FilesystemOptions options;
+  options.ram_tier_bytes = 32 << 20;
+  options.ram_tier_warm_bytes = 0;
+  options.flush_age_ms = 10;  // the flusher takes the file at once
+  options.flush_batch_bytes = 1 << 20;
+  auto fs = OpenFilesystem(options);
+  ASSERT_TRUE(fs.ok()) << fs.status().ToString();
+  auto entry = (*fs)->MakeNode(kRootInode, "stream", S_IFREG | 0644, 0, Caller{});
+  ASSERT_TRUE(entry.ok()) << entry.status().ToString();
+  const InodeNumber ino = entry->ino;
+  delay_ms = 100;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> appended{0};
+  std::thread writer([&] {
+    const std::string piece(256 << 10, 's');
+    const auto give_up = std::chrono::steady_clock::now() + 60s;
+    while (!stop.load() && std::chrono::steady_clock::now() < give_up) {
+      auto n = (*fs)->Write(ino, appended.load(), piece.data(), piece.size());
+      if (!n.ok()) break;
+      appended += *n;
+    }
+  });
+  // The background flush is under way (and the tier full) well before this.
+  std::this_thread::sleep_for(1500ms);
+  const auto started = std::chrono::steady_clock::now();
+  Status fsync = (*fs)->Fsync(ino, /*datasync=*/true);
+  const auto took = std::chrono::steady_clock::now() - started;
+  stop = true;
+  writer.join();
+  ASSERT_TRUE(fsync.ok()) << fsync.ToString();
+  EXPECT_LT(took, 15s) << "the fsync waited " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                       << " ms for a background flush that kept taking the writer's chunks";
+  EXPECT_GT(appended.load(), uint64_t{32} << 20) << "the writer did not outrun the tier; nothing was tested";
+  delay_ms = 0;
+}
+
 // A failed sync with several batches in flight: none of them is mapped, and
 // the data stays readable in the RAM tier.
 TEST_F(FlushBeforeMappingTest, AFailedSyncMapsNoneOfTheBatchesInFlight) {
