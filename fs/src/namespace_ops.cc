@@ -44,10 +44,19 @@ Result<Entry> Filesystem::GetAttr(InodeNumber ino) {
   // then drops the overlay, so the overlay is taken first and the record
   // after. The other way round, a record loaded before that commit could be
   // shown without the overlay (getattr answered size 0 for a file just
-  // written: stress_test).
-  std::optional<WriteBackCache::Overlay> overlay = cache_.GetOverlay(ino);
-  SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
-  return MakeEntry(ino, record, S_ISREG(record.mode) ? overlay : std::nullopt);
+  // written: stress_test). A commit between the two reads would count its
+  // blocks twice (in the record and in the overlay): the overlay's commit
+  // mark tells, and such a read is done again once the commit is over (it
+  // holds mu_ throughout).
+  for (;;) {
+    std::optional<WriteBackCache::Overlay> overlay = cache_.GetOverlay(ino);
+    SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
+    if (!overlay || !S_ISREG(record.mode)) return MakeEntry(ino, record, std::nullopt);
+    if (overlay->commit_mark.second % 2 == 0 && cache_.CommitMark(ino) == overlay->commit_mark) {
+      return MakeEntry(ino, record, overlay);
+    }
+    std::lock_guard wait_for_commit(mu_);
+  }
 }
 
 Result<Entry> Filesystem::MakeNode(InodeNumber parent, std::string_view name, uint32_t mode, uint64_t rdev,

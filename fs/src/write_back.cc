@@ -95,8 +95,10 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
   };
   SPILLFS_RETURN_IF_ERROR(prime_edge(first_block));
   if (last_block - 1 != first_block) SPILLFS_RETURN_IF_ERROR(prime_edge(last_block - 1));
-  cache_.MarkValid(*file, first_block, last_block - first_block);
+  // The size first: getattr (which takes neither lock) may see it before
+  // the blocks, never blocks past the size.
   cache_.NoteWrite(*file, end, NowNs());
+  cache_.MarkValid(*file, first_block, last_block - first_block);
   // The write cannot fail now: let the caller answer it, and copy while the
   // next request is on its way. Readers and the flusher wait for the I/O
   // lock, so nobody sees the blocks before the copy is done.
@@ -432,6 +434,14 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
   auto& extents = batch->plan.extents;
   auto overlay = cache_.GetOverlay(ino);
   std::lock_guard lock(mu_);
+  // GetAttr, which does not take mu_, must not see the record with this
+  // batch and the overlay still with it too.
+  cache_.BeginCommit(file);
+  struct EndCommit {
+    WriteBackCache& cache;
+    WriteBackCache::File& file;
+    ~EndCommit() { cache.EndCommit(file); }
+  } end_commit{cache_, file};
   auto record = LoadInode(ino);
   if (!record.ok()) {
     allocator_.Unreserve(batch->plan.space);  // reclaimed while we wrote: never mapped

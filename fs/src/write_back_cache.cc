@@ -32,6 +32,7 @@ std::shared_ptr<WriteBackCache::File> WriteBackCache::GetOrCreate(InodeNumber in
     file->size = size;
     file->mtime_ns = mtime_ns;
     file->ephemeral = ephemeral;
+    file->id = ++files_made_;
   }
   return file;
 }
@@ -40,7 +41,25 @@ std::optional<WriteBackCache::Overlay> WriteBackCache::GetOverlay(InodeNumber in
   std::lock_guard lock(mu_);
   auto it = files_.find(ino);
   if (it == files_.end()) return std::nullopt;
-  return Overlay{it->second->size, it->second->mtime_ns, it->second->dirty_bytes};
+  const File& file = *it->second;
+  return Overlay{file.size, file.mtime_ns, file.dirty_bytes, {file.id, file.commit_seq}};
+}
+
+std::optional<std::pair<uint64_t, uint64_t>> WriteBackCache::CommitMark(InodeNumber ino) const {
+  std::lock_guard lock(mu_);
+  auto it = files_.find(ino);
+  if (it == files_.end()) return std::nullopt;
+  return std::make_pair(it->second->id, it->second->commit_seq);
+}
+
+void WriteBackCache::BeginCommit(File& file) {
+  std::lock_guard lock(mu_);
+  ++file.commit_seq;
+}
+
+void WriteBackCache::EndCommit(File& file) {
+  std::lock_guard lock(mu_);
+  ++file.commit_seq;
 }
 
 WriteBackCache::Chunk& WriteBackCache::ChunkFor(File& file, uint64_t block) {

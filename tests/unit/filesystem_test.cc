@@ -1753,6 +1753,35 @@ TEST_P(FilesystemDataTest, GetAttrDuringFlushNeverShowsAnOlderSize) {
   EXPECT_EQ(stale.load(), 0u) << "getattr answers older than a finished write, first: " << last_stale;
 }
 
+// st_blocks counts a block once while its flush commits: the committed
+// record (allocated bytes) and the RAM tier's overlay (dirty bytes) must not
+// both count the batch being mapped. Each block here is written once, so
+// st_blocks never exceeds the size.
+TEST_P(FilesystemDataTest, GetAttrDuringFlushNeverCountsBlocksTwice) {
+  InodeNumber ino = MakeFile(kRootInode, "counted");
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> twice{0};
+  std::string first_twice;
+  std::thread reader([&] {
+    while (!done.load()) {
+      auto attr = fs_->GetAttr(ino);
+      if (attr.ok() && static_cast<uint64_t>(attr->attr.st_blocks) * 512 > static_cast<uint64_t>(attr->attr.st_size) &&
+          twice.fetch_add(1) == 0) {
+        first_twice = std::to_string(attr->attr.st_blocks) + " blocks of 512 for " +
+                      std::to_string(attr->attr.st_size) + " bytes";
+      }
+    }
+  });
+  const std::string block(4096, 'c');
+  for (uint64_t i = 0; i < 2000; ++i) {
+    WriteAt(ino, i * block.size(), block);
+    ASSERT_TRUE(fs_->Flush(ino).ok());
+  }
+  done.store(true);
+  reader.join();
+  EXPECT_EQ(twice.load(), 0u) << "getattr counted blocks twice, first: " << first_twice;
+}
+
 TEST_P(FilesystemDataTest, AttributeChangesKeepUnflushedData) {
   std::mt19937_64 rng(17);
   InodeNumber ino = MakeFile(kRootInode, "attrs");

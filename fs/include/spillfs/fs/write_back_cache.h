@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "spillfs/fs/buffer_pool.h"
@@ -56,6 +57,13 @@ class WriteBackCache {
     uint64_t dirty_bytes = 0;  // valid bytes held (accounting)
     uint64_t chunk_count = 0;  // chunks.size(), readable under the cache mutex
     uint64_t held_bytes = 0;   // space promised by Allocator::Hold for this data
+    // Odd while a flush of the file commits its mapping (BeginCommit to
+    // EndCommit), under the cache mutex: a reader of the overlay and the
+    // committed record that straddled a commit sees it changed. With `id`
+    // (unique among the entries ever made), since an entry whose data is
+    // all committed goes, and the next write makes a new one.
+    uint64_t commit_seq = 0;
+    uint64_t id = 0;
   };
 
   struct Stats {
@@ -84,8 +92,16 @@ class WriteBackCache {
     uint64_t size;
     int64_t mtime_ns;
     uint64_t dirty_bytes;
+    // The entry's File::id and File::commit_seq when it was taken.
+    std::pair<uint64_t, uint64_t> commit_mark;
   };
   std::optional<Overlay> GetOverlay(InodeNumber ino) const;
+  // The commit mark of the file's entry now (see Overlay); nullopt without one.
+  std::optional<std::pair<uint64_t, uint64_t>> CommitMark(InodeNumber ino) const;
+  // Around the commit of a flush batch of `file` (FinishFlush, if any, in
+  // between).
+  void BeginCommit(File& file);
+  void EndCommit(File& file);
 
   // Chunk for block `block` of `file`, created (all blocks invalid) if absent.
   // Caller holds the inode's I/O lock exclusively.
@@ -140,6 +156,7 @@ class WriteBackCache {
   bool work_pending_ = false;
   std::unordered_map<InodeNumber, std::shared_ptr<File>> files_;
   uint64_t used_bytes_ = 0;
+  uint64_t files_made_ = 0;  // File::id of the last entry made
   uint64_t dirty_bytes_ = 0;
   uint64_t cancelled_bytes_ = 0;
 };
