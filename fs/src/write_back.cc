@@ -215,16 +215,30 @@ constexpr int64_t kAppendingNs = 1'000'000'000;
 Status Filesystem::FlushFile(InodeNumber ino, FlushScope scope) {
   if (!cache_.Find(ino)) return Status::OK();
   if (scope == FlushScope::kBackground) {
-    // Not while another thread flushes the file or waits to (an fsync, a
-    // truncate, a writer of a chunk being flushed): that one frees the memory
-    // anyway, and the lock is not fair, so the flusher taking it again and
-    // again could keep the waiter out for many flushes.
-    std::unique_lock flush_lock(FlushLock(ino), std::try_to_lock);
-    if (!flush_lock.owns_lock() || FlushLock(ino).waited()) return Status::OK();
+    std::unique_lock<WaitedMutex> flush_lock;
+    if (!BackgroundFlushLock(ino, &flush_lock)) return Status::OK();
     return FlushChunks(ino, scope, /*locked=*/false);
   }
   std::lock_guard flush_lock(FlushLock(ino));
   return FlushChunks(ino, scope, /*locked=*/false);
+}
+
+bool Filesystem::BackgroundFlushLock(InodeNumber ino, std::unique_lock<WaitedMutex>* flush_lock) {
+  WaitedMutex& mu = FlushLock(ino);
+  // The lock is not fair: a flusher that took it again and again could keep
+  // an fsync (or truncate, or a writer of a chunk being flushed) out for
+  // many flushes. So while memory is not short, a file whose lock is taken
+  // or waited for is left alone; its holder flushes it, or the next pass.
+  if (!cache_.Pressed()) {
+    *flush_lock = std::unique_lock(mu, std::try_to_lock);
+    return flush_lock->owns_lock() && !mu.waited();
+  }
+  // Memory is short and this file must go, even if the lock is another
+  // inode's (striped) that is busy for good: let the waiters go first for a
+  // moment, then queue up with them.
+  for (int i = 0; i < 50 && mu.waited(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  *flush_lock = std::unique_lock(mu);
+  return true;
 }
 
 Status Filesystem::FlushLocked(InodeNumber ino) {

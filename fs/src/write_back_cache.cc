@@ -234,7 +234,15 @@ bool WriteBackCache::WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeo
   if (used_bytes_ + bytes <= capacity_) return true;
   work_pending_ = true;
   work_.notify_all();
-  return room_.wait_for(lock, timeout, [&] { return used_bytes_ + bytes <= capacity_; });
+  ++room_waiters_;
+  bool room = room_.wait_for(lock, timeout, [&] { return used_bytes_ + bytes <= capacity_; });
+  --room_waiters_;
+  return room;
+}
+
+bool WriteBackCache::Pressed() const {
+  std::lock_guard lock(mu_);
+  return used_bytes_ > capacity_ / 4 * 3 || room_waiters_ > 0;
 }
 
 void WriteBackCache::WakeFlusher() {

@@ -351,6 +351,9 @@ class Filesystem {
   // exclusively (runs every step under them).
   Status FlushLocked(InodeNumber ino);
   Status FlushChunks(InodeNumber ino, FlushScope scope, bool locked);
+  // Takes FlushLock(ino) for a background flush, or says to skip the file
+  // (false): see write_back.cc.
+  bool BackgroundFlushLock(InodeNumber ino, std::unique_lock<WaitedMutex>* flush_lock);
   // The I/O lock, exclusive, unless the caller holds it (`held`).
   std::unique_lock<std::shared_mutex> IoLockUnlessHeld(InodeNumber ino, bool held);
   // The file's chunks that a flush of `scope` takes now, in file order; for

@@ -134,6 +134,9 @@ class WriteBackCache {
   // plus, while memory is above the high watermark, the oldest of any kind.
   std::vector<InodeNumber> PickVictims(int64_t now_ns, int64_t max_age_ns, bool all) const;
   bool OverHighWatermark() const;
+  // Over the high watermark, or a writer waits for room: the flusher must
+  // free memory now.
+  bool Pressed() const;
   // True when the flusher should look at `file` now (memory pressure, or
   // write-behind of a large non-ephemeral file).
   bool WantsFlush(const File& file) const;
@@ -156,7 +159,8 @@ class WriteBackCache {
   bool work_pending_ = false;
   std::unordered_map<InodeNumber, std::shared_ptr<File>> files_;
   uint64_t used_bytes_ = 0;
-  uint64_t files_made_ = 0;  // File::id of the last entry made
+  uint64_t files_made_ = 0;    // File::id of the last entry made
+  uint64_t room_waiters_ = 0;  // writers in WaitForRoom
   uint64_t dirty_bytes_ = 0;
   uint64_t cancelled_bytes_ = 0;
 };
