@@ -10,7 +10,6 @@
 // buffers alive even if the inode is reclaimed meanwhile.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
