@@ -198,6 +198,15 @@ class FlushBeforeMappingTest : public DataSyncTest {
     EXPECT_TRUE(record.ok()) << record.status().ToString();
     return record.ok() ? *record : InodeRecord{};
   }
+  // Arms one failed fdatasync, then checks that the fsync fails with it and
+  // that nothing of the file was mapped (`what` says what would have been).
+  void ExpectFsyncFailsWithNothingMapped(const char* what) {
+    failures_armed = 1;
+    Status fsync = fs_->Fsync(ino_, /*datasync=*/true);
+    EXPECT_EQ(fsync.code(), EIO) << fsync.ToString();
+    EXPECT_EQ(failures_injected.load(), 1);
+    EXPECT_FALSE(AnyExtentMapped()) << what;
+  }
   bool AnyExtentMapped() {
     auto cursor = fs_->volume().index().NewCursor(Family::kExtent, keys::Ino(ino_));
     cursor->Seek(keys::Ino(ino_));
@@ -221,11 +230,7 @@ TEST_F(FlushBeforeMappingTest, AWriteThroughIsMappedOnlyAfterItsDataIsFlushed) {
 TEST_F(FlushBeforeMappingTest, AFlushBatchIsMappedOnlyAfterItsDataIsFlushed) {
   ASSERT_NO_FATAL_FAILURE(Open(/*ram_tier_bytes=*/32 << 20));
   ASSERT_TRUE(fs_->Write(ino_, 0, data_.data(), data_.size()).ok());
-  failures_armed = 1;
-  Status fsync = fs_->Fsync(ino_, /*datasync=*/true);
-  EXPECT_EQ(fsync.code(), EIO) << fsync.ToString();
-  EXPECT_EQ(failures_injected.load(), 1);
-  EXPECT_FALSE(AnyExtentMapped()) << "the batch was mapped although its data could not be flushed";
+  ExpectFsyncFailsWithNothingMapped("the batch was mapped although its data could not be flushed");
 }
 
 // Ephemeral files promise nothing across a crash (reclaimed at mount): their
@@ -328,11 +333,7 @@ TEST_F(FlushBeforeMappingTest, AFailedSyncMapsNoneOfTheBatchesInFlight) {
   std::string data(8 << 20, '\0');
   for (size_t i = 0; i < data.size(); i += 4096) data[i] = static_cast<char>(i / 4096);
   ASSERT_TRUE(fs_->Write(ino_, 0, data.data(), data.size()).ok());
-  failures_armed = 1;
-  Status fsync = fs_->Fsync(ino_, /*datasync=*/true);
-  EXPECT_EQ(fsync.code(), EIO) << fsync.ToString();
-  EXPECT_EQ(failures_injected.load(), 1);
-  EXPECT_FALSE(AnyExtentMapped()) << "a batch was mapped although the sync before it failed";
+  ExpectFsyncFailsWithNothingMapped("a batch was mapped although the sync before it failed");
   auto back = ReadBytes(*fs_, ino_, 0, data.size() + 1);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_TRUE(*back == data) << "the abandoned batches lost data held in the RAM tier";

@@ -19,10 +19,7 @@ B=.devrun/bin/spillfs-bench; O=${OUT:-out}; mkdir -p /root/sb $O
 echo "disk: $(lsblk -dno NAME,SIZE,ROTA 2>/dev/null | tr '\n' ';') nproc $(nproc)"
 case "${1:-whole}" in
 whole)
-  $B --spillfs .devrun/bin/spillfs --dir /root/sb --python python3 --torch-script tools/bench/torch_bench.py \
-    --size 2G --files 8 --file-size 256M --rand-size 4G --rand-seconds 2 --repeat 2 \
-    --json-out $O/whole.json > $O/whole.txt 2>&1
-  echo "rc $?"; sed -n '/^section/,$p' $O/whole.txt ;;
+  exec bash tools/bench/experiments/h200_session5.sh whole ;;  # the same command
 ab)
   for r in 1 2 3; do for mode in old new; do
     bin=.devrun/bin/spillfs; [ $mode = old ] && bin=.devrun/bin/spillfs-old
