@@ -37,11 +37,18 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
       if (epoch != nullptr) epoch->fetch_add(1, std::memory_order_acq_rel);
     }
   } advance{request.mode || request.uid || request.gid ? &privilege_epoch_ : nullptr};
-  std::lock_guard flush_lock(FlushLock(ino));  // cached chunks may be dropped or rewritten
-  std::unique_lock io_lock(IoLock(ino));
-  ContentChange change(&read_ahead_, ino);  // before io_lock lets readers in
+  // A size change drops or rewrites cached chunks and mapped blocks: it keeps
+  // flushes and readers out. Attributes alone (chmod, chown, utimens) change
+  // the record under mu_ only, as a flush's commit does, and need not wait
+  // for a flush in progress.
+  std::unique_lock flush_lock(FlushLock(ino), std::defer_lock);
+  std::unique_lock io_lock(IoLock(ino), std::defer_lock);
+  std::optional<ContentChange> change;  // before io_lock lets readers in
   std::optional<BlockRewrite> tail;
   if (request.size) {
+    flush_lock.lock();
+    io_lock.lock();
+    change.emplace(&read_ahead_, ino);
     SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
     if (auto overlay = cache_.GetOverlay(ino)) record.size = overlay->size;
     if (S_ISDIR(record.mode)) return Status::Error(EISDIR, "truncate of a directory");

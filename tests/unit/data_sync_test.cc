@@ -326,6 +326,50 @@ TEST_F(DataSyncTest, AnFsyncStopsABackgroundFlushFromTakingMore) {
   delay_ms = 0;
 }
 
+// chmod and utimens change the inode record under the file system's mutex,
+// as a flush's commit does: they do not wait for a flush of the file in
+// progress (here an fsync whose data sync takes 2 s), and the flush's commit
+// keeps what they set. Before, they took the flush lock and waited it out.
+TEST_F(DataSyncTest, AttributeChangesDoNotWaitForAFlush) {
+  FilesystemOptions options;
+  options.ram_tier_bytes = 32 << 20;
+  options.flush_age_ms = 60'000;  // no background flush: the fsync holds the file
+  auto fs = OpenFilesystem(options);
+  ASSERT_TRUE(fs.ok()) << fs.status().ToString();
+  auto entry = (*fs)->MakeNode(kRootInode, "f", S_IFREG | 0644, 0, Caller{});
+  ASSERT_TRUE(entry.ok()) << entry.status().ToString();
+  const InodeNumber ino = entry->ino;
+  const std::string data(4 << 20, 'a');
+  ASSERT_TRUE((*fs)->Write(ino, 0, data.data(), data.size()).ok());
+  delay_ms = 2000;
+  const int syncs_before = data_image_syncs.load();
+  Status fsync;
+  std::thread syncer([&] { fsync = (*fs)->Fsync(ino, /*datasync=*/true); });
+  ASSERT_TRUE(Eventually([&] { return data_image_syncs.load() > syncs_before; }))
+      << "the fsync never reached its data sync";
+  const auto started = std::chrono::steady_clock::now();
+  SetAttrRequest chmod;
+  chmod.mode = 0600;
+  auto changed_mode = (*fs)->SetAttr(ino, chmod);
+  SetAttrRequest utimens;
+  utimens.mtime_ns = 1'000'000'000;
+  auto changed_time = (*fs)->SetAttr(ino, utimens);
+  const auto took = std::chrono::steady_clock::now() - started;
+  syncer.join();
+  delay_ms = 0;
+  ASSERT_TRUE(changed_mode.ok()) << changed_mode.status().ToString();
+  ASSERT_TRUE(changed_time.ok()) << changed_time.status().ToString();
+  ASSERT_TRUE(fsync.ok()) << fsync.ToString();
+  EXPECT_LT(took, 1s) << "chmod and utimens waited "
+                      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                      << " ms for the flush in progress";
+  auto attr = (*fs)->GetAttr(ino);
+  ASSERT_TRUE(attr.ok()) << attr.status().ToString();
+  EXPECT_EQ(attr->attr.st_mode & 07777, 0600u) << "the flush's commit undid the chmod";
+  EXPECT_EQ(attr->attr.st_mtim.tv_sec, 1) << "the flush's commit undid the utimens";
+  EXPECT_EQ(attr->attr.st_size, static_cast<off_t>(data.size()));
+}
+
 // A failed sync with several batches in flight: none of them is mapped, and
 // the data stays readable in the RAM tier.
 TEST_F(FlushBeforeMappingTest, AFailedSyncMapsNoneOfTheBatchesInFlight) {
