@@ -1,7 +1,8 @@
 // Filesystem: opening and recovery, inode bookkeeping, open files and sync.
 // The namespace operations are in namespace_ops.cc; the data operations in
 // file_data.cc (read, write) and file_space.cc (truncate, fallocate, seek);
-// extended attributes in xattr.cc; the RAM tier in write_back.cc.
+// extended attributes in xattr.cc; the RAM tier in cached_io.cc (reads and
+// writes it serves) and write_back.cc (its flushes).
 #include "spillfs/fs/filesystem.h"
 
 #include <fcntl.h>
