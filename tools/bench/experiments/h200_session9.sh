@@ -31,7 +31,8 @@ ra)
   umount -l /root/pm 2>/dev/null; rm -rf /root/pv /root/hd; mkdir -p /root/pm /root/hd
   $S mkfs /root/pv --size 20G >/dev/null && $S mount /root/pv /root/pm || exit 1
   bdi=/sys/class/bdi/$(mountpoint -d /root/pm)/read_ahead_kb
-  echo "mount bdi read_ahead_kb $(cat $bdi); root disk $(cat /sys/block/*/queue/read_ahead_kb | head -1)"
+  src=$(findmnt -no SOURCE /); root=$(lsblk -no PKNAME $src 2>/dev/null | head -1); root=${root:-$(basename $src)}
+  echo "mount bdi read_ahead_kb $(cat $bdi); root disk ${root:-?} read_ahead_kb $(cat /sys/block/${root:-none}/queue/read_ahead_kb 2>/dev/null) max_sectors_kb $(cat /sys/block/${root:-none}/queue/max_sectors_kb 2>/dev/null)"
   $T w /root/pm/d $MIB >/dev/null && $T w /root/hd/d $MIB >/dev/null || exit 1
   for r in 1 2; do
     drop; echo -n "round $r ext4 stream: "; $T r /root/hd/d $MIB
