@@ -288,8 +288,11 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
   ContentChange change(&read_ahead_, ino);
   WriteBackCache::File& file = *batch->file;
   auto& extents = batch->plan.extents;
-  auto overlay = cache_.GetOverlay(ino);
   std::lock_guard lock(mu_);
+  // Read under mu_: a chmod or utimens changes the overlay and the record
+  // under mu_ without waiting for this flush, and one read before would be
+  // put back over it.
+  auto overlay = cache_.GetOverlay(ino);
   // GetAttr, which does not take mu_, must not see the record with this
   // batch and the overlay still with it too.
   cache_.BeginCommit(file);

@@ -345,8 +345,10 @@ TEST_F(DataSyncTest, AttributeChangesDoNotWaitForAFlush) {
   const int syncs_before = data_image_syncs.load();
   Status fsync;
   std::thread syncer([&] { fsync = (*fs)->Fsync(ino, /*datasync=*/true); });
-  ASSERT_TRUE(Eventually([&] { return data_image_syncs.load() > syncs_before; }))
-      << "the fsync never reached its data sync";
+  if (!Eventually([&] { return data_image_syncs.load() > syncs_before; })) {
+    syncer.join();
+    FAIL() << "the fsync never reached its data sync";
+  }
   const auto started = std::chrono::steady_clock::now();
   SetAttrRequest chmod;
   chmod.mode = 0600;
@@ -368,6 +370,65 @@ TEST_F(DataSyncTest, AttributeChangesDoNotWaitForAFlush) {
   EXPECT_EQ(attr->attr.st_mode & 07777, 0600u) << "the flush's commit undid the chmod";
   EXPECT_EQ(attr->attr.st_mtim.tv_sec, 1) << "the flush's commit undid the utimens";
   EXPECT_EQ(attr->attr.st_size, static_cast<off_t>(data.size()));
+}
+
+// A utimens that lands while a flush's commit waits for the file system's
+// mutex: the commit must not put back the mtime of the write it flushes (it
+// used to read the RAM tier's overlay before taking the mutex, and chmod and
+// utimens no longer wait for a flush). Chmods of another file keep the mutex
+// busy to widen that window. Each round writes a block, fsyncs it (its data
+// sync held 5 ms) and sets the mtime to 1 s at a jittered moment around the
+// commit; in every order the mtime must end up 1 s. Before the fix, 29
+// rounds of 200 lost it on the CPU VM (one run); after it, none in 3 runs.
+TEST_F(DataSyncTest, AFlushCommitKeepsAnMtimeSetWhileItWaited) {
+  FilesystemOptions options;
+  options.ram_tier_bytes = 32 << 20;
+  options.flush_age_ms = 60'000;  // only the fsync flushes
+  auto fs = OpenFilesystem(options);
+  ASSERT_TRUE(fs.ok()) << fs.status().ToString();
+  auto a = (*fs)->MakeNode(kRootInode, "a", S_IFREG | 0644, 0, Caller{});
+  auto b = (*fs)->MakeNode(kRootInode, "b", S_IFREG | 0644, 0, Caller{});
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::atomic<bool> stop{false};
+  std::thread chmods([&] {
+    SetAttrRequest chmod;
+    for (uint32_t mode = 0600; !stop.load(); mode ^= 0044) {
+      chmod.mode = mode;
+      (void)(*fs)->SetAttr(b->ino, chmod);
+    }
+  });
+  struct JoinOnExit {  // a failed ASSERT returns early: no joinable thread left
+    std::atomic<bool>& stop;
+    std::thread& thread;
+    ~JoinOnExit() {
+      stop = true;
+      thread.join();
+    }
+  } join_chmods{stop, chmods};
+  delay_ms = 5;
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> jitter_us(3000, 9000);
+  const std::string block(4096, 'm');
+  int rounds = 0;
+  int lost = 0;
+  for (; rounds < 200; ++rounds) {
+    ASSERT_TRUE((*fs)->Write(a->ino, 0, block.data(), block.size()).ok());
+    Status fsync;
+    std::thread syncer([&] { fsync = (*fs)->Fsync(a->ino, /*datasync=*/true); });
+    std::this_thread::sleep_for(std::chrono::microseconds(jitter_us(rng)));
+    SetAttrRequest utimens;
+    utimens.mtime_ns = 1'000'000'000;
+    auto set = (*fs)->SetAttr(a->ino, utimens);
+    syncer.join();
+    ASSERT_TRUE(set.ok()) << set.status().ToString();
+    ASSERT_TRUE(fsync.ok()) << fsync.ToString();
+    auto attr = (*fs)->GetAttr(a->ino);
+    ASSERT_TRUE(attr.ok()) << attr.status().ToString();
+    if (attr->attr.st_mtim.tv_sec != 1) ++lost;
+  }
+  delay_ms = 0;
+  EXPECT_EQ(lost, 0) << "in " << lost << " of " << rounds
+                     << " rounds a flush's commit put back the written mtime over a utimens";
 }
 
 // A failed sync with several batches in flight: none of them is mapped, and
