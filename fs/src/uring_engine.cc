@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 #include <liburing.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 namespace spillfs {
@@ -69,6 +72,9 @@ Status UringEngine::Submit(std::span<IoRequest> requests, unsigned queue_depth) 
   unsigned inflight = 0;
   std::vector<Progress*> retry;  // short transfers to resubmit
   Status first_error;
+  // io_uring_enter failing in a row with requests in flight (at 1 ms apart).
+  constexpr int kMaxFailedEnters = 10'000;
+  int failed_enters = 0;
   while (next < progress.size() || inflight > 0 || !retry.empty()) {
     while (inflight < queue_depth && first_error.ok() && (!retry.empty() || next < progress.size())) {
       io_uring_sqe* sqe = io_uring_get_sqe(ring);
@@ -85,8 +91,21 @@ Status UringEngine::Submit(std::span<IoRequest> requests, unsigned queue_depth) 
     }
     if (inflight == 0) break;  // only reached after an error stopped submission
     int ret = io_uring_submit_and_wait(ring, 1);
-    if (ret < 0 && ret != -EINTR && ret != -EAGAIN) {
-      return Status::IOError(fmt::format("io_uring submit failed: {}", std::strerror(-ret)));
+    if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
+      // Requests already submitted may still read into or write from their
+      // buffers, which the caller frees or reuses once this returns: fail,
+      // but only after every request in flight has completed.
+      if (first_error.ok())
+        first_error = Status::IOError(fmt::format("io_uring submit failed: {}", std::strerror(-ret)));
+      retry.clear();
+      if (++failed_enters > kMaxFailedEnters) {
+        fmt::print(stderr, "spillfs: io_uring_enter keeps failing ({}) with {} requests in flight; stopping\n",
+                   std::strerror(-ret), inflight);
+        std::abort();  // returning would hand the kernel's buffers back to the caller
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } else {
+      failed_enters = 0;
     }
     io_uring_cqe* cqe;
     unsigned head;

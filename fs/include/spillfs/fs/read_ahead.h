@@ -51,7 +51,11 @@ class ReadAhead {
     uint64_t windows_dropped_stale = 0;
   };
   // Reads `length` bytes of file `ino` at block-aligned `offset` into `out`
-  // (the caller's ReadBlocksCached under the shared I/O lock).
+  // (Filesystem::FetchAhead: from the SSD, without the I/O lock). A window
+  // is kept correct by the stream's generation, which a content change
+  // (Invalidate) advances and Serve checks, not by a lock held while it
+  // fills; freed blocks are not reused while a fetch may read them (the
+  // reclaim gate).
   using Fetch = std::function<Status(InodeNumber ino, uint64_t offset, uint64_t length, char* out)>;
 
   ReadAhead(Options options, Fetch fetch);
