@@ -95,9 +95,9 @@ Status UringEngine::Submit(std::span<IoRequest> requests, unsigned queue_depth) 
       // Requests already submitted may still read into or write from their
       // buffers, which the caller frees or reuses once this returns: fail,
       // but only after every request in flight has completed.
-      if (first_error.ok())
+      if (first_error.ok()) {
         first_error = Status::IOError(fmt::format("io_uring submit failed: {}", std::strerror(-ret)));
-      retry.clear();
+      }
       if (++failed_enters > kMaxFailedEnters) {
         fmt::print(stderr, "spillfs: io_uring_enter keeps failing ({}) with {} requests in flight; stopping\n",
                    std::strerror(-ret), inflight);
