@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <random>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -389,22 +390,14 @@ TEST_F(DataSyncTest, AFlushCommitKeepsAnMtimeSetWhileItWaited) {
   auto a = (*fs)->MakeNode(kRootInode, "a", S_IFREG | 0644, 0, Caller{});
   auto b = (*fs)->MakeNode(kRootInode, "b", S_IFREG | 0644, 0, Caller{});
   ASSERT_TRUE(a.ok() && b.ok());
-  std::atomic<bool> stop{false};
-  std::thread chmods([&] {
+  // Stopped and joined when the test returns, a failed ASSERT included.
+  std::jthread chmods([&](std::stop_token stop) {
     SetAttrRequest chmod;
-    for (uint32_t mode = 0600; !stop.load(); mode ^= 0044) {
+    for (uint32_t mode = 0600; !stop.stop_requested(); mode ^= 0044) {
       chmod.mode = mode;
       (void)(*fs)->SetAttr(b->ino, chmod);
     }
   });
-  struct JoinOnExit {  // a failed ASSERT returns early: no joinable thread left
-    std::atomic<bool>& stop;
-    std::thread& thread;
-    ~JoinOnExit() {
-      stop = true;
-      thread.join();
-    }
-  } join_chmods{stop, chmods};
   delay_ms = 5;
   std::mt19937 rng(9);
   std::uniform_int_distribution<int> jitter_us(3000, 9000);

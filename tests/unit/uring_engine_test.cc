@@ -40,62 +40,66 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A read of a pipe stays in flight until the pipe is written: here 300 ms
-// after the failed io_uring_enter. Before the fix Submit returned at once,
-// and the kernel filled the buffer after the caller had it back.
-TEST(UringEngineTest, AFailedEnterReturnsOnlyOnceItsRequestsAreDone) {
-  ASSERT_TRUE(UringEngine::Available());
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0) << std::strerror(errno);
-  const std::string bytes(4096, 'p');
+// A 4 KiB read of a pipe, which stays in flight until the pipe is written.
+class UringEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(UringEngine::Available());
+    ASSERT_EQ(pipe(fds_), 0) << std::strerror(errno);
+    std::memset(buffer_.get(), 0, bytes_.size());
+    read_.fd = fds_[0];
+    read_.buffer = buffer_.get();
+    read_.length = static_cast<uint32_t>(bytes_.size());
+  }
+  void TearDown() override {
+    failures_armed = 0;
+    for (int fd : fds_) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  void WriteBytes() { EXPECT_EQ(write(fds_[1], bytes_.data(), bytes_.size()), static_cast<ssize_t>(bytes_.size())); }
+  Status SubmitRead() { return UringEngine::Submit(std::span<IoRequest>(&read_, 1), 1); }
+  std::string Buffer() const { return std::string(buffer_.get(), bytes_.size()); }
+
+  int fds_[2] = {-1, -1};
+  const std::string bytes_ = std::string(4096, 'p');
   // On the heap and kept to the end: a read still in flight after Submit
   // returns must not land on a dead stack frame.
-  auto buffer = std::make_unique<char[]>(bytes.size());
-  std::memset(buffer.get(), 0, bytes.size());
-  IoRequest read;
-  read.fd = fds[0];
-  read.buffer = buffer.get();
-  read.length = static_cast<uint32_t>(bytes.size());
+  std::unique_ptr<char[]> buffer_ = std::make_unique<char[]>(4096);
+  IoRequest read_;
+};
+
+// The pipe is written 300 ms after the failed io_uring_enter. Before the fix
+// Submit returned at once, and the kernel filled the buffer after the caller
+// had it back.
+TEST_F(UringEngineTest, AFailedEnterReturnsOnlyOnceItsRequestsAreDone) {
   std::thread writer([&] {
     std::this_thread::sleep_for(300ms);
-    EXPECT_EQ(write(fds[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    WriteBytes();
   });
   failures_armed = 1;
   const auto started = std::chrono::steady_clock::now();
-  Status submitted = UringEngine::Submit(std::span<IoRequest>(&read, 1), 1);
+  Status submitted = SubmitRead();
   const auto took = std::chrono::steady_clock::now() - started;
-  const std::string at_return(buffer.get(), bytes.size());
+  const std::string at_return = Buffer();
   failures_armed = 0;
   writer.join();
   EXPECT_FALSE(submitted.ok()) << "the failed io_uring_enter was not reported";
   EXPECT_GE(took, 250ms) << "Submit returned while its read was still in flight";
-  EXPECT_TRUE(at_return == bytes) << "the read had not completed when Submit returned";
-  close(fds[0]);
-  close(fds[1]);
+  EXPECT_TRUE(at_return == bytes_) << "the read had not completed when Submit returned";
 }
 
 // After such a failure the thread's ring works as before.
-TEST(UringEngineTest, TheRingWorksAfterAFailedEnter) {
-  ASSERT_TRUE(UringEngine::Available());
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0) << std::strerror(errno);
-  const std::string bytes(4096, 'q');
-  ASSERT_EQ(write(fds[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
-  auto buffer = std::make_unique<char[]>(bytes.size());
-  IoRequest read;
-  read.fd = fds[0];
-  read.buffer = buffer.get();
-  read.length = static_cast<uint32_t>(bytes.size());
+TEST_F(UringEngineTest, TheRingWorksAfterAFailedEnter) {
+  WriteBytes();
   failures_armed = 1;
-  EXPECT_FALSE(UringEngine::Submit(std::span<IoRequest>(&read, 1), 1).ok());
+  EXPECT_FALSE(SubmitRead().ok());
   failures_armed = 0;
-  ASSERT_EQ(write(fds[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
-  std::memset(buffer.get(), 0, bytes.size());
-  Status again = UringEngine::Submit(std::span<IoRequest>(&read, 1), 1);
+  WriteBytes();
+  std::memset(buffer_.get(), 0, bytes_.size());
+  Status again = SubmitRead();
   EXPECT_TRUE(again.ok()) << again.ToString();
-  EXPECT_TRUE(std::string(buffer.get(), bytes.size()) == bytes);
-  close(fds[0]);
-  close(fds[1]);
+  EXPECT_TRUE(Buffer() == bytes_);
 }
 
 }  // namespace
