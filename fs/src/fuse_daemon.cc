@@ -3,10 +3,13 @@
 
 #include <fmt/format.h>
 #include <fuse3/fuse_lowlevel.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <vector>
 
+#include "fuse_device_loop.h"
 #include "fuse_ops.h"
 #include "fuse_ring.h"
 #include "mountinfo.h"
@@ -24,6 +27,26 @@ void SetKernelReadAhead(const std::string& device, unsigned kib) {
   if (!knob) fmt::print(stderr, "spillfs: cannot set the kernel's read-ahead of bdi {} (needs root)\n", device);
 }
 
+// The most a FUSE request carries through libfuse's own loop (and FuseRing):
+// its receive buffers hold 256 pages.
+constexpr size_t kLibfuseMaxRequestBytes = size_t{256} << 12;
+
+// The kernel sends requests of at most fs.fuse.max_pages_limit pages (Linux
+// 6.12+; 256 before, where the knob is missing). Where that is less than
+// `wanted`, *note says so.
+size_t KernelRequestBytes(size_t wanted, std::string* note) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  size_t limit_pages = 0;
+  if (!(std::ifstream("/proc/sys/fs/fuse/max_pages_limit") >> limit_pages) || limit_pages == 0) limit_pages = 256;
+  const size_t limit = limit_pages * page;
+  if (wanted <= limit) return wanted;
+  *note = fmt::format(
+      "spillfs: the kernel sends FUSE requests of at most {} KiB (fs.fuse.max_pages_limit = {}); --max-request {} "
+      "KiB needs {} pages\n",
+      limit >> 10, limit_pages, wanted >> 10, wanted / page);
+  return limit;
+}
+
 }  // namespace
 
 FuseDaemon::FuseDaemon(std::unique_ptr<Filesystem> fs, FuseOptions options)
@@ -39,6 +62,7 @@ FuseDaemon::~FuseDaemon() {
     fuse_remove_signal_handlers(session_);
     fuse_session_destroy(session_);
   }
+  device_loop_.reset();  // after the session, whose custom I/O it is
 }
 
 Status FuseDaemon::Mount() {
@@ -63,9 +87,11 @@ Status FuseDaemon::Mount() {
   mounted_ = true;
   // Resolved now, while the path surely names this mount.
   device_ = MountDevice(options_.mountpoint).value_or("");
-  if (!device_.empty()) SetKernelReadAhead(device_, kKernelReadAheadKib);
+  request_bytes_ =
+      options_.fuse_uring ? kLibfuseMaxRequestBytes : KernelRequestBytes(options_.max_request_bytes, &request_note_);
+  if (!device_.empty()) SetKernelReadAhead(device_, static_cast<unsigned>(request_bytes_ >> 10));
   if (options_.fuse_uring) return RouteThroughRing();
-  return Status::OK();
+  return RouteThroughDeviceLoop();
 }
 
 namespace {
@@ -79,7 +105,25 @@ ssize_t RingWritev(int fd, iovec* iov, int count, void* userdata) {
   return static_cast<FuseDaemon*>(userdata)->ring()->Writev(fd, iov, count);
 }
 
+ssize_t LoopRead(int fd, void* buf, size_t len, void* userdata) {
+  return static_cast<FuseDaemon*>(userdata)->device_loop()->Read(fd, buf, len);
+}
+
+ssize_t LoopWritev(int fd, iovec* iov, int count, void* userdata) {
+  return static_cast<FuseDaemon*>(userdata)->device_loop()->Writev(fd, iov, count);
+}
+
 }  // namespace
+
+Status FuseDaemon::RouteThroughDeviceLoop() {
+  const int fd = fuse_session_fd(session_);
+  device_loop_ = std::make_unique<FuseDeviceLoop>(session_, fd, options_.max_threads, request_bytes_);
+  const fuse_custom_io io = {LoopWritev, LoopRead, nullptr, nullptr};
+  if (int rc = fuse_session_custom_io(session_, &io, fd); rc != 0) {
+    return Status::Error(-rc, "cannot route FUSE replies through the device loop");
+  }
+  return Status::OK();
+}
 
 Status FuseDaemon::RouteThroughRing() {
   const int fd = fuse_session_fd(session_);
@@ -97,6 +141,9 @@ Status FuseDaemon::RouteThroughRing() {
 }
 
 Status FuseDaemon::Run() {
+  // Here, not in Mount: a background daemon's log is set up in between.
+  if (!request_note_.empty()) fmt::print(stderr, "{}", request_note_);
+  if (device_loop_) return device_loop_->Run();
   fuse_loop_config* config = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(config, options_.max_threads);
   fuse_loop_cfg_set_idle_threads(config, options_.max_threads);

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <sys/xattr.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <vector>
@@ -69,9 +70,13 @@ DirHandle* Dir(fuse_file_info* fi) { return reinterpret_cast<DirHandle*>(fi->fh)
 // ---- operations ----
 
 void OnInit(void* userdata, fuse_conn_info* conn) {
-  const FuseOptions& options = static_cast<FuseDaemon*>(userdata)->options();
-  conn->max_write = kMaxWrite;
-  conn->max_readahead = kKernelReadAheadKib * 1024;  // the bdi is set to it before INIT (fuse_daemon.cc)
+  const FuseDaemon& daemon = *static_cast<FuseDaemon*>(userdata);
+  const FuseOptions& options = daemon.options();
+  // libfuse's most; FuseDeviceLoop raises it in the reply to request_bytes,
+  // which its buffers hold (so also where it cannot patch the reply).
+  conn->max_write = std::min<unsigned>(kMaxWrite, static_cast<unsigned>(daemon.request_bytes()));
+  // One request: the bdi is set to it before INIT (fuse_daemon.cc).
+  conn->max_readahead = static_cast<unsigned>(daemon.request_bytes());
   // Read-ahead and background writes run as "background" requests; the
   // kernel's default of 12 in flight starves the worker threads and the SSD.
   conn->max_background = kMaxBackground;

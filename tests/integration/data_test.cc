@@ -844,24 +844,6 @@ TEST_F(DataTest, WriteOnlyHandlesBypassThePageCache) {
 // Each thread writes its own file in random chunks and, between writes, reads
 // back part of another thread's file that the other has already written (its
 // progress is published with release/acquire after write() returned).
-// The kernel's own read-ahead for the mount is one request (1 MiB): the
-// daemon reads further ahead itself, and a larger kernel window made
-// buffered reads 3-6 times slower (fs/src/fuse_ops.h, kKernelReadAheadKib).
-TEST_F(DataTest, KernelReadsAheadOneRequest) {
-  std::ifstream mountinfo("/proc/self/mountinfo");
-  std::string line, device;
-  while (std::getline(mountinfo, line)) {
-    std::istringstream fields(line);
-    std::string id, parent, dev, root, point;
-    if (fields >> id >> parent >> dev >> root >> point && point == volume_->mountpoint()) device = dev;
-  }
-  ASSERT_FALSE(device.empty()) << volume_->mountpoint() << " not in /proc/self/mountinfo";
-  std::ifstream knob("/sys/class/bdi/" + device + "/read_ahead_kb");
-  unsigned kib = 0;
-  ASSERT_TRUE(knob >> kib);
-  EXPECT_EQ(kib, 1024u);
-}
-
 TEST_F(DataTest, ConcurrentWritersAndReadersOnDistinctFiles) {
   constexpr int kThreads = 8;
   const uint64_t size = 6 * kMiB + 4321;

@@ -11,21 +11,12 @@
 #include <string>
 
 #include "mounted_volume.h"
+#include "random_bytes.h"
 
 namespace spillfs::testing {
 namespace {
 
 constexpr size_t kFileBytes = 8 << 20;  // 32 dedup units of 256 KiB
-
-std::string RandomBytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::string out(n, '\0');
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t v = rng();
-    std::memcpy(&out[i], &v, std::min<size_t>(8, n - i));
-  }
-  return out;
-}
 
 void WriteFile(const std::string& path, const std::string& data) {
   int fd = open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);

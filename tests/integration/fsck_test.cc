@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "mounted_volume.h"
+#include "random_bytes.h"
 
 namespace spillfs::testing {
 namespace {
@@ -35,16 +36,6 @@ namespace {
 constexpr uint64_t kBlock = 4096;
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * 1024;
-
-std::string RandomBytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::string out(n, '\0');
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t v = rng();
-    std::memcpy(&out[i], &v, std::min<size_t>(8, n - i));
-  }
-  return out;
-}
 
 bool WriteFile(const std::string& path, const std::string& data) {
   int fd = open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);

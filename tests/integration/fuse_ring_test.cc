@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mounted_volume.h"
+#include "random_bytes.h"
 
 namespace spillfs::testing {
 namespace {
@@ -49,16 +50,6 @@ class RingParameter {
   std::string saved_;
   bool on_ = false;
 };
-
-std::string RandomBytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::string s(n, '\0');
-  for (size_t i = 0; i + 8 <= n; i += 8) {
-    uint64_t v = rng();
-    std::memcpy(&s[i], &v, 8);
-  }
-  return s;
-}
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

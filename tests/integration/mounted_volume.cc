@@ -174,6 +174,18 @@ void MountedVolume::Kill() {
   umount2(mountpoint_.c_str(), MNT_DETACH);
 }
 
+bool MountedVolume::Terminate(int signal, std::string* error) {
+  if (!mounted()) return true;
+  kill(daemon_pid_, signal);
+  int status = 0;
+  waitpid(daemon_pid_, &status, 0);
+  daemon_pid_ = -1;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  if (error) *error = "daemon exited abnormally (status " + std::to_string(status) + ")";
+  umount2(mountpoint_.c_str(), MNT_DETACH);
+  return false;
+}
+
 std::string MountedVolume::Path(const std::string& relative) const { return mountpoint_ + "/" + relative; }
 
 }  // namespace spillfs::testing

@@ -49,6 +49,9 @@ class MountedVolume {
   bool Remount(std::string* error = nullptr) { return Unmount(error) && Mount(error); }
   // Sends SIGKILL to the daemon and lazily detaches the mount (crash simulation).
   void Kill();
+  // Sends `signal` to the daemon and waits for it to exit; true if it exited
+  // with status 0 (the daemon unmounts itself), else the reason in *error.
+  bool Terminate(int signal, std::string* error = nullptr);
 
   bool mounted() const { return daemon_pid_ > 0; }
   pid_t daemon_pid() const { return daemon_pid_; }

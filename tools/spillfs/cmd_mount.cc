@@ -37,6 +37,10 @@ constexpr uint64_t kMinBytesPerSync = 1ull << 20;
 // would hold the tier frozen for seconds.
 constexpr uint64_t kMinFlushBatchBytes = 256ull << 10;
 constexpr uint64_t kMaxFlushBatchBytes = 1ull << 30;
+// A FUSE request's payload: the kernel's least read-ahead worth having, and
+// 8192 pages (the kernel allows 65535).
+constexpr uint64_t kMinRequestBytes = 128ull << 10;
+constexpr uint64_t kMaxRequestBytes = 32ull << 20;
 
 struct MountArgs {
   std::string volume;
@@ -52,6 +56,8 @@ struct MountArgs {
   std::string bytes_per_sync;  // accepted for old scripts, checked and ignored
   std::string ram_tier_warm;   // RAM-tier memory faulted in at mount ("" = default)
   std::string flush_batch;     // RAM-tier bytes written per flush batch ("" = default)
+  std::string max_request;     // payload of one FUSE request ("" = default)
+  uint64_t max_request_bytes = 1ull << 20;
   int64_t flush_age_ms = 2000;
   unsigned lock_wait_s = 30;  // how long to wait for a daemon still finishing an unmount
   int lock_fd = -1;           // the volume lock, taken before the fork and handed to Volume::Open
@@ -146,6 +152,7 @@ int Serve(const MountArgs& args, const std::function<void(const Status&)>& repor
   options.max_threads = args.threads;
   options.writeback_cache = args.writeback_cache;
   options.fuse_uring = args.fuse_uring;
+  options.max_request_bytes = args.max_request_bytes;
   options.debug = args.debug;
   FuseDaemon daemon(std::move(*fs), options);
   Status mounted = daemon.Mount();
@@ -237,12 +244,19 @@ int RunMount(MountArgs args) {
            SizeOption{"--flush-batch", args.flush_batch, kMinFlushBatchBytes, kMaxFlushBatchBytes,
                       &args.fs_options.flush_batch_bytes},
            SizeOption{"--bytes-per-sync", args.bytes_per_sync, kMinBytesPerSync, UINT64_MAX, &ignored_bytes_per_sync},
+           SizeOption{"--max-request", args.max_request, kMinRequestBytes, kMaxRequestBytes, &args.max_request_bytes},
        }) {
     Status parsed = ParseSizeOption(option);
     if (!parsed.ok()) return Fail("mount", parsed.message());
   }
   if (!args.flush_batch.empty() && args.fs_options.flush_batch_bytes == 0) {
     return Fail("mount", fmt::format("--flush-batch: 0 is less than the least, {}", HumanBytes(kMinFlushBatchBytes)));
+  }
+  if (!args.max_request.empty() && (args.max_request_bytes == 0 || args.max_request_bytes % 4096 != 0)) {
+    return Fail("mount", fmt::format("--max-request: {} is not a positive multiple of 4K", args.max_request));
+  }
+  if (!args.max_request.empty() && args.fuse_uring && args.max_request_bytes != (1ull << 20)) {
+    return Fail("mount", "--max-request cannot be used with --fuse-uring (its requests are 1M)");
   }
   if (!args.bytes_per_sync.empty()) {
     fmt::print(stderr,
@@ -325,6 +339,10 @@ void RegisterMount(CLI::App& app, int* exit_code) {
   cmd->add_option("--flush-batch", args->flush_batch,
                   "RAM-tier data written to the SSD per flush batch, e.g. 16M; each batch is made durable before "
                   "it is mapped, and up to four are in flight (default: 64M; 256K to 1G)");
+  cmd->add_option("--max-request", args->max_request,
+                  "Most data one FUSE request carries, and the kernel's read-ahead for the mount, e.g. 4M; above "
+                  "1M needs Linux 6.12+ with sysctl fs.fuse.max_pages_limit at least this many 4K pages "
+                  "(default: 1M; 128K to 32M)");
   cmd->add_option("--bytes-per-sync", args->bytes_per_sync,
                   "Ignored, kept for old scripts: the data of every flush batch is now made durable before it is "
                   "mapped, which did this option's job (syncing as the flusher writes)");

@@ -1,11 +1,13 @@
 // FuseDaemon: serves a Filesystem to the kernel through libfuse's low-level
-// API with a multithreaded session loop (and, asked for, FUSE over io_uring:
-// fs/src/fuse_ring.h). It only translates: every decision about names,
-// permissions of created inodes, sizes and errors is made by Filesystem;
-// FUSE types never leave fuse_daemon.cc, fuse_ops.cc (the operations) and
-// fuse_ring.cc.
+// API, with its own pool of /dev/fuse workers (fs/src/fuse_device_loop.h:
+// requests larger than libfuse's loop takes) or, asked for, FUSE over
+// io_uring (fs/src/fuse_ring.h). It only translates: every decision about
+// names, permissions of created inodes, sizes and errors is made by
+// Filesystem; FUSE types never leave fuse_daemon.cc, fuse_ops.cc (the
+// operations), fuse_device_loop.cc and fuse_ring.cc.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -18,6 +20,7 @@ struct fuse_session;
 
 namespace spillfs {
 
+class FuseDeviceLoop;
 class FuseRing;
 
 struct FuseOptions {
@@ -36,6 +39,15 @@ struct FuseOptions {
   // /dev/fuse otherwise, with a line in the log saying why.
   bool fuse_uring = false;
   unsigned ring_threads_per_cpu = 0;  // 0: FuseRing's default
+  // The most payload one FUSE request carries (a multiple of the page size),
+  // and the kernel's read-ahead for the mount (one request: the daemon reads
+  // further ahead itself). Above 1 MiB it needs Linux 6.12+ with
+  // fs.fuse.max_pages_limit raised to match (Mount lowers it to the kernel's
+  // limit and says so); not with fuse_uring. 1 MiB by default: on the CPU VM
+  // a 4-8 MiB read-ahead made streams of 1 MiB reads slower (1.9 -> 1.1-1.5
+  // GB/s), and on the H200 4 MiB requests measured level with 1 MiB within
+  // the rounds' spread, 8 MiB slower for reads (tools/bench/RESULTS.md).
+  size_t max_request_bytes = size_t{1} << 20;
   bool debug = false;
 };
 
@@ -58,16 +70,24 @@ class FuseDaemon {
   ::fuse_session* session() const { return session_; }
   // The io_uring transport; null unless FuseOptions::fuse_uring.
   FuseRing* ring() const { return ring_.get(); }
+  // The /dev/fuse loop; null with FuseOptions::fuse_uring or before Mount.
+  FuseDeviceLoop* device_loop() const { return device_loop_.get(); }
+  // The most payload a request carries on this mount (set by Mount).
+  size_t request_bytes() const { return request_bytes_; }
 
  private:
   Status RouteThroughRing();
+  Status RouteThroughDeviceLoop();
 
   std::unique_ptr<Filesystem> fs_;
   std::unique_ptr<ControlPlane> control_;
   FuseOptions options_;
   ::fuse_session* session_ = nullptr;
-  std::unique_ptr<FuseRing> ring_;  // with FuseOptions::fuse_uring
-  std::string device_;              // "major:minor" of the mount, "" if not found
+  std::unique_ptr<FuseRing> ring_;               // with FuseOptions::fuse_uring
+  std::unique_ptr<FuseDeviceLoop> device_loop_;  // without
+  size_t request_bytes_ = size_t{1} << 20;
+  std::string request_note_;  // why request_bytes_ is less than asked for ("" if it is not)
+  std::string device_;        // "major:minor" of the mount, "" if not found
   bool mounted_ = false;
 };
 
