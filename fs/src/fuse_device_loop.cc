@@ -162,7 +162,7 @@ Status FuseDeviceLoop::Run() {
     fmt::print(stderr, "spillfs: cannot clone /dev/fuse ({}); the FUSE workers share one descriptor\n",
                std::strerror(clone_error));
   }
-  for (auto& worker : workers_) worker->thread = std::thread([this, w = worker.get()] { Serve(w); });
+  StartWorker();
   while (!Stopping()) {
     pollfd stop = {stop_fd_, POLLIN, 0};
     (void)poll(&stop, 1, kExitPollMs);
@@ -174,6 +174,13 @@ Status FuseDeviceLoop::Run() {
   return Status::OK();
 }
 
+void FuseDeviceLoop::StartWorker() {
+  std::lock_guard lock(start_mu_);
+  if (stopping_.load() || started_ == workers_.size()) return;
+  Worker* worker = workers_[started_++].get();
+  worker->thread = std::thread([this, worker] { Serve(worker); });
+}
+
 void FuseDeviceLoop::WakeWorkers() {
   // Only a worker in read() is sent the signal (a handler's own system calls
   // must not see EINTR), and again until each has ended: one that lands
@@ -182,10 +189,14 @@ void FuseDeviceLoop::WakeWorkers() {
   // either sees Stopping() or is seen in read.
   for (;;) {
     bool all_done = true;
-    for (auto& worker : workers_) {
-      if (!worker->thread.joinable() || worker->done.load()) continue;
-      all_done = false;
-      if (worker->in_read.load()) pthread_kill(worker->thread.native_handle(), WakeSignal());
+    {
+      std::lock_guard lock(start_mu_);  // no worker starts meanwhile (nor after: Stop came first)
+      for (size_t i = 0; i < started_; ++i) {
+        Worker& worker = *workers_[i];
+        if (worker.done.load()) continue;
+        all_done = false;
+        if (worker.in_read.load()) pthread_kill(worker.thread.native_handle(), WakeSignal());
+      }
     }
     if (all_done) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -205,14 +216,18 @@ bool FuseDeviceLoop::Stopping() const {
 }
 
 void FuseDeviceLoop::Serve(Worker* worker) {
+  pthread_setname_np(pthread_self(), "spillfs-fuse");
   UnblockWakeSignal();
   t_reply_fd = worker->owns_fd ? worker->fd : -1;
   for (;;) {
     worker->in_read.store(true);
     if (Stopping()) break;
+    waiting_.fetch_add(1);
     ssize_t n = ::read(worker->fd, worker->buffer, worker->capacity);
     worker->in_read.store(false);
+    const bool was_last_waiting = waiting_.fetch_sub(1) == 1;
     if (n >= static_cast<ssize_t>(sizeof(fuse_in_header))) {
+      if (was_last_waiting) StartWorker();  // one reader stays in read() while this one works
       const auto* in = reinterpret_cast<const fuse_in_header*>(worker->buffer);
       if (in->opcode == FUSE_INIT) init_unique_.store(in->unique, std::memory_order_release);
       fuse_buf buf{};

@@ -1,7 +1,16 @@
 // Internal to the daemon (not installed). FuseDeviceLoop: serves a session's
-// /dev/fuse requests with a fixed pool of worker threads, each reading from
-// its own clone of the device (FUSE_DEV_IOC_CLONE) into its own buffer, which
-// holds requests of up to `max_request_bytes` of payload.
+// /dev/fuse requests with a pool of up to `threads` worker threads (named
+// "spillfs-fuse"), each reading from its own clone of the device
+// (FUSE_DEV_IOC_CLONE) into its own buffer, which holds requests of up to
+// `max_request_bytes` of payload.
+//
+// The pool grows as libfuse's does: a worker that takes a request while no
+// other is waiting in read() starts the next one (up to `threads`), and none
+// ends before the loop does. So at depth 1 two workers take turns, and under
+// load all of them read. With all started at once, 4 KiB reads at depth 1 on
+// the H100 ran at 0.17-0.20 of raw against libfuse's 0.19-0.38
+// (tools/bench/RESULTS.md): the kernel's wait queue is FIFO, so each request
+// went to the worker that had waited longest, likely on a CPU asleep.
 //
 // Why not libfuse's fuse_session_loop_mt: libfuse 3.14 receives into buffers
 // of 256 pages and lowers max_write at INIT to fit, so no request carries
@@ -28,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -62,6 +72,8 @@ class FuseDeviceLoop {
   struct Worker;
 
   void Serve(Worker* worker);
+  // Starts the next prepared worker, if any is left and the loop goes on.
+  void StartWorker();
   // Interrupts the workers' reads until every worker has ended.
   void WakeWorkers();
   bool Stopping() const;
@@ -79,7 +91,10 @@ class FuseDeviceLoop {
   std::atomic<uint64_t> init_unique_{0};  // the INIT request's, until its reply is patched
   Status failure_;                        // the first fatal error (read by Run once the workers are joined)
   std::atomic<bool> failed_{false};
-  std::vector<std::unique_ptr<Worker>> workers_;
+  std::mutex start_mu_;                           // guards started_ and starting a worker's thread
+  size_t started_ = 0;                            // workers_[0, started_) have a thread
+  std::atomic<unsigned> waiting_{0};              // workers in (or on their way into) read()
+  std::vector<std::unique_ptr<Worker>> workers_;  // prepared by Run, all of them
 };
 
 }  // namespace spillfs

@@ -14,14 +14,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -187,6 +191,49 @@ TEST(FuseLoopTest, BadMaxRequestIsRefused) {
     EXPECT_NE(out.find(c.says), std::string::npos) << c.args << " said: " << out;
   }
   EXPECT_TRUE(volume.Mount(&error)) << "the volume after the refused mounts: " << error;
+}
+
+// The daemon's threads named spillfs-fuse (its /dev/fuse workers).
+size_t FuseWorkers(pid_t daemon) {
+  size_t n = 0;
+  const std::string tasks = "/proc/" + std::to_string(daemon) + "/task";
+  for (const auto& task : std::filesystem::directory_iterator(tasks)) {
+    std::string name;
+    std::ifstream(task.path() / "comm") >> name;
+    n += name == "spillfs-fuse";
+  }
+  return n;
+}
+
+// The pool grows as libfuse's does: requests one at a time keep a few
+// workers (one reads while another works; a write answered early overlaps
+// the next request), many at once start more, up to --threads.
+TEST(FuseLoopTest, WorkersStartAsRequestsNeedThem) {
+  MountedVolume::Options options;
+  options.mount_args = {"--threads", "16"};
+  MountedVolume volume(options);
+  const std::string data = RandomBytes(kMiB, 7);
+  WriteOnce(volume.Path("f"), data);
+  for (int i = 0; i < 200; ++i) {
+    struct stat st {};
+    ASSERT_EQ(stat(volume.Path("f").c_str(), &st), 0);
+    ASSERT_EQ(stat(volume.Path("missing").c_str(), &st), -1);
+  }
+  const size_t serial = FuseWorkers(volume.daemon_pid());
+  EXPECT_GE(serial, 1u);
+  EXPECT_LE(serial, 4u) << "after requests one at a time";
+  std::vector<std::thread> readers;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 24; ++t) {
+    readers.emplace_back([&] {
+      for (int i = 0; i < 20; ++i) mismatches += ReadDirectOnce(volume.Path("f"), data.size()) != data;
+    });
+  }
+  for (auto& reader : readers) reader.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  const size_t workers = FuseWorkers(volume.daemon_pid());
+  EXPECT_GT(workers, serial) << "after 24 readers at once";
+  EXPECT_LE(workers, 16u) << "--threads 16";
 }
 
 // SIGTERM (and SIGINT, SIGHUP) end the daemon: it stops serving, unmounts
