@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <system_error>
 
 namespace spillfs {
 namespace {
@@ -96,9 +97,7 @@ FuseDeviceLoop::FuseDeviceLoop(::fuse_session* session, int device_fd, unsigned 
 }
 
 FuseDeviceLoop::~FuseDeviceLoop() {
-  Stop();
-  WakeWorkers();
-  workers_.clear();  // joins
+  JoinWorkers();
   if (stop_fd_ >= 0) close(stop_fd_);
 }
 
@@ -167,9 +166,7 @@ Status FuseDeviceLoop::Run() {
     pollfd stop = {stop_fd_, POLLIN, 0};
     (void)poll(&stop, 1, kExitPollMs);
   }
-  Stop();
-  WakeWorkers();
-  workers_.clear();  // joins
+  JoinWorkers();
   if (failed_.load(std::memory_order_acquire)) return failure_;
   return Status::OK();
 }
@@ -177,8 +174,24 @@ Status FuseDeviceLoop::Run() {
 void FuseDeviceLoop::StartWorker() {
   std::lock_guard lock(start_mu_);
   if (stopping_.load() || started_ == workers_.size()) return;
-  Worker* worker = workers_[started_++].get();
-  worker->thread = std::thread([this, worker] { Serve(worker); });
+  Worker* worker = workers_[started_].get();
+  try {
+    worker->thread = std::thread([this, worker] { Serve(worker); });
+  } catch (const std::system_error& e) {  // no thread to be had: serve with those there are
+    if (!thread_error_logged_) fmt::print(stderr, "spillfs: cannot start a FUSE worker: {}\n", e.what());
+    thread_error_logged_ = true;
+    return;
+  }
+  ++started_;
+}
+
+void FuseDeviceLoop::JoinWorkers() {
+  Stop();
+  WakeWorkers();
+  // Every started worker is done: none starts another.
+  std::lock_guard lock(start_mu_);
+  workers_.clear();  // joins
+  started_ = 0;
 }
 
 void FuseDeviceLoop::WakeWorkers() {
@@ -212,7 +225,8 @@ void FuseDeviceLoop::Stop() {
 }
 
 bool FuseDeviceLoop::Stopping() const {
-  return stopping_.load(std::memory_order_acquire) || fuse_session_exited(session_) != 0;
+  // Sequentially consistent, as WakeWorkers' reasoning needs.
+  return stopping_.load() || fuse_session_exited(session_) != 0;
 }
 
 void FuseDeviceLoop::Serve(Worker* worker) {

@@ -74,8 +74,10 @@ class FuseDeviceLoop {
   void Serve(Worker* worker);
   // Starts the next prepared worker, if any is left and the loop goes on.
   void StartWorker();
-  // Interrupts the workers' reads until every worker has ended.
+  // Interrupts the workers' reads until every started worker has ended.
   void WakeWorkers();
+  // Stops the loop, ends and joins every worker, and frees them.
+  void JoinWorkers();
   bool Stopping() const;
   ssize_t ReplyToInit(int fd, iovec* iov, int count);
   // Records the loop's first fatal error (Run returns it).
@@ -93,6 +95,7 @@ class FuseDeviceLoop {
   std::atomic<bool> failed_{false};
   std::mutex start_mu_;                           // guards started_ and starting a worker's thread
   size_t started_ = 0;                            // workers_[0, started_) have a thread
+  bool thread_error_logged_ = false;              // under start_mu_
   std::atomic<unsigned> waiting_{0};              // workers in (or on their way into) read()
   std::vector<std::unique_ptr<Worker>> workers_;  // prepared by Run, all of them
 };
