@@ -187,7 +187,10 @@ void Filesystem::StartBatchWrites(InodeNumber ino, FlushBatch* batch, bool locke
   };
   if (!locked) {
     try {
-      batch->written = std::async(std::launch::async, write_and_flush);
+      batch->written = std::async(std::launch::async, [write_and_flush] {
+        pthread_setname_np(pthread_self(), "spillfs-write");  // not its creator's (a FUSE worker's) name
+        return write_and_flush();
+      });
       return;
     } catch (const std::system_error&) {
       // No thread to be had: the writes run when the batch is waited for.
@@ -395,7 +398,10 @@ void Filesystem::HashSegments(std::vector<Segment>* segments, bool dedup) const 
   std::vector<std::future<void>> others;
   for (unsigned k = 1; k < helpers; ++k) {
     try {
-      others.push_back(std::async(std::launch::async, share, k));
+      others.push_back(std::async(std::launch::async, [&share, k] {
+        pthread_setname_np(pthread_self(), "spillfs-hash");
+        share(k);
+      }));
     } catch (const std::system_error&) {
       share(k);  // no thread to be had: hash that share here
     }

@@ -7,7 +7,9 @@
 # pair of CONFIGS (the kernel's read-ahead is set on the mount's bdi after mounting; the mount sets
 # it to the request size): one write() of 1 GiB from a touched buffer + fsync (as torch.save writes a
 # storage); one read() of it after the page cache is dropped, into a fresh buffer (as torch.load
-# reads it) and again into the same buffer (its pages faulted in); a stream of 1 MiB read()s; and
+# reads it) and again into the same buffer (its pages faulted in), then once with O_DIRECT into a
+# touched buffer (the kernel sends the requests of one direct read() in parallel, up to
+# max_background: what a direct_io read handle would give torch.load); a stream of 1 MiB read()s; and
 # torch_bench.py when PY (a python with torch) is given.
 # Usage: [S=spillfs] [PY=/usr/bin/python3] [ROUNDS=3] [DIR=/var/tmp/lrq] [MIB=1024] [CONFIGS=...]
 #   large_requests_ab.sh
@@ -29,7 +31,12 @@ for what in ('fresh', 'touched'):
     os.sync(); open('/proc/sys/vm/drop_caches','w').write('3'); r[:8]=b'unread!!'
     fd=os.open(p,os.O_RDONLY); t=time.perf_counter(); got=os.readv(fd,[r]); rd=time.perf_counter()-t; os.close(fd)
     assert got==n and r==b, 'read back differs'
-    print(f'one read, {what} buffer {n/rd/1e9:.3f} GB/s', end='; ')" "$1"
+    print(f'one read, {what} buffer {n/rd/1e9:.3f} GB/s', end='; ')
+import mmap; a=mmap.mmap(-1,n); a[:]=b
+os.sync(); open('/proc/sys/vm/drop_caches','w').write('3'); a[:8]=b'unread!!'
+fd=os.open(p,os.O_RDONLY|os.O_DIRECT); t=time.perf_counter(); got=os.readv(fd,[a]); rd=time.perf_counter()-t; os.close(fd)
+assert got==n and a[:]==b, 'O_DIRECT read back differs'
+print(f'one O_DIRECT read {n/rd/1e9:.3f} GB/s', end='; ')" "$1"
 }
 stream_read() {  # FILE: 1 MiB read()s after dropping the page cache
   sync; echo 3 > /proc/sys/vm/drop_caches
