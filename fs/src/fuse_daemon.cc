@@ -27,10 +27,6 @@ void SetKernelReadAhead(const std::string& device, unsigned kib) {
   if (!knob) fmt::print(stderr, "spillfs: cannot set the kernel's read-ahead of bdi {} (needs root)\n", device);
 }
 
-// The most a FUSE request carries through libfuse's own loop (and FuseRing):
-// its receive buffers hold 256 pages.
-constexpr size_t kLibfuseMaxRequestBytes = size_t{256} << 12;
-
 // The kernel sends requests of at most fs.fuse.max_pages_limit pages (Linux
 // 6.12+; 256 before, where the knob is missing). Where that is less than
 // `wanted`, *note says so.

@@ -20,7 +20,6 @@ namespace {
 
 constexpr double kAttrTimeout = 1.0;
 constexpr double kEntryTimeout = 1.0;
-constexpr unsigned kMaxWrite = 1u << 20;
 constexpr unsigned kMaxBackground = 64;
 
 FuseDaemon& Daemon(fuse_req_t req) { return *static_cast<FuseDaemon*>(fuse_req_userdata(req)); }
@@ -72,9 +71,9 @@ DirHandle* Dir(fuse_file_info* fi) { return reinterpret_cast<DirHandle*>(fi->fh)
 void OnInit(void* userdata, fuse_conn_info* conn) {
   const FuseDaemon& daemon = *static_cast<FuseDaemon*>(userdata);
   const FuseOptions& options = daemon.options();
-  // libfuse's most; FuseDeviceLoop raises it in the reply to request_bytes,
-  // which its buffers hold (so also where it cannot patch the reply).
-  conn->max_write = std::min<unsigned>(kMaxWrite, static_cast<unsigned>(daemon.request_bytes()));
+  // FuseDeviceLoop raises it in the reply to request_bytes, which its buffers
+  // hold (so they also hold it where it cannot patch the reply).
+  conn->max_write = std::min<unsigned>(kLibfuseMaxRequestBytes, static_cast<unsigned>(daemon.request_bytes()));
   // One request: the bdi is set to it before INIT (fuse_daemon.cc).
   conn->max_readahead = static_cast<unsigned>(daemon.request_bytes());
   // Read-ahead and background writes run as "background" requests; the

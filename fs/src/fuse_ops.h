@@ -9,6 +9,11 @@
 
 namespace spillfs {
 
+// The most a request carries through libfuse's own loop (FuseRing's too):
+// libfuse 3.14 receives into buffers of 256 pages and lowers max_write at
+// INIT to fit. FuseDeviceLoop is not bound by it (fuse_device_loop.h).
+inline constexpr unsigned kLibfuseMaxRequestBytes = 1u << 20;
+
 // Every operation spillfs serves; the session's userdata is its FuseDaemon.
 fuse_lowlevel_ops MakeFuseOps();
 
