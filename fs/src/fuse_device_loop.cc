@@ -34,8 +34,8 @@ constexpr int kExitPollMs = 100;
 
 // Sent to a worker blocked in read() to end the loop: its handler does
 // nothing, and without SA_RESTART the read fails with EINTR. (Blocking reads,
-// not poll(): the kernel wakes one blocked reader per request, but every
-// poller; on the H200 that halved 4 KiB reads at depth 1.)
+// not poll() on non-blocking clones: the kernel wakes one blocked reader per
+// request, but every poller.)
 int WakeSignal() { return SIGRTMIN + 4; }
 
 Status InstallWakeHandler() {
