@@ -54,7 +54,7 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
       gate_(
           [this](const std::vector<PhysicalExtent>& extents, uint64_t commit) { allocator_.Release(extents, commit); }),
       cache_(options.ram_tier_bytes, block_size_),
-      read_ahead_(ReadAhead::Options::ForBytesAhead(options.read_ahead_bytes),
+      read_ahead_(ReadAhead::Options::ForBytesAhead(options.read_ahead_bytes, options.read_request_bytes),
                   [this](InodeNumber ino, uint64_t offset, uint64_t length, char* out) {
                     return FetchAhead(ino, offset, length, out);
                   }) {

@@ -18,7 +18,7 @@ constexpr unsigned kReadsToStart = 2;
 
 }  // namespace
 
-ReadAhead::Options ReadAhead::Options::ForBytesAhead(uint64_t bytes_ahead) {
+ReadAhead::Options ReadAhead::Options::ForBytesAhead(uint64_t bytes_ahead, uint64_t request_bytes) {
   Options options;
   if (bytes_ahead == 0) {
     options.windows_ahead = 0;
@@ -28,7 +28,11 @@ ReadAhead::Options ReadAhead::Options::ForBytesAhead(uint64_t bytes_ahead) {
   constexpr uint64_t kBlock = 4096;
   const uint64_t windows = DivideRoundingUp(bytes_ahead, options.window_bytes);
   options.window_bytes = RoundUp(DivideRoundingUp(bytes_ahead, windows), kBlock);
-  options.windows_ahead = static_cast<unsigned>(windows);
+  // Whole requests, where the reader is to be kept ahead of by one at least
+  // (less still serves smaller reads).
+  const uint64_t request = RoundUp(std::max(request_bytes, kBlock), kBlock);
+  if (bytes_ahead >= request) options.window_bytes = RoundUp(std::max(options.window_bytes, request), request);
+  options.windows_ahead = static_cast<unsigned>(DivideRoundingUp(bytes_ahead, options.window_bytes));
   options.threads = std::max(options.threads, options.windows_ahead);
   return options;
 }

@@ -1516,6 +1516,33 @@ TEST_P(ReadAheadTest, SequentialReadsAreServedByReadAhead) {
   EXPECT_EQ(fs_->read_ahead_stats().windows_started, started);
 }
 
+// Read requests larger than the default 4 MiB window (spillfs mount
+// --max-request 8M) are served from windows: each window is a whole number of
+// requests. With 4 MiB windows no 8 MiB read fitted in one, and every read
+// went to the SSD itself.
+class LargeRequestReadAheadTest : public ReadAheadTest {
+ protected:
+  void Tune(FilesystemOptions* options) const override { options->read_request_bytes = 8 << 20; }
+};
+
+INSTANTIATE_TEST_SUITE_P(Tiers, LargeRequestReadAheadTest, ::testing::Values(uint64_t{0}, uint64_t{32} << 20),
+                         [](const ::testing::TestParamInfo<uint64_t>& info) {
+                           return info.param == 0 ? std::string("WriteThrough") : std::string("RamTier");
+                         });
+
+TEST_P(LargeRequestReadAheadTest, EightMiBReadsAreServedFromWindows) {
+  std::string data;
+  InodeNumber ino = MakeFlushedFile(42, &data);
+  constexpr uint64_t kRequest = 8 << 20;
+  for (uint64_t at = 0; at < data.size(); at += kRequest) {
+    auto got = ReadAt(ino, at, kRequest);
+    ASSERT_TRUE(got.ok()) << at << ": " << got.status().ToString();
+    ASSERT_TRUE(*got == data.substr(at, kRequest)) << "wrong bytes in the 8 MiB at " << at;
+  }
+  // The stream starts after two reads; the third comes from a window.
+  EXPECT_GE(fs_->read_ahead_stats().bytes_served, kRequest) << "fetched " << fs_->read_ahead_stats().bytes_fetched;
+}
+
 // Windows let go before their fetch started (the reader jumped, or they fell
 // behind) are not fetched: with a large --read-ahead a random reader would
 // otherwise queue many times the bytes it reads.
@@ -1588,6 +1615,13 @@ TEST(ReadAheadOptionsTest, BytesAheadBecomeWindowsWithAThreadEach) {
   EXPECT_EQ(tiny.windows_ahead, 1u);
   EXPECT_EQ(tiny.window_bytes, 4096u);
   EXPECT_EQ(tiny.threads, 4u);
+  // Windows are whole requests: 8 MiB ones (--max-request 8M), 3 MiB ones.
+  ReadAhead::Options large = ReadAhead::Options::ForBytesAhead(16 << 20, 8 << 20);
+  EXPECT_EQ(large.window_bytes, 8u << 20);
+  EXPECT_EQ(large.windows_ahead, 2u);
+  ReadAhead::Options odd = ReadAhead::Options::ForBytesAhead(16 << 20, 3 << 20);
+  EXPECT_EQ(odd.window_bytes, 6u << 20);
+  EXPECT_EQ(odd.windows_ahead, 3u);
 }
 
 class NoReadAheadTest : public ReadAheadTest {

@@ -275,6 +275,7 @@ int RunMount(MountArgs args) {
   if (!lock.ok()) return Fail("mount", lock.status().message());
   args.lock_fd = *lock;
   args.fs_options.flush_age_ms = args.flush_age_ms;
+  args.fs_options.read_request_bytes = args.max_request_bytes;
   if (!args.foreground) return RunBackground(args);
   return Serve(args, [&](const Status& s) {
     if (s.ok()) {

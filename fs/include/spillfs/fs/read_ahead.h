@@ -40,9 +40,14 @@ class ReadAhead {
     unsigned threads = 4;              // fetch threads
 
     // `bytes_ahead` kept in flight ahead of each sequential reader, in
-    // windows of at most 4 MiB, with a fetch thread per window (a fetch
-    // waits for its I/O): 0 turns read-ahead off.
-    static Options ForBytesAhead(uint64_t bytes_ahead);
+    // windows of about 4 MiB, with a fetch thread per window (a fetch waits
+    // for its I/O): 0 turns read-ahead off. Where `bytes_ahead` holds
+    // one `request_bytes` (the largest read the reader sends, FUSE's request
+    // size), a window is a whole number of them, since Serve answers a read
+    // only from one window: with 4 MiB
+    // windows, 8 MiB requests were never served from them (the H200's
+    // `--max-request 8M` reads, tools/bench/RESULTS.md).
+    static Options ForBytesAhead(uint64_t bytes_ahead, uint64_t request_bytes = uint64_t{1} << 20);
   };
   struct Stats {
     uint64_t windows_started = 0;
