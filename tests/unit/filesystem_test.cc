@@ -311,15 +311,19 @@ class FilesystemTest : public FilesystemTestBase {};
 
 // Data tests run twice: writing straight through, and through a 32 MiB RAM
 // tier (smaller than the volume, so memory pressure forces flushes too).
+// The RAM tier sizes a data test runs with: none (every write goes straight
+// through) and 32 MiB; named so in the test names.
+const auto kTiers = ::testing::Values(uint64_t{0}, uint64_t{32} << 20);
+std::string TierName(const ::testing::TestParamInfo<uint64_t>& info) {
+  return info.param == 0 ? "WriteThrough" : "RamTier";
+}
+
 class FilesystemDataTest : public FilesystemTestBase, public ::testing::WithParamInterface<uint64_t> {
  protected:
   uint64_t RamTier() const override { return GetParam(); }
 };
 
-INSTANTIATE_TEST_SUITE_P(Tiers, FilesystemDataTest, ::testing::Values(uint64_t{0}, uint64_t{32} << 20),
-                         [](const ::testing::TestParamInfo<uint64_t>& info) {
-                           return info.param == 0 ? std::string("WriteThrough") : std::string("RamTier");
-                         });
+INSTANTIATE_TEST_SUITE_P(Tiers, FilesystemDataTest, kTiers, TierName);
 
 // ---- namespace ----
 
@@ -1485,10 +1489,7 @@ class ReadAheadTest : public FilesystemDataTest {
   }
 };
 
-INSTANTIATE_TEST_SUITE_P(Tiers, ReadAheadTest, ::testing::Values(uint64_t{0}, uint64_t{32} << 20),
-                         [](const ::testing::TestParamInfo<uint64_t>& info) {
-                           return info.param == 0 ? std::string("WriteThrough") : std::string("RamTier");
-                         });
+INSTANTIATE_TEST_SUITE_P(Tiers, ReadAheadTest, kTiers, TierName);
 
 TEST_P(ReadAheadTest, SequentialReadsAreServedByReadAhead) {
   std::string data;
@@ -1525,10 +1526,7 @@ class LargeRequestReadAheadTest : public ReadAheadTest {
   void Tune(FilesystemOptions* options) const override { options->read_request_bytes = 8 << 20; }
 };
 
-INSTANTIATE_TEST_SUITE_P(Tiers, LargeRequestReadAheadTest, ::testing::Values(uint64_t{0}, uint64_t{32} << 20),
-                         [](const ::testing::TestParamInfo<uint64_t>& info) {
-                           return info.param == 0 ? std::string("WriteThrough") : std::string("RamTier");
-                         });
+INSTANTIATE_TEST_SUITE_P(Tiers, LargeRequestReadAheadTest, kTiers, TierName);
 
 TEST_P(LargeRequestReadAheadTest, EightMiBReadsAreServedFromWindows) {
   std::string data;
@@ -1629,10 +1627,7 @@ class NoReadAheadTest : public ReadAheadTest {
   uint64_t ReadAheadBytes() const override { return 0; }
 };
 
-INSTANTIATE_TEST_SUITE_P(Tiers, NoReadAheadTest, ::testing::Values(uint64_t{0}, uint64_t{32} << 20),
-                         [](const ::testing::TestParamInfo<uint64_t>& info) {
-                           return info.param == 0 ? std::string("WriteThrough") : std::string("RamTier");
-                         });
+INSTANTIATE_TEST_SUITE_P(Tiers, NoReadAheadTest, kTiers, TierName);
 
 TEST_P(NoReadAheadTest, ReadAheadOfZeroFetchesNothing) {
   std::string data;
