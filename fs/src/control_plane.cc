@@ -236,6 +236,11 @@ RuntimeStats ControlPlane::Runtime() const {
   r.bytes_read = c.bytes_read.load();
   r.writes = c.writes.load();
   r.reads = c.reads.load();
+  const ReadAhead::Stats ahead = fs_->read_ahead_stats();
+  r.read_ahead_window_bytes = ahead.window_bytes;
+  r.read_ahead_windows = ahead.windows_started;
+  r.read_ahead_bytes_fetched = ahead.bytes_fetched;
+  r.read_ahead_bytes_served = ahead.bytes_served;
   if (fuse_ring_requests_ != nullptr) r.fuse_ring_requests = fuse_ring_requests_->load(std::memory_order_relaxed);
   r.uptime_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   return r;

@@ -36,6 +36,7 @@ size_t KernelRequestBytes(size_t wanted, std::string* note) {
   if (!(std::ifstream("/proc/sys/fs/fuse/max_pages_limit") >> limit_pages) || limit_pages == 0) limit_pages = 256;
   const size_t limit = limit_pages * page;
   if (wanted <= limit) return wanted;
+  if (note == nullptr) return limit;
   *note = fmt::format(
       "spillfs: the kernel sends FUSE requests of at most {} KiB (fs.fuse.max_pages_limit = {}); --max-request {} "
       "KiB needs {} pages\n",
@@ -44,6 +45,10 @@ size_t KernelRequestBytes(size_t wanted, std::string* note) {
 }
 
 }  // namespace
+
+size_t FuseDaemon::RequestBytesFor(const FuseOptions& options, std::string* note) {
+  return options.fuse_uring ? kLibfuseMaxRequestBytes : KernelRequestBytes(options.max_request_bytes, note);
+}
 
 FuseDaemon::FuseDaemon(std::unique_ptr<Filesystem> fs, FuseOptions options)
     : fs_(std::move(fs)), control_(std::make_unique<ControlPlane>(fs_.get())), options_(std::move(options)) {}
@@ -83,8 +88,7 @@ Status FuseDaemon::Mount() {
   mounted_ = true;
   // Resolved now, while the path surely names this mount.
   device_ = MountDevice(options_.mountpoint).value_or("");
-  request_bytes_ =
-      options_.fuse_uring ? kLibfuseMaxRequestBytes : KernelRequestBytes(options_.max_request_bytes, &request_note_);
+  request_bytes_ = RequestBytesFor(options_, &request_note_);
   if (!device_.empty()) SetKernelReadAhead(device_, static_cast<unsigned>(request_bytes_ >> 10));
   if (options_.fuse_uring) return RouteThroughRing();
   return RouteThroughDeviceLoop();

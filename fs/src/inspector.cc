@@ -318,6 +318,10 @@ Result<nlohmann::json> Inspector::Stat(const RuntimeStats& runtime) const {
   out["reads"] = runtime.reads;
   out["queue_depth"] = runtime.queue_depth;
   out["fuse_ring_requests"] = runtime.fuse_ring_requests;
+  out["read_ahead_window_bytes"] = runtime.read_ahead_window_bytes;
+  out["read_ahead_windows"] = runtime.read_ahead_windows;
+  out["read_ahead_bytes_fetched"] = runtime.read_ahead_bytes_fetched;
+  out["read_ahead_bytes_served"] = runtime.read_ahead_bytes_served;
   out["uptime_seconds"] = runtime.uptime_seconds;
   return out;
 }

@@ -57,6 +57,10 @@ constexpr MetricInfo kMetrics[] = {
     {"reads", "Read operations since mount.", true},
     {"queue_depth", "SSD I/Os in flight.", false},
     {"fuse_ring_requests", "FUSE requests answered over io_uring since mount.", true},
+    {"read_ahead_window_bytes", "Size of one read-ahead window (0: read-ahead off).", false},
+    {"read_ahead_windows", "Read-ahead windows started since mount.", true},
+    {"read_ahead_bytes_fetched", "Bytes read from the SSD ahead of sequential readers since mount.", true},
+    {"read_ahead_bytes_served", "Bytes of reads answered from read-ahead windows since mount.", true},
     {"uptime_seconds", "Seconds since mount.", false},
 };
 

@@ -227,7 +227,9 @@ void ReadAhead::WorkerLoop() {
 
 ReadAhead::Stats ReadAhead::stats() const {
   std::lock_guard lock(mu_);
-  return stats_;
+  Stats stats = stats_;
+  stats.window_bytes = options_.windows_ahead == 0 ? 0 : options_.window_bytes;
+  return stats;
 }
 
 }  // namespace spillfs

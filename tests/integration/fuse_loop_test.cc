@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -163,11 +164,41 @@ TEST(FuseLoopTest, RequestsCarryMaxRequestWhereTheKernelAllowsIt) {
   EXPECT_TRUE(ReadDirectOnce(volume.Path("f"), expected.size()) == expected) << "after remount";
 }
 
+// The daemon's read-ahead windows are whole requests as the kernel sends
+// them: 4 x 4 MiB for the default 16 MiB ahead, whether requests are 1 MiB or
+// 4 MiB; 2 x 8 MiB for 8 MiB requests, but only where the kernel allows them.
+uint64_t ReadAheadWindowBytes(const MountedVolume& volume) {
+  std::string out;
+  EXPECT_EQ(RunSpillfs("stat --json " + volume.mountpoint(), &out), 0) << out;
+  return nlohmann::json::parse(out.substr(out.find('{'))).at("read_ahead_window_bytes").get<uint64_t>();
+}
+
 TEST(FuseLoopTest, TheKernelsLimitLowersTheRequestSize) {
   PagesLimit limit(256);
-  MountedVolume volume(WithMaxRequest("4M"));
+  MountedVolume volume(WithMaxRequest("8M"));
   EXPECT_EQ(ReadAheadKib(volume), 1024u);
+  EXPECT_EQ(ReadAheadWindowBytes(volume), 4 * kMiB) << "windows of 8 MiB requests the kernel never sends";
   ExpectRequestsOf(volume, kMiB, 8 * kMiB, 4);
+}
+
+TEST(FuseLoopTest, ReadAheadWindowsHoldWholeRequests) {
+  PagesLimit limit(2048);
+  MountedVolume volume(WithMaxRequest("8M"));
+  EXPECT_EQ(ReadAheadWindowBytes(volume), limit.exists() ? 8 * kMiB : 4 * kMiB);
+  // A sequential reader is served from them.
+  const std::string data = RandomBytes(48 * kMiB, 5);
+  WriteOnce(volume.Path("f"), data);
+  std::string error;
+  ASSERT_TRUE(volume.Remount(&error)) << error;
+  std::ifstream in(volume.Path("f"), std::ios::binary);
+  std::string back((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(back == data) << "bytes read back differ";
+  std::string out;
+  ASSERT_EQ(RunSpillfs("stat --json " + volume.mountpoint(), &out), 0) << out;
+  auto stat = nlohmann::json::parse(out.substr(out.find('{')));
+  EXPECT_GT(stat.at("read_ahead_windows").get<uint64_t>(), 0u);
+  EXPECT_GE(stat.at("read_ahead_bytes_served").get<uint64_t>(), 8 * kMiB)
+      << "fetched " << stat.at("read_ahead_bytes_fetched").get<uint64_t>();
 }
 
 TEST(FuseLoopTest, BadMaxRequestIsRefused) {

@@ -310,6 +310,12 @@ int RunStat(const StatArgs& args) {
   }
   PrintRow("data syncs", syncs);
   PrintRow("cancelled", HumanBytes(U64(stat, "bytes_cancelled")));
+  if (U64(stat, "read_ahead_window_bytes") > 0) {
+    PrintRow("read-ahead",
+             fmt::format("{} fetched, {} served (windows of {})", HumanBytes(U64(stat, "read_ahead_bytes_fetched")),
+                         HumanBytes(U64(stat, "read_ahead_bytes_served")),
+                         HumanBytes(U64(stat, "read_ahead_window_bytes"))));
+  }
   PrintRow("checksum errors", std::to_string(U64(stat, "checksum_errors")));
   return 0;
 }

@@ -135,16 +135,6 @@ Status Validate(MountArgs* args) {
 
 // Opens the volume and mounts it; `report` is called once with the outcome.
 int Serve(const MountArgs& args, const std::function<void(const Status&)>& report) {
-  auto volume = Volume::Open(args.volume, {.lock_fd = args.lock_fd});
-  if (!volume.ok()) {
-    report(volume.status());
-    return 1;
-  }
-  auto fs = Filesystem::Open(std::move(*volume), args.fs_options);
-  if (!fs.ok()) {
-    report(fs.status().WithContext("cannot open the filesystem"));
-    return 1;
-  }
   FuseOptions options;
   options.mountpoint = args.mountpoint;
   options.fsname = args.volume;
@@ -154,6 +144,19 @@ int Serve(const MountArgs& args, const std::function<void(const Status&)>& repor
   options.fuse_uring = args.fuse_uring;
   options.max_request_bytes = args.max_request_bytes;
   options.debug = args.debug;
+  auto volume = Volume::Open(args.volume, {.lock_fd = args.lock_fd});
+  if (!volume.ok()) {
+    report(volume.status());
+    return 1;
+  }
+  FilesystemOptions fs_options = args.fs_options;
+  // Read-ahead windows of whole requests, as the kernel will send them.
+  fs_options.read_request_bytes = FuseDaemon::RequestBytesFor(options, nullptr);
+  auto fs = Filesystem::Open(std::move(*volume), fs_options);
+  if (!fs.ok()) {
+    report(fs.status().WithContext("cannot open the filesystem"));
+    return 1;
+  }
   FuseDaemon daemon(std::move(*fs), options);
   Status mounted = daemon.Mount();
   report(mounted);
@@ -275,7 +278,6 @@ int RunMount(MountArgs args) {
   if (!lock.ok()) return Fail("mount", lock.status().message());
   args.lock_fd = *lock;
   args.fs_options.flush_age_ms = args.flush_age_ms;
-  args.fs_options.read_request_bytes = args.max_request_bytes;
   if (!args.foreground) return RunBackground(args);
   return Serve(args, [&](const Status& s) {
     if (s.ok()) {

@@ -81,7 +81,8 @@ struct FilesystemOptions {
   // Bytes fetched ahead of each sequential reader (ReadAhead); 0: none.
   uint64_t read_ahead_bytes = kDefaultReadAheadBytes;
   static constexpr uint64_t kDefaultReadAheadBytes = 16ull << 20;
-  // The largest read request a reader sends (the mount's --max-request):
+  // The largest read request a reader sends (the mount's --max-request, as
+  // lowered to the kernel's limit: FuseDaemon::RequestBytesFor):
   // read-ahead windows are whole multiples of it (ReadAhead::Options).
   uint64_t read_request_bytes = 1ull << 20;
   // RAM-tier memory faulted in at open (at most ram_tier_bytes), so the first

@@ -75,6 +75,11 @@ class FuseDaemon {
   FuseDeviceLoop* device_loop() const { return device_loop_.get(); }
   // The most payload a request carries on this mount (set by Mount).
   size_t request_bytes() const { return request_bytes_; }
+  // What request_bytes() will be for `options` on this kernel: max_request_bytes
+  // lowered to fs.fuse.max_pages_limit (with *note saying so, if not null), or
+  // libfuse's 1 MiB with fuse_uring. Known before mounting, so the filesystem's
+  // read-ahead can be shaped to it (FilesystemOptions::read_request_bytes).
+  static size_t RequestBytesFor(const FuseOptions& options, std::string* note);
 
  private:
   Status RouteThroughRing();

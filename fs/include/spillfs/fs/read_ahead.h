@@ -50,6 +50,7 @@ class ReadAhead {
     static Options ForBytesAhead(uint64_t bytes_ahead, uint64_t request_bytes = uint64_t{1} << 20);
   };
   struct Stats {
+    uint64_t window_bytes = 0;  // size of one window (Options), 0 with read-ahead off
     uint64_t windows_started = 0;
     uint64_t bytes_fetched = 0;
     uint64_t bytes_served = 0;  // read requests answered from windows
