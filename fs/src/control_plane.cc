@@ -228,6 +228,7 @@ RuntimeStats ControlPlane::Runtime() const {
   r.bytes_written_ssd = fs_->volume().store().bytes_written();
   r.bytes_read_ssd = fs_->volume().store().bytes_read();
   r.bytes_cancelled = tier.cancelled_bytes;
+  r.ram_tier_stalls = tier.room_wait_timeouts;
   r.data_syncs = fs_->volume().store().syncs();
   r.data_sync_seconds = static_cast<double>(fs_->volume().store().sync_ns()) / 1e9;
   if (Status failed = fs_->volume().store().sync_error(); !failed.ok()) r.data_sync_error = failed.ToString();

@@ -304,6 +304,7 @@ Result<nlohmann::json> Inspector::Stat(const RuntimeStats& runtime) const {
   out["ram_tier_capacity_bytes"] = runtime.ram_tier_capacity_bytes;
   out["ram_tier_hits"] = runtime.ram_tier_hits;
   out["ram_tier_misses"] = runtime.ram_tier_misses;
+  out["ram_tier_stalls"] = runtime.ram_tier_stalls;
   out["bytes_written_ssd"] = runtime.bytes_written_ssd;
   out["bytes_read_ssd"] = runtime.bytes_read_ssd;
   out["bytes_cancelled"] = runtime.bytes_cancelled;

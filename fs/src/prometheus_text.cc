@@ -44,6 +44,7 @@ constexpr MetricInfo kMetrics[] = {
     {"ram_tier_capacity_bytes", "Bound of the write-back RAM tier.", false},
     {"ram_tier_hits", "Reads served from the RAM tier since mount.", true},
     {"ram_tier_misses", "Reads that went to the SSD since mount.", true},
+    {"ram_tier_stalls", "Writes that waited for room in the RAM tier in vain since mount.", true},
     {"bytes_written_ssd", "Bytes written to the data area since mount.", true},
     {"bytes_read_ssd", "Bytes read from the data area since mount.", true},
     {"bytes_cancelled", "Bytes dropped from the RAM tier before reaching the SSD since mount.", true},

@@ -232,11 +232,13 @@ bool WriteBackCache::OverHighWatermark() const {
 bool WriteBackCache::WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
   if (used_bytes_ + bytes <= capacity_) return true;
+  if (bytes > capacity_) return false;
   work_pending_ = true;
   work_.notify_all();
   ++room_waiters_;
   bool room = room_.wait_for(lock, timeout, [&] { return used_bytes_ + bytes <= capacity_; });
   --room_waiters_;
+  if (!room) ++room_wait_timeouts_;
   return room;
 }
 
@@ -260,7 +262,7 @@ bool WriteBackCache::WaitForWork(std::chrono::milliseconds timeout) {
 
 WriteBackCache::Stats WriteBackCache::stats() const {
   std::lock_guard lock(mu_);
-  return Stats{capacity_, used_bytes_, dirty_bytes_, cancelled_bytes_, files_.size()};
+  return Stats{capacity_, used_bytes_, dirty_bytes_, cancelled_bytes_, files_.size(), room_wait_timeouts_};
 }
 
 }  // namespace spillfs

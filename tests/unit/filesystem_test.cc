@@ -519,6 +519,31 @@ TEST_F(SmallRamTierTest, IdleFilesDoNotHoldTheTierWithTheirLastChunks) {
   for (InodeNumber ino : files) EXPECT_TRUE(SameBytes(ReadAll(ino), data));
 }
 
+// A write larger than the whole tier can never fit in it: it goes to the
+// SSD at once, without waiting for room (it waited 5 s for each such write:
+// with --max-request 32M, every large write to a tier under 33 MiB).
+class TinyRamTierTest : public FilesystemTestBase {
+ protected:
+  uint64_t RamTier() const override { return 1 << 20; }  // 4 chunks
+  void Tune(FilesystemOptions* options) const override { options->ram_tier_warm_bytes = 0; }
+};
+
+TEST_F(TinyRamTierTest, AWriteLargerThanTheTierGoesStraightToTheSsd) {
+  InodeNumber ino = MakeFile(kRootInode, "big");
+  std::mt19937_64 rng(3);
+  const std::string big = RandomBytes(1 << 20, &rng);  // with its edge chunks, more than the tier
+  WriteAt(ino, 0, big);
+  EXPECT_EQ(fs_->ram_tier_stats().room_wait_timeouts, 0u) << "the write waited for room that could never be";
+  EXPECT_EQ(fs_->ram_tier_stats().dirty_bytes, 0u) << "the write went to the tier";
+  // A small one still goes to the tier.
+  const std::string small = RandomBytes(64 << 10, &rng);
+  WriteAt(ino, 4096, small);
+  EXPECT_EQ(fs_->ram_tier_stats().dirty_bytes, small.size());
+  std::string expected = big;
+  expected.replace(4096, small.size(), small);
+  EXPECT_TRUE(SameBytes(ReadAll(ino), expected));
+}
+
 TEST_P(FilesystemDataTest, UnalignedWritesAcrossBlockBoundaries) {
   std::mt19937_64 rng(11);
   InodeNumber ino = MakeFile(kRootInode, "f");

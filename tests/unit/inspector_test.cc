@@ -250,6 +250,11 @@ TEST_F(InspectorTest, StatTakesLiveCountersFromTheDaemon) {
   rt.data_sync_error = "EIO: fdatasync failed";
   rt.reads = 17;
   rt.writes = 18;
+  rt.ram_tier_stalls = 20;
+  rt.read_ahead_window_bytes = 21;
+  rt.read_ahead_windows = 22;
+  rt.read_ahead_bytes_fetched = 23;
+  rt.read_ahead_bytes_served = 24;
   rt.uptime_seconds = 2.5;
   auto stat = in.Stat(rt);
   ASSERT_TRUE(stat.ok());
@@ -269,6 +274,11 @@ TEST_F(InspectorTest, StatTakesLiveCountersFromTheDaemon) {
   EXPECT_EQ(s["data_sync_error"], "EIO: fdatasync failed");
   EXPECT_EQ(s["reads"], 17u);
   EXPECT_EQ(s["writes"], 18u);
+  EXPECT_EQ(s["ram_tier_stalls"], 20u);
+  EXPECT_EQ(s["read_ahead_window_bytes"], 21u);
+  EXPECT_EQ(s["read_ahead_windows"], 22u);
+  EXPECT_EQ(s["read_ahead_bytes_fetched"], 23u);
+  EXPECT_EQ(s["read_ahead_bytes_served"], 24u);
   EXPECT_DOUBLE_EQ(s["uptime_seconds"].get<double>(), 2.5);
 }
 

@@ -55,6 +55,8 @@ struct RuntimeStats {
   uint64_t ram_tier_capacity_bytes = 0;  // its bound (0: no RAM tier)
   uint64_t ram_tier_hits = 0;            // reads served from the RAM tier
   uint64_t ram_tier_misses = 0;          // reads that went to the SSD
+  // Writes that waited for room in the tier in vain and went to the SSD.
+  uint64_t ram_tier_stalls = 0;
 
   // Data area I/O (bytes that reached or came from the SSD).
   uint64_t bytes_written_ssd = 0;
@@ -81,7 +83,7 @@ struct RuntimeStats {
   uint64_t fuse_ring_requests = 0;
 
   // The daemon's read-ahead for sequential readers (read_ahead.h).
-  uint64_t read_ahead_window_bytes = 0;   // one window (0: read-ahead off)
+  uint64_t read_ahead_window_bytes = 0;   // one window (0: read-ahead off, or not mounted)
   uint64_t read_ahead_windows = 0;        // windows started since mount
   uint64_t read_ahead_bytes_fetched = 0;  // read from the SSD into windows
   uint64_t read_ahead_bytes_served = 0;   // read requests answered from windows
@@ -112,9 +114,15 @@ class Inspector {
   //   inodes, files (regular), directories, symlinks, special_files, orphans,
   //   extents, index_bytes,
   //   ram_tier_bytes, ram_tier_capacity_bytes, ram_tier_hits, ram_tier_misses,
+  //   ram_tier_stalls,
   //   bytes_written_ssd, bytes_read_ssd, bytes_cancelled, checksum_errors, data_syncs,
-  //   bytes_written, bytes_read, writes, reads, queue_depth,
+  //   data_sync_seconds (double), data_sync_failed (bool), data_sync_error
+  //   (string or null),
+  //   bytes_written, bytes_read, writes, reads, queue_depth, fuse_ring_requests,
+  //   read_ahead_window_bytes, read_ahead_windows, read_ahead_bytes_fetched,
+  //   read_ahead_bytes_served,
   //   uptime_seconds (double).
+  // The daemon's counters (RuntimeStats) are 0 where the volume is not mounted.
   Result<nlohmann::json> Stat(const RuntimeStats& runtime) const;
 
   // The extents of one inode in file order: a list of

@@ -71,6 +71,9 @@ class WriteBackCache {
     uint64_t dirty_bytes = 0;      // valid bytes awaiting flush
     uint64_t cancelled_bytes = 0;  // dirty bytes dropped by unlink/truncate (never written)
     uint64_t files = 0;
+    // Writes that waited for room in vain (WaitForRoom timed out): the tier
+    // is too small for the write rate or for the writes.
+    uint64_t room_wait_timeouts = 0;
   };
 
   WriteBackCache(uint64_t capacity_bytes, uint64_t block_size);
@@ -139,7 +142,8 @@ class WriteBackCache {
   // True when the flusher should look at `file` now (memory pressure, or
   // write-behind of a large non-ephemeral file).
   bool WantsFlush(const File& file) const;
-  // Blocks until `bytes` more fit or `timeout` passes; false on timeout.
+  // Blocks until `bytes` more fit or `timeout` passes; false on timeout, and
+  // at once where `bytes` exceeds the whole capacity (they never fit).
   bool WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeout);
   // Wakes the flusher (it waits on this with a timeout).
   void WakeFlusher();
@@ -162,6 +166,7 @@ class WriteBackCache {
   uint64_t room_waiters_ = 0;  // writers in WaitForRoom
   uint64_t dirty_bytes_ = 0;
   uint64_t cancelled_bytes_ = 0;
+  uint64_t room_wait_timeouts_ = 0;
 };
 
 }  // namespace spillfs
