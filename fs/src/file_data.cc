@@ -219,13 +219,20 @@ Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, A
   // Where the bytes are: RAM-tier chunks, a read-ahead window (which holds the
   // SSD's bytes: never for blocks the RAM tier may hold), or read here.
   std::vector<iovec> pieces;
-  std::optional<ReadAhead::View> window;
+  std::vector<ReadAhead::View> windows;
   bool in_ram_tier = FindCachedChunk(ino, first / block_size_, last / block_size_, /*flushing_only=*/false);
   bool chunks_held = false;  // pieces point into RAM-tier chunks, kept in place by io_lock
   if (in_ram_tier && CachedPieces(ino, offset, end, &pieces)) {
     chunks_held = true;
-  } else if (!in_ram_tier && (window = read_ahead_.Serve(ino, first, last - first))) {
-    pieces.push_back(iovec{const_cast<char*>(window->data + (offset - first)), end - offset});
+  } else if (!in_ram_tier && !(windows = read_ahead_.Serve(ino, first, last - first)).empty()) {
+    uint64_t skip = offset - first;  // of the first window's bytes
+    uint64_t left = end - offset;
+    for (const ReadAhead::View& view : windows) {
+      const uint64_t n = std::min(view.length - skip, left);
+      pieces.push_back(iovec{const_cast<char*>(view.data + skip), n});
+      left -= n;
+      skip = 0;
+    }
   } else {
     scratch->Resize(last - first);
     SPILLFS_RETURN_IF_ERROR(ReadBlocksCached(ino, first / block_size_, (last - first) / block_size_, scratch->data()));

@@ -72,28 +72,40 @@ ReadAhead::Stream& ReadAhead::StreamFor(InodeNumber ino, bool* fresh) {
   return it->second;
 }
 
-std::optional<ReadAhead::View> ReadAhead::Serve(InodeNumber ino, uint64_t offset, uint64_t length) {
+std::vector<ReadAhead::View> ReadAhead::Serve(InodeNumber ino, uint64_t offset, uint64_t length) {
   std::unique_lock lock(mu_);
   auto it = streams_.find(ino);
-  if (it == streams_.end()) return std::nullopt;
+  if (it == streams_.end()) return {};
   const uint64_t generation = it->second.generation;
-  for (const std::shared_ptr<Window>& candidate : it->second.windows) {
-    if (candidate->generation != generation || offset < candidate->offset ||
-        offset + length > candidate->offset + candidate->length) {
-      continue;
+  const uint64_t end = offset + length;
+  // The windows that tile [offset, end), kept alive while we wait.
+  std::vector<std::shared_ptr<Window>> covering;
+  for (uint64_t at = offset; at < end;) {
+    std::shared_ptr<Window> holder;
+    for (const std::shared_ptr<Window>& w : it->second.windows) {
+      if (w->generation == generation && w->offset <= at && at < w->offset + w->length) holder = w;
     }
-    std::shared_ptr<Window> window = candidate;  // kept alive while we wait
-    finished_.wait(lock, [&] { return window->done; });
-    // Invalidated while we waited: the bytes may be older than a change the
-    // caller's I/O lock already lets it see; read them again.
-    auto now = streams_.find(ino);
-    if (!window->status.ok() || now == streams_.end() || now->second.generation != generation) return std::nullopt;
-    stats_.bytes_served += length;
-    // A pinned window is never recycled (ReturnBufferLocked) nor written again.
-    const char* data = window->data.data() + (offset - window->offset);
-    return View{std::move(window), data};
+    if (holder == nullptr) return {};
+    at = holder->offset + holder->length;
+    covering.push_back(std::move(holder));
   }
-  return std::nullopt;
+  finished_.wait(lock,
+                 [&] { return std::all_of(covering.begin(), covering.end(), [](const auto& w) { return w->done; }); });
+  // Invalidated while we waited: the bytes may be older than a change the
+  // caller's I/O lock already lets it see; read them again.
+  auto now = streams_.find(ino);
+  if (now == streams_.end() || now->second.generation != generation) return {};
+  std::vector<View> views;
+  for (std::shared_ptr<Window>& w : covering) {
+    if (!w->status.ok()) return {};
+    const uint64_t from = std::max(offset, w->offset);
+    const uint64_t to = std::min(end, w->offset + w->length);
+    // A pinned window is never recycled (ReturnBufferLocked) nor written again.
+    const char* data = w->data.data() + (from - w->offset);
+    views.push_back(View{std::move(w), data, to - from});
+  }
+  stats_.bytes_served += length;
+  return views;
 }
 
 void ReadAhead::Advance(InodeNumber ino, uint64_t offset, uint64_t end, uint64_t file_end) {

@@ -1542,10 +1542,30 @@ TEST_P(ReadAheadTest, SequentialReadsAreServedByReadAhead) {
   EXPECT_EQ(fs_->read_ahead_stats().windows_started, started);
 }
 
+// The kernel's read-ahead starts small and grows its requests (32 KiB, 128
+// KiB, 512 KiB, then 1 MiB), so once the stream starts, at 160 KiB, the 1 MiB
+// requests lie across the boundaries of windows laid out from there: one in
+// four straddles two windows, and is answered from both. Before, it was read
+// from the SSD again.
+TEST_P(ReadAheadTest, RequestsAcrossWindowBoundariesAreServedFromBoth) {
+  std::string data;
+  InodeNumber ino = MakeFlushedFile(43, &data);
+  std::vector<std::pair<uint64_t, uint64_t>> requests = {{0, 32 << 10}, {32 << 10, 128 << 10}, {160 << 10, 512 << 10}};
+  for (uint64_t at = 672 << 10; at < data.size(); at += 1 << 20) {
+    requests.emplace_back(at, std::min<uint64_t>(1 << 20, data.size() - at));
+  }
+  for (auto [at, length] : requests) {
+    auto got = ReadAt(ino, at, length);
+    ASSERT_TRUE(got.ok()) << at << ": " << got.status().ToString();
+    ASSERT_TRUE(*got == data.substr(at, length)) << "wrong bytes in the " << length << " at " << at;
+  }
+  ReadAhead::Stats stats = fs_->read_ahead_stats();
+  EXPECT_EQ(stats.bytes_served, data.size() - (160 << 10)) << "fetched " << stats.bytes_fetched;
+}
+
 // Read requests larger than the default 4 MiB window (spillfs mount
-// --max-request 8M) are served from windows: each window is a whole number of
-// requests. With 4 MiB windows no 8 MiB read fitted in one, and every read
-// went to the SSD itself.
+// --max-request 8M) are served from windows, each a whole number of
+// requests: no request straddles two of them.
 class LargeRequestReadAheadTest : public ReadAheadTest {
  protected:
   void Tune(FilesystemOptions* options) const override { options->read_request_bytes = 8 << 20; }

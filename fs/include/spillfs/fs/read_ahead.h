@@ -43,10 +43,8 @@ class ReadAhead {
     // windows of about 4 MiB, with a fetch thread per window (a fetch waits
     // for its I/O): 0 turns read-ahead off. Where `bytes_ahead` holds
     // one `request_bytes` (the largest read the reader sends, FUSE's request
-    // size), a window is a whole number of them, since Serve answers a read
-    // only from one window: with 4 MiB
-    // windows, 8 MiB requests were never served from them (the H200's
-    // `--max-request 8M` reads, tools/bench/RESULTS.md).
+    // size), a window is a whole number of them, so that requests in step
+    // with the windows are each served from one.
     static Options ForBytesAhead(uint64_t bytes_ahead, uint64_t request_bytes = uint64_t{1} << 20);
   };
   struct Stats {
@@ -69,17 +67,22 @@ class ReadAhead {
   ReadAhead(const ReadAhead&) = delete;
   ReadAhead& operator=(const ReadAhead&) = delete;
 
-  // Bytes of a window, without a copy: `data` stays valid (and unchanged)
-  // while `pin` is held. Hold it only as long as the reply that sends them.
+  // Bytes of a window, without a copy: [data, data + length) stays valid
+  // (and unchanged) while `pin` is held. Hold it only as long as the reply
+  // that sends them.
   struct View {
     std::shared_ptr<const void> pin;
     const char* data = nullptr;
+    uint64_t length = 0;
   };
-  // [offset, offset + length) when one window of the current generation
-  // holds all of it (waiting for it if in flight); nullopt otherwise (also
-  // when the window's fetch failed: the caller's own read then reports the
-  // error). Offsets are block aligned.
-  std::optional<View> Serve(InodeNumber ino, uint64_t offset, uint64_t length);
+  // [offset, offset + length) in file order, when windows of the current
+  // generation hold all of it: one, or neighbours where the read straddles
+  // a boundary (the kernel's read-ahead grows its requests from 32 KiB, so
+  // they need not line up with windows laid out from where the stream
+  // began), waiting for those in flight. Empty otherwise, also when a
+  // window's fetch failed: the caller's own read then reports the error.
+  // Offsets are block aligned.
+  std::vector<View> Serve(InodeNumber ino, uint64_t offset, uint64_t length);
   // Notes that a read of [offset, end) was answered; a reader continuing its
   // stream gets the windows after `end` started, up to `file_end`.
   void Advance(InodeNumber ino, uint64_t offset, uint64_t end, uint64_t file_end);
