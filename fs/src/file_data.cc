@@ -268,7 +268,8 @@ Result<size_t> Filesystem::Write(InodeNumber ino, uint64_t offset, const char* d
   if (offset + size < offset || offset + size > (1ull << 62)) return Status::Error(EFBIG, "file too large");
   // The RAM tier takes the write when it has room (waiting briefly for the
   // flusher to make some); otherwise the write goes straight to new blocks.
-  uint64_t chunks = size / WriteBackCache::kChunkBytes + 2;
+  // At most the chunks the write spans (some may be there already).
+  const uint64_t chunks = DivideRoundingUp(offset % WriteBackCache::kChunkBytes + size, WriteBackCache::kChunkBytes);
   if (cache_.capacity() > 0 && cache_.WaitForRoom(chunks * WriteBackCache::kChunkBytes, std::chrono::seconds(5))) {
     return WriteCached(ino, offset, data, size, accepted);
   }

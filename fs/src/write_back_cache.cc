@@ -198,7 +198,9 @@ void WriteBackCache::FinishFlush(InodeNumber ino, File& file, const std::vector<
 std::vector<InodeNumber> WriteBackCache::PickVictims(int64_t now_ns, int64_t max_age_ns, bool all) const {
   std::lock_guard lock(mu_);
   std::vector<std::pair<int64_t, InodeNumber>> candidates;
-  bool pressure = used_bytes_ > capacity_ / 4 * 3;
+  // A waiting writer is pressure too: below the watermark, nothing would be
+  // flushed for it until files grew old.
+  bool pressure = used_bytes_ > capacity_ / 4 * 3 || room_wanted_bytes_ > 0;
   for (const auto& [ino, file] : files_) {
     if (file->chunk_count == 0) continue;
     bool old =
@@ -207,7 +209,7 @@ std::vector<InodeNumber> WriteBackCache::PickVictims(int64_t now_ns, int64_t max
   }
   std::sort(candidates.begin(), candidates.end());
   std::vector<InodeNumber> out;
-  uint64_t target = capacity_ / 2;
+  uint64_t target = std::min(capacity_ / 2, capacity_ - std::min(capacity_, room_wanted_bytes_));
   uint64_t projected = used_bytes_;
   for (auto& [when, ino] : candidates) {
     const File& file = *files_.at(ino);
@@ -236,8 +238,10 @@ bool WriteBackCache::WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeo
   work_pending_ = true;
   work_.notify_all();
   ++room_waiters_;
+  room_wanted_bytes_ += bytes;
   bool room = room_.wait_for(lock, timeout, [&] { return used_bytes_ + bytes <= capacity_; });
   --room_waiters_;
+  room_wanted_bytes_ -= bytes;
   if (!room) ++room_wait_timeouts_;
   return room;
 }

@@ -521,27 +521,45 @@ TEST_F(SmallRamTierTest, IdleFilesDoNotHoldTheTierWithTheirLastChunks) {
 
 // A write larger than the whole tier can never fit in it: it goes to the
 // SSD at once, without waiting for room (it waited 5 s for each such write:
-// with --max-request 32M, every large write to a tier under 33 MiB).
+// with --max-request 32M, every large write to a tier under 33 MiB). A write
+// that fits but finds the tier too full has the flusher make room for it at
+// once, though the tier is below its high watermark and no file is old.
 class TinyRamTierTest : public FilesystemTestBase {
  protected:
   uint64_t RamTier() const override { return 1 << 20; }  // 4 chunks
-  void Tune(FilesystemOptions* options) const override { options->ram_tier_warm_bytes = 0; }
+  void Tune(FilesystemOptions* options) const override {
+    options->ram_tier_warm_bytes = 0;
+    options->flush_age_ms = 60'000;  // nothing is flushed for its age here
+  }
 };
 
 TEST_F(TinyRamTierTest, AWriteLargerThanTheTierGoesStraightToTheSsd) {
   InodeNumber ino = MakeFile(kRootInode, "big");
   std::mt19937_64 rng(3);
-  const std::string big = RandomBytes(1 << 20, &rng);  // with its edge chunks, more than the tier
-  WriteAt(ino, 0, big);
-  EXPECT_EQ(fs_->ram_tier_stats().room_wait_timeouts, 0u) << "the write waited for room that could never be";
-  EXPECT_EQ(fs_->ram_tier_stats().dirty_bytes, 0u) << "the write went to the tier";
-  // A small one still goes to the tier.
   const std::string small = RandomBytes(64 << 10, &rng);
   WriteAt(ino, 4096, small);
-  EXPECT_EQ(fs_->ram_tier_stats().dirty_bytes, small.size());
-  std::string expected = big;
-  expected.replace(4096, small.size(), small);
-  EXPECT_TRUE(SameBytes(ReadAll(ino), expected));
+  EXPECT_EQ(fs_->ram_tier_stats().dirty_bytes, small.size()) << "a small write goes to the tier";
+  const std::string big = RandomBytes((1 << 20) + 4096, &rng);  // 5 chunks: more than the tier
+  WriteAt(ino, 0, big);                                         // over the small one, still in the tier
+  EXPECT_EQ(fs_->ram_tier_stats().room_wait_timeouts, 0u) << "the write waited for room that could never be";
+  EXPECT_EQ(fs_->ram_tier_stats().dirty_bytes, 0u) << "the cached bytes under the write were not flushed first";
+  EXPECT_TRUE(SameBytes(ReadAll(ino), big));
+  Reopen();
+  EXPECT_TRUE(SameBytes(ReadAll(ino), big)) << "after reopening";
+}
+
+TEST_F(TinyRamTierTest, AWaitingWriterHasRoomMadeForIt) {
+  std::mt19937_64 rng(4);
+  InodeNumber first = MakeFile(kRootInode, "first");
+  const std::string half = RandomBytes(512 << 10, &rng);  // 2 chunks, under the watermark (3)
+  WriteAt(first, 0, half);
+  InodeNumber second = MakeFile(kRootInode, "second");
+  const std::string more = RandomBytes(600 << 10, &rng);  // spans 3 chunks: 5 in all
+  WriteAt(second, 0, more);
+  EXPECT_EQ(fs_->ram_tier_stats().room_wait_timeouts, 0u) << "the writer waited 5 s in vain";
+  EXPECT_EQ(fs_->ram_tier_stats().dirty_bytes, more.size()) << "the second write did not go to the tier";
+  EXPECT_TRUE(SameBytes(ReadAll(first), half));
+  EXPECT_TRUE(SameBytes(ReadAll(second), more));
 }
 
 TEST_P(FilesystemDataTest, UnalignedWritesAcrossBlockBoundaries) {
@@ -1554,6 +1572,9 @@ TEST_P(ReadAheadTest, RequestsAcrossWindowBoundariesAreServedFromBoth) {
   for (uint64_t at = 672 << 10; at < data.size(); at += 1 << 20) {
     requests.emplace_back(at, std::min<uint64_t>(1 << 20, data.size() - at));
   }
+  // One across the first boundary (4256 KiB) starts and ends mid-block.
+  requests[6] = {requests[6].first + 100, (1 << 20) - 150};
+  ASSERT_EQ(requests[6].first, (3744u << 10) + 100);
   for (auto [at, length] : requests) {
     auto got = ReadAt(ino, at, length);
     ASSERT_TRUE(got.ok()) << at << ": " << got.status().ToString();

@@ -133,7 +133,9 @@ class WriteBackCache {
 
   // Files to flush now, oldest first: all when `all`, else those dirty for
   // longer than `max_age_ns` or holding kWriteBehindBytes (non-ephemeral)
-  // plus, while memory is above the high watermark, the oldest of any kind.
+  // plus, while memory is above the high watermark or a writer waits for
+  // room, the oldest of any kind, until half the tier (or what the waiting
+  // writers need, if more) is free.
   std::vector<InodeNumber> PickVictims(int64_t now_ns, int64_t max_age_ns, bool all) const;
   bool OverHighWatermark() const;
   // Over the high watermark, or a writer waits for room: the flusher must
@@ -162,8 +164,9 @@ class WriteBackCache {
   bool work_pending_ = false;
   std::unordered_map<InodeNumber, std::shared_ptr<File>> files_;
   uint64_t used_bytes_ = 0;
-  uint64_t files_made_ = 0;    // File::id of the last entry made
-  uint64_t room_waiters_ = 0;  // writers in WaitForRoom
+  uint64_t files_made_ = 0;         // File::id of the last entry made
+  uint64_t room_waiters_ = 0;       // writers in WaitForRoom
+  uint64_t room_wanted_bytes_ = 0;  // the bytes they wait for, in all
   uint64_t dirty_bytes_ = 0;
   uint64_t cancelled_bytes_ = 0;
   uint64_t room_wait_timeouts_ = 0;
