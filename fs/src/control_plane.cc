@@ -242,6 +242,8 @@ RuntimeStats ControlPlane::Runtime() const {
   r.read_ahead_windows = ahead.windows_started;
   r.read_ahead_bytes_fetched = ahead.bytes_fetched;
   r.read_ahead_bytes_served = ahead.bytes_served;
+  r.read_ahead_waits = ahead.waits;
+  r.read_ahead_wait_seconds = static_cast<double>(ahead.wait_ns) / 1e9;
   if (fuse_ring_requests_ != nullptr) r.fuse_ring_requests = fuse_ring_requests_->load(std::memory_order_relaxed);
   r.uptime_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   return r;

@@ -323,6 +323,8 @@ Result<nlohmann::json> Inspector::Stat(const RuntimeStats& runtime) const {
   out["read_ahead_windows"] = runtime.read_ahead_windows;
   out["read_ahead_bytes_fetched"] = runtime.read_ahead_bytes_fetched;
   out["read_ahead_bytes_served"] = runtime.read_ahead_bytes_served;
+  out["read_ahead_waits"] = runtime.read_ahead_waits;
+  out["read_ahead_wait_seconds"] = runtime.read_ahead_wait_seconds;
   out["uptime_seconds"] = runtime.uptime_seconds;
   return out;
 }

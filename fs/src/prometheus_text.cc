@@ -62,6 +62,8 @@ constexpr MetricInfo kMetrics[] = {
     {"read_ahead_windows", "Read-ahead windows started since mount.", true},
     {"read_ahead_bytes_fetched", "Bytes read from the SSD ahead of sequential readers since mount.", true},
     {"read_ahead_bytes_served", "Bytes of reads answered from read-ahead windows since mount.", true},
+    {"read_ahead_waits", "Reads that waited for a read-ahead window still being fetched since mount.", true},
+    {"read_ahead_wait_seconds", "Seconds reads waited for read-ahead windows being fetched since mount.", true},
     {"uptime_seconds", "Seconds since mount.", false},
 };
 

@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "rounding.h"
@@ -89,8 +90,14 @@ std::vector<ReadAhead::View> ReadAhead::Serve(InodeNumber ino, uint64_t offset, 
     at = holder->offset + holder->length;
     covering.push_back(std::move(holder));
   }
-  finished_.wait(lock,
-                 [&] { return std::all_of(covering.begin(), covering.end(), [](const auto& w) { return w->done; }); });
+  auto all_done = [&] { return std::all_of(covering.begin(), covering.end(), [](const auto& w) { return w->done; }); };
+  if (!all_done()) {
+    const auto started = std::chrono::steady_clock::now();
+    finished_.wait(lock, all_done);
+    ++stats_.waits;
+    stats_.wait_ns += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count());
+  }
   // Invalidated while we waited: the bytes may be older than a change the
   // caller's I/O lock already lets it see; read them again.
   auto now = streams_.find(ino);

@@ -255,6 +255,8 @@ TEST_F(InspectorTest, StatTakesLiveCountersFromTheDaemon) {
   rt.read_ahead_windows = 22;
   rt.read_ahead_bytes_fetched = 23;
   rt.read_ahead_bytes_served = 24;
+  rt.read_ahead_waits = 25;
+  rt.read_ahead_wait_seconds = 0.5;
   rt.uptime_seconds = 2.5;
   auto stat = in.Stat(rt);
   ASSERT_TRUE(stat.ok());
@@ -279,6 +281,8 @@ TEST_F(InspectorTest, StatTakesLiveCountersFromTheDaemon) {
   EXPECT_EQ(s["read_ahead_windows"], 22u);
   EXPECT_EQ(s["read_ahead_bytes_fetched"], 23u);
   EXPECT_EQ(s["read_ahead_bytes_served"], 24u);
+  EXPECT_EQ(s["read_ahead_waits"], 25u);
+  EXPECT_DOUBLE_EQ(s["read_ahead_wait_seconds"].get<double>(), 0.5);
   EXPECT_DOUBLE_EQ(s["uptime_seconds"].get<double>(), 2.5);
 }
 

@@ -311,10 +311,11 @@ int RunStat(const StatArgs& args) {
   PrintRow("data syncs", syncs);
   PrintRow("cancelled", HumanBytes(U64(stat, "bytes_cancelled")));
   if (U64(stat, "read_ahead_window_bytes") > 0) {
-    PrintRow("read-ahead",
-             fmt::format("{} fetched, {} served (windows of {})", HumanBytes(U64(stat, "read_ahead_bytes_fetched")),
-                         HumanBytes(U64(stat, "read_ahead_bytes_served")),
-                         HumanBytes(U64(stat, "read_ahead_window_bytes"))));
+    PrintRow("read-ahead", fmt::format("{} fetched, {} served (windows of {}); {} reads waited {:.0f} ms",
+                                       HumanBytes(U64(stat, "read_ahead_bytes_fetched")),
+                                       HumanBytes(U64(stat, "read_ahead_bytes_served")),
+                                       HumanBytes(U64(stat, "read_ahead_window_bytes")), U64(stat, "read_ahead_waits"),
+                                       F64(stat, "read_ahead_wait_seconds") * 1e3));
   }
   PrintRow("checksum errors", std::to_string(U64(stat, "checksum_errors")));
   return 0;

@@ -87,6 +87,8 @@ struct RuntimeStats {
   uint64_t read_ahead_windows = 0;        // windows started since mount
   uint64_t read_ahead_bytes_fetched = 0;  // read from the SSD into windows
   uint64_t read_ahead_bytes_served = 0;   // read requests answered from windows
+  uint64_t read_ahead_waits = 0;          // of those, reads that waited for a window's fetch
+  double read_ahead_wait_seconds = 0;     // and the time they waited
 
   double uptime_seconds = 0;  // since mount
 };
@@ -120,7 +122,7 @@ class Inspector {
   //   (string or null),
   //   bytes_written, bytes_read, writes, reads, queue_depth, fuse_ring_requests,
   //   read_ahead_window_bytes, read_ahead_windows, read_ahead_bytes_fetched,
-  //   read_ahead_bytes_served,
+  //   read_ahead_bytes_served, read_ahead_waits, read_ahead_wait_seconds (double),
   //   uptime_seconds (double).
   // The daemon's counters (RuntimeStats) are 0 where the volume is not mounted.
   Result<nlohmann::json> Stat(const RuntimeStats& runtime) const;

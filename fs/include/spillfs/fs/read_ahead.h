@@ -52,6 +52,10 @@ class ReadAhead {
     uint64_t windows_started = 0;
     uint64_t bytes_fetched = 0;
     uint64_t bytes_served = 0;  // read requests answered from windows
+    // Serve calls that found a window still being fetched, and the time they
+    // waited for it: the reader caught up with the SSD.
+    uint64_t waits = 0;
+    uint64_t wait_ns = 0;
     uint64_t windows_dropped_stale = 0;
   };
   // Reads `length` bytes of file `ino` at block-aligned `offset` into `out`
