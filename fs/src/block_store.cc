@@ -113,25 +113,13 @@ Status BlockStore::JournalPreImages(const std::vector<IoSlice>& slices) {
 }
 
 Status BlockStore::Transfer(const std::vector<IoSlice>& slices, bool write) {
-  // Neighbours that are contiguous both in the store and in memory go as one
-  // I/O: dedup keeps a file as 256 KiB blobs, mostly laid end to end, which
-  // were read as 256 KiB requests.
-  std::vector<IoSlice> runs;
+  std::vector<IoRequest> requests;
   uint64_t total = 0;
   for (const IoSlice& slice : slices) {
     if (slice.offset + slice.length > size_ || slice.offset + slice.length < slice.offset) {
       return Status::IOError(
           fmt::format("extent [{}, +{}) lies outside the store ({} bytes)", slice.offset, slice.length, size_));
     }
-    if (!runs.empty() && runs.back().offset + runs.back().length == slice.offset &&
-        runs.back().buffer + runs.back().length == slice.buffer) {
-      runs.back().length += slice.length;
-    } else {
-      runs.push_back(slice);
-    }
-  }
-  std::vector<IoRequest> requests;
-  for (const IoSlice& slice : runs) {
     for (uint64_t done = 0; done < slice.length; done += kChunkBytes) {
       uint32_t length = static_cast<uint32_t>(std::min<uint64_t>(kChunkBytes, slice.length - done));
       requests.push_back(IoRequest{fd_, write, slice.offset + done, slice.buffer + done, length});
@@ -145,7 +133,6 @@ Status BlockStore::Transfer(const std::vector<IoSlice>& slices, bool write) {
   }
   SPILLFS_RETURN_IF_ERROR(UringEngine::Submit(requests));
   (write ? bytes_written_ : bytes_read_).fetch_add(total, std::memory_order_relaxed);
-  requests_.fetch_add(requests.size(), std::memory_order_relaxed);
   return Status::OK();
 }
 

@@ -214,33 +214,6 @@ TEST_F(BlockStoreTest, WriteSlicesFromSeparateBuffers) {
   }
 }
 
-// Slices contiguous both on disk and in memory (dedup's 256 KiB blobs laid
-// end to end, read into one window) go as one request per MiB; neighbours
-// on disk read into separate places stay apart.
-TEST_F(BlockStoreTest, ContiguousSlicesAreMergedIntoLargerRequests) {
-  std::mt19937_64 rng(78);
-  constexpr uint64_t kPiece = 256 << 10;
-  AlignedBuffer out(4 * kPiece);
-  Fill(out.data(), out.size(), &rng);
-  ASSERT_TRUE(store_->WriteAt(0, out.data(), out.size()).ok());
-  AlignedBuffer in(4 * kPiece);
-  std::vector<IoSlice> pieces;
-  for (uint64_t i = 0; i < 4; ++i) pieces.push_back({i * kPiece, in.data() + i * kPiece, kPiece});
-  uint64_t before = store_->requests();
-  ASSERT_TRUE(store_->ReadSlices(pieces).ok());
-  EXPECT_EQ(store_->requests() - before, 1u) << "four neighbours in a row, 1 MiB in all";
-  EXPECT_EQ(std::memcmp(in.data(), out.data(), out.size()), 0);
-  // The same pieces into memory in the opposite order: four requests.
-  AlignedBuffer swapped(4 * kPiece);
-  for (uint64_t i = 0; i < 4; ++i) pieces[i].buffer = swapped.data() + (3 - i) * kPiece;
-  before = store_->requests();
-  ASSERT_TRUE(store_->ReadSlices(pieces).ok());
-  EXPECT_EQ(store_->requests() - before, 4u);
-  for (uint64_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(std::memcmp(swapped.data() + (3 - i) * kPiece, out.data() + i * kPiece, kPiece), 0) << i;
-  }
-}
-
 TEST_F(BlockStoreTest, DataSurvivesReopen) {
   std::mt19937_64 rng(8);
   AlignedBuffer out(3 << 20), in(3 << 20);

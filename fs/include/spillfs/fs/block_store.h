@@ -98,9 +98,6 @@ class BlockStore {
   const std::string& path() const { return path_; }
   uint64_t bytes_written() const { return bytes_written_.load(std::memory_order_relaxed); }
   uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
-  // I/O requests submitted (slices contiguous on disk and in memory merged,
-  // then split at kChunkBytes).
-  uint64_t requests() const { return requests_.load(std::memory_order_relaxed); }
 
  private:
   BlockStore(int fd, std::string path, uint64_t size) : fd_(fd), path_(std::move(path)), size_(size) {}
@@ -119,7 +116,6 @@ class BlockStore {
   std::shared_mutex durability_mu_;  // shared: a journaled write; exclusive: Flush
   std::atomic<uint64_t> bytes_written_{0};
   std::atomic<uint64_t> bytes_read_{0};
-  std::atomic<uint64_t> requests_{0};
   // Group commit of fdatasync (SyncData), all guarded by sync_mu_.
   mutable std::mutex sync_mu_;
   std::condition_variable sync_done_;
