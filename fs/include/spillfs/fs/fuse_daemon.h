@@ -46,8 +46,9 @@ struct FuseOptions {
   // limit and says so); not with fuse_uring. 1 MiB by default: on the CPU VM
   // a 4-8 MiB read-ahead made streams of 1 MiB reads slower (1.9 -> 1.1-1.5
   // GB/s), and on the H200 4 MiB requests measured level with 1 MiB within
-  // the rounds' spread, 8 MiB slower for reads, before read-ahead windows
-  // were made whole requests (tools/bench/RESULTS.md).
+  // the rounds' spread, and 8 MiB slower for reads until a read straddling
+  // two read-ahead windows was answered from both (then level with 1 MiB on
+  // the H100; tools/bench/RESULTS.md).
   size_t max_request_bytes = size_t{1} << 20;
   bool debug = false;
 };
