@@ -173,9 +173,8 @@ std::string ControlPlane::Answer(Handle& handle) {
   std::lock_guard lock(mu_);
   Volume& volume = fs_->volume();
   Inspector inspector(volume.index(), volume.superblock());
-  RuntimeStats runtime = Runtime();
   if (handle.ino == kStatsIno) {
-    auto stat = inspector.Stat(runtime);
+    auto stat = inspector.Stat(Runtime());
     return stat.ok() ? PrometheusText(*stat) : fmt::format("# error: {}\n", stat.status().ToString());
   }
   auto request = nlohmann::json::parse(handle.request, nullptr, /*allow_exceptions=*/false);
@@ -188,7 +187,7 @@ std::string ControlPlane::Answer(Handle& handle) {
     Status flushed = fs_->FlushAll();
     if (!flushed.ok()) return Inspector::ErrorReply(flushed).dump();
   }
-  return inspector.HandleControl(handle.request, runtime);
+  return inspector.HandleControl(handle.request, Runtime());
 }
 
 ControlPlane::ReplyBytes ControlPlane::Read(Handle* handle, uint64_t offset, size_t size) {

@@ -1660,6 +1660,47 @@ TEST(ReadAheadDropTest, WindowsDroppedBeforeTheirFetchAreNotFetched) {
   ahead.Forget(7);
 }
 
+// A read whose window is still being fetched waits for it, and is counted
+// (spillfs stat: read_ahead_waits, read_ahead_wait_seconds); one whose
+// window is done is not.
+TEST(ReadAheadWaitTest, ReadsThatWaitForAFetchAreCounted) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  ReadAhead::Options options;
+  options.window_bytes = 1 << 20;
+  options.windows_ahead = 1;
+  options.threads = 1;
+  ReadAhead ahead(options, [&](InodeNumber, uint64_t, uint64_t, char*) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return release; });
+    return Status::OK();
+  });
+  constexpr uint64_t kFile = 64 << 20;
+  ahead.Advance(7, 0, 1 << 20, kFile);
+  ahead.Advance(7, 1 << 20, 2 << 20, kFile);  // the stream runs: [2 MiB, 3 MiB) is being fetched
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // Serve is waiting by then
+    {
+      std::lock_guard lock(mu);
+      release = true;
+    }
+    cv.notify_all();
+  });
+  auto views = ahead.Serve(7, 2 << 20, 1 << 20);
+  releaser.join();
+  ASSERT_EQ(views.size(), 1u);
+  ReadAhead::Stats stats = ahead.stats();
+  EXPECT_EQ(stats.waits, 1u);
+  EXPECT_GE(stats.wait_ns, 100'000'000u) << "waited less than the fetch was held";
+  views.clear();
+  views = ahead.Serve(7, (2 << 20) + 4096, 4096);  // the same window, done now
+  EXPECT_EQ(views.size(), 1u);
+  EXPECT_EQ(ahead.stats().waits, 1u);
+  views.clear();
+  ahead.Forget(7);
+}
+
 TEST(ReadAheadOptionsTest, BytesAheadBecomeWindowsWithAThreadEach) {
   ReadAhead::Options none = ReadAhead::Options::ForBytesAhead(0);
   EXPECT_EQ(none.windows_ahead, 0u);
