@@ -200,7 +200,7 @@ std::vector<InodeNumber> WriteBackCache::PickVictims(int64_t now_ns, int64_t max
   std::vector<std::pair<int64_t, InodeNumber>> candidates;
   // A waiting writer is pressure too: below the watermark, nothing would be
   // flushed for it until files grew old.
-  bool pressure = used_bytes_ > capacity_ / 4 * 3 || room_wanted_bytes_ > 0;
+  bool pressure = PressedLocked();
   for (const auto& [ino, file] : files_) {
     if (file->chunk_count == 0) continue;
     bool old =
@@ -223,12 +223,7 @@ std::vector<InodeNumber> WriteBackCache::PickVictims(int64_t now_ns, int64_t max
 
 bool WriteBackCache::WantsFlush(const File& file) const {
   std::lock_guard lock(mu_);
-  return used_bytes_ > capacity_ / 4 * 3 || (!file.ephemeral && file.dirty_bytes >= kWriteBehindBytes);
-}
-
-bool WriteBackCache::OverHighWatermark() const {
-  std::lock_guard lock(mu_);
-  return used_bytes_ > capacity_ / 4 * 3;
+  return OverHighWatermarkLocked() || (!file.ephemeral && file.dirty_bytes >= kWriteBehindBytes);
 }
 
 bool WriteBackCache::WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeout) {
@@ -237,10 +232,8 @@ bool WriteBackCache::WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeo
   if (bytes > capacity_) return false;
   work_pending_ = true;
   work_.notify_all();
-  ++room_waiters_;
   room_wanted_bytes_ += bytes;
   bool room = room_.wait_for(lock, timeout, [&] { return used_bytes_ + bytes <= capacity_; });
-  --room_waiters_;
   room_wanted_bytes_ -= bytes;
   if (!room) ++room_wait_timeouts_;
   return room;
@@ -248,7 +241,7 @@ bool WriteBackCache::WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeo
 
 bool WriteBackCache::Pressed() const {
   std::lock_guard lock(mu_);
-  return used_bytes_ > capacity_ / 4 * 3 || room_waiters_ > 0;
+  return PressedLocked();
 }
 
 void WriteBackCache::WakeFlusher() {

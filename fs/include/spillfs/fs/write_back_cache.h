@@ -137,15 +137,15 @@ class WriteBackCache {
   // room, the oldest of any kind, until half the tier (or what the waiting
   // writers need, if more) is free.
   std::vector<InodeNumber> PickVictims(int64_t now_ns, int64_t max_age_ns, bool all) const;
-  bool OverHighWatermark() const;
   // Over the high watermark, or a writer waits for room: the flusher must
   // free memory now.
   bool Pressed() const;
   // True when the flusher should look at `file` now (memory pressure, or
   // write-behind of a large non-ephemeral file).
   bool WantsFlush(const File& file) const;
-  // Blocks until `bytes` more fit or `timeout` passes; false on timeout, and
-  // at once where `bytes` exceeds the whole capacity (they never fit).
+  // Blocks until `bytes` (> 0) more fit or `timeout` passes; false on
+  // timeout, and at once where `bytes` exceeds the whole capacity (they
+  // never fit). A waiter is pressure on the flusher (PickVictims).
   bool WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeout);
   // Wakes the flusher (it waits on this with a timeout).
   void WakeFlusher();
@@ -153,6 +153,11 @@ class WriteBackCache {
   Stats stats() const;
 
  private:
+  // mu_ held. Chunk memory above 3/4 of the tier.
+  bool OverHighWatermarkLocked() const { return used_bytes_ > capacity_ / 4 * 3; }
+  // mu_ held. Over the high watermark, or a writer waits for room.
+  bool PressedLocked() const { return OverHighWatermarkLocked() || room_wanted_bytes_ > 0; }
+
   void AccountChunk(int64_t delta);
 
   const uint64_t capacity_;
@@ -165,8 +170,7 @@ class WriteBackCache {
   std::unordered_map<InodeNumber, std::shared_ptr<File>> files_;
   uint64_t used_bytes_ = 0;
   uint64_t files_made_ = 0;         // File::id of the last entry made
-  uint64_t room_waiters_ = 0;       // writers in WaitForRoom
-  uint64_t room_wanted_bytes_ = 0;  // the bytes they wait for, in all
+  uint64_t room_wanted_bytes_ = 0;  // the bytes writers in WaitForRoom wait for, in all (each > 0)
   uint64_t dirty_bytes_ = 0;
   uint64_t cancelled_bytes_ = 0;
   uint64_t room_wait_timeouts_ = 0;
