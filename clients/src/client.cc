@@ -14,6 +14,8 @@
 #include "error.h"
 
 using namespace spillfs::client;
+using spillfs::RoundDown;
+using spillfs::RoundUp;
 
 namespace {
 

@@ -32,6 +32,7 @@
 #include "io_ring.h"
 #include "layout_reply.h"
 #include "spillfs/client.h"
+#include "spillfs/common/rounding.h"
 #include "task_pool.h"
 
 namespace spillfs::client {
@@ -102,8 +103,6 @@ class Phase {
 // NVMe device, and half the cores leave the rest to the application.
 inline unsigned DefaultChecksumThreads() { return std::clamp(std::thread::hardware_concurrency() / 2, 1u, 4u); }
 
-inline uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-inline uint64_t RoundDown(uint64_t v, uint64_t a) { return v / a * a; }
 inline bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kDirectAlignment == 0; }
 
 template <typename T>

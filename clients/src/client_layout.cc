@@ -12,9 +12,11 @@
 
 #include "client_impl.h"
 #include "error.h"
-#include "spillfs/kvindex/block_checksum.h"
+#include "spillfs/common/block_checksum.h"
 
 using namespace spillfs::client;
+using spillfs::RoundDown;
+using spillfs::RoundUp;
 using spillfs::BlockChecksum;
 
 // Asks for the layout of `rel` on `lease` (which then holds it).

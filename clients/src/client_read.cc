@@ -12,9 +12,11 @@
 
 #include "client_impl.h"
 #include "error.h"
-#include "spillfs/kvindex/block_checksum.h"
+#include "spillfs/common/block_checksum.h"
 
 using namespace spillfs::client;
+using spillfs::RoundDown;
+using spillfs::RoundUp;
 using spillfs::BlockChecksum;
 
 // Reads [offset, offset + n) (within the file) into out.

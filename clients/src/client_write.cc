@@ -13,9 +13,11 @@
 
 #include "client_impl.h"
 #include "error.h"
-#include "spillfs/kvindex/block_checksum.h"
+#include "spillfs/common/block_checksum.h"
 
 using namespace spillfs::client;
+using spillfs::RoundDown;
+using spillfs::RoundUp;
 using spillfs::BlockChecksum;
 
 int spill_client::Write(const char* path, const void* buf, size_t len) {

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <optional>
 
-#include "spillfs/fs/aligned_buffer.h"
+#include "spillfs/common/aligned_buffer.h"
 #include "spillfs/fs/uring_engine.h"
 
 namespace spillfs {

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <thread>
 
-#include "rounding.h"
-#include "spillfs/fs/clock.h"
+#include "spillfs/common/rounding.h"
+#include "spillfs/common/clock.h"
 #include "spillfs/fs/filesystem.h"
 
 namespace spillfs {

@@ -3,8 +3,8 @@
 // fresh space, writes it itself and commits the mapping here.
 #include <fmt/format.h>
 
-#include "rounding.h"
-#include "spillfs/fs/clock.h"
+#include "spillfs/common/rounding.h"
+#include "spillfs/common/clock.h"
 #include "spillfs/fs/filesystem.h"
 #include "spillfs/kvindex/keys.h"
 

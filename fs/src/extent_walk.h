@@ -7,11 +7,11 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "spillfs/fs/aligned_buffer.h"
+#include "spillfs/common/aligned_buffer.h"
 #include "spillfs/kvindex/index.h"
 #include "spillfs/kvindex/keys.h"
 #include "spillfs/kvindex/records.h"
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs {
 // A decoded extent with its file offset.

@@ -9,10 +9,10 @@
 #include <cstring>
 
 #include "extent_walk.h"
-#include "rounding.h"
-#include "spillfs/fs/clock.h"
+#include "spillfs/common/rounding.h"
+#include "spillfs/common/clock.h"
 #include "spillfs/fs/filesystem.h"
-#include "spillfs/kvindex/block_checksum.h"
+#include "spillfs/common/block_checksum.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {

@@ -14,7 +14,7 @@
 #include <chrono>
 
 #include "inode_rules.h"
-#include "spillfs/fs/clock.h"
+#include "spillfs/common/clock.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <set>
 
-#include "spillfs/fs/clock.h"
-#include "spillfs/kvindex/block_checksum.h"
+#include "spillfs/common/clock.h"
+#include "spillfs/common/block_checksum.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
 

@@ -14,8 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "rounding.h"
-#include "spillfs/fs/aligned_buffer.h"
+#include "spillfs/common/rounding.h"
+#include "spillfs/common/aligned_buffer.h"
 #include "spillfs/fs/fsck.h"
 #include "spillfs/kvindex/records.h"
 

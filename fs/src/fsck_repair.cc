@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "spillfs/fs/clock.h"
+#include "spillfs/common/clock.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
 

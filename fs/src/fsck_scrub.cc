@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "spillfs/kvindex/block_checksum.h"
+#include "spillfs/common/block_checksum.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs::fsck::internal {

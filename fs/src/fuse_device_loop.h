@@ -41,7 +41,7 @@
 #include <thread>
 #include <vector>
 
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 struct fuse_session;
 struct iovec;

@@ -25,7 +25,7 @@
 #include <set>
 #include <system_error>
 
-#include "rounding.h"
+#include "spillfs/common/rounding.h"
 
 namespace spillfs {
 namespace {

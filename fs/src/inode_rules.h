@@ -9,7 +9,7 @@
 
 #include "spillfs/fs/filesystem.h"
 #include "spillfs/kvindex/records.h"
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs {
 

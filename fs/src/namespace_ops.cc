@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "inode_rules.h"
-#include "spillfs/fs/clock.h"
+#include "spillfs/common/clock.h"
 #include "spillfs/fs/filesystem.h"
 #include "spillfs/kvindex/keys.h"
 

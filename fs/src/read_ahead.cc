@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "rounding.h"
+#include "spillfs/common/rounding.h"
 
 namespace spillfs {
 namespace {

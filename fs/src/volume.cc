@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <random>
 
-#include "spillfs/fs/aligned_buffer.h"
-#include "spillfs/fs/clock.h"
+#include "spillfs/common/aligned_buffer.h"
+#include "spillfs/common/clock.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
 

@@ -13,9 +13,9 @@
 #include <system_error>
 #include <thread>
 
-#include "spillfs/fs/clock.h"
+#include "spillfs/common/clock.h"
 #include "spillfs/fs/filesystem.h"
-#include "spillfs/kvindex/block_checksum.h"
+#include "spillfs/common/block_checksum.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
 

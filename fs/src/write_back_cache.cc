@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "spillfs/fs/clock.h"
+#include "spillfs/common/clock.h"
 
 namespace spillfs {
 namespace {

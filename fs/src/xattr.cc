@@ -2,7 +2,7 @@
 #include <fmt/format.h>
 #include <sys/xattr.h>
 
-#include "spillfs/fs/clock.h"
+#include "spillfs/common/clock.h"
 #include "spillfs/fs/filesystem.h"
 #include "spillfs/kvindex/keys.h"
 

@@ -25,7 +25,7 @@
 #include <memory>
 #include <string>
 
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs::powercut {
 

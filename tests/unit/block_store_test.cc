@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "spillfs/fs/aligned_buffer.h"
+#include "spillfs/common/aligned_buffer.h"
 #include "spillfs/fs/uring_engine.h"
 #include "temp_dir.h"
 

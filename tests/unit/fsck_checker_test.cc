@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "read_bytes.h"
-#include "spillfs/fs/aligned_buffer.h"
+#include "spillfs/common/aligned_buffer.h"
 #include "spillfs/fs/filesystem.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"

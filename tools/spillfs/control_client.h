@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs::cli {
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs::cli {
 

@@ -32,7 +32,7 @@
 
 #include "spillfs/fs/block_store.h"
 #include "spillfs/kvindex/index.h"
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs {
 

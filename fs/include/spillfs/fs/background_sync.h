@@ -20,7 +20,7 @@
 #include <mutex>
 #include <thread>
 
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs {
 

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs {
 

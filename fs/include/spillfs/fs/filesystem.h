@@ -27,7 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "spillfs/fs/aligned_buffer.h"
+#include "spillfs/common/aligned_buffer.h"
 #include "spillfs/fs/allocator.h"
 #include "spillfs/fs/background_sync.h"
 #include "spillfs/fs/read_ahead.h"
@@ -36,7 +36,7 @@
 #include "spillfs/fs/waited_mutex.h"
 #include "spillfs/fs/write_back_cache.h"
 #include "spillfs/kvindex/records.h"
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs {
 

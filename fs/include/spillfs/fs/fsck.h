@@ -38,7 +38,7 @@
 
 #include "spillfs/fs/volume.h"
 #include "spillfs/kvindex/records.h"
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs::fsck {
 

@@ -14,7 +14,7 @@
 
 #include "spillfs/fs/control_plane.h"
 #include "spillfs/fs/filesystem.h"
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 struct fuse_session;
 

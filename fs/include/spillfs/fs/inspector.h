@@ -36,7 +36,7 @@
 
 #include "spillfs/kvindex/index.h"
 #include "spillfs/kvindex/records.h"
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs {
 

@@ -25,9 +25,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "spillfs/fs/aligned_buffer.h"
+#include "spillfs/common/aligned_buffer.h"
 #include "spillfs/kvindex/records.h"
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <span>
 
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs {
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "spillfs/kvindex/records.h"
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace rocksdb {
 class DB;

@@ -31,7 +31,7 @@
 #include <cstdint>
 #include <string>
 
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs::powercut {
 

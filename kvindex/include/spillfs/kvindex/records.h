@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "spillfs/status.h"
+#include "spillfs/common/status.h"
 
 namespace spillfs {
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cerrno>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <variant>
@@ -33,10 +34,18 @@ class [[nodiscard]] Status {
   int code() const { return code_; }
   const std::string& message() const { return message_; }
   // "OK" or "<strerror>: <message>".
-  std::string ToString() const;
+  std::string ToString() const {
+    if (ok()) return "OK";
+    std::string out = std::strerror(code_);
+    if (!message_.empty()) out += ": " + message_;
+    return out;
+  }
 
   // Returns a copy with `context` prepended to the message ("context: message").
-  Status WithContext(const std::string& context) const;
+  Status WithContext(const std::string& context) const {
+    if (ok()) return *this;
+    return Status(code_, message_.empty() ? context : context + ": " + message_);
+  }
 
  private:
   Status(int code, std::string message) : code_(code), message_(std::move(message)) {}

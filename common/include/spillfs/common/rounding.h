@@ -1,5 +1,4 @@
-// Internal to the daemon (not installed): rounding to a unit (a block, a
-// window). The client library keeps its own copy: it builds without fs/.
+// Rounding to a unit (a block, a window, a dedup unit).
 #pragma once
 
 #include <cstdint>
