@@ -16,8 +16,10 @@ for $SPILLFS_CLIENT_LIB and $SPILLFS_IO).
 """
 
 from ._native import LibraryVersionError, SpillError, load_library
+from ._report import IOReport, last_report
 from ._version import __version__
 from .client import Client
+from .serialization import load, save
 
-__all__ = ["Client", "SpillError", "LibraryVersionError",
+__all__ = ["save", "load", "IOReport", "last_report", "Client", "SpillError", "LibraryVersionError",
            "load_library", "__version__"]
