@@ -35,9 +35,12 @@ class IOReport:
         crc32_skipped (int): records written with a CRC-32 of 0 (see
             ``spillfs.save``'s ``crc32``).
         dedup (bool): whether the save asked the volume to share units.
-        seconds (dict): seconds per stage, e.g. ``pickle``, ``hash``,
-            ``dedup``, ``write``, ``crc``, ``sync``, ``rename``, ``read``,
-            ``unpickle``, and ``total``.
+        seconds (dict): seconds per stage. save: ``pickle``, ``hash`` and
+            ``dedup`` (dedup only), ``write`` (submitting and waiting for the
+            data, CRCs computed meanwhile), ``crc`` (waiting for CRCs after
+            the data), ``sync``, ``rename``, ``total``. load: ``read`` (waiting
+            for storage bytes; read-ahead runs under ``unpickle``, which
+            includes it), ``unpickle``, ``total``.
 
     Example::
 
