@@ -27,22 +27,32 @@ Segment = namedtuple("Segment", "ptr length offset device")
 
 _IO_CHUNK = 8 << 20
 _pool_lock = threading.Lock()
-_pool = None
+_pools = {}
+
+
+def _pool(name):
+    with _pool_lock:
+        pool = _pools.get(name)
+        if pool is None:
+            pool = _pools[name] = concurrent.futures.ThreadPoolExecutor(
+                max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="spillfs-" + name)
+        return pool
 
 
 def io_pool():
-    """Threads shared by the Python I/O and CRC work (zlib and os.p*v drop the GIL)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="spillfs-io")
-        return _pool
+    """Threads of the Python I/O (os.pwritev / os.preadv drop the GIL)."""
+    return _pool("io")
+
+
+def crc_pool():
+    """Threads computing CRC-32s (zlib drops the GIL), apart from the I/O's."""
+    return _pool("crc")
 
 
 def _after_fork():
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
+    global _pool_lock
+    _pools.clear()
+    _pool_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -16,6 +16,7 @@ So every segment the native I/O gets starts at a 4 KiB boundary and is a
 whole number of 4 KiB blocks long, except the one that ends the file.
 """
 
+import bisect
 import zlib
 
 from . import _io, _zipfile
@@ -126,7 +127,7 @@ def write_by_offsets(file, records, cd_records, cd_offset, opts, report):
     """Writes the planned `records` (and the central directory of
     `cd_records` at `cd_offset`) into `file` (an ``_io`` file); returns the
     file size."""
-    pool = _io.io_pool()
+    pool = _io.crc_pool()
     bigs = sorted((r for r in records if isinstance(r.payload, Source) and r.align >= BIG_ALIGN),
                   key=lambda r: r.data_offset)
     if opts.dedup and file.native:
@@ -143,26 +144,32 @@ def write_by_offsets(file, records, cd_records, cd_offset, opts, report):
                 r.payload.needed = needed
                 report.dedup = True
                 report.bytes_shared += (len(needed) - sum(needed)) * BIG_ALIGN
-    requests = []
     with report.stage("write"):
+        # One request per memory (host; each CUDA device with its stream), all in flight at once;
+        # the CRC-32s of host storages are computed meanwhile.
+        batches = {}
+        staged = []
         for r in bigs:
             src = r.payload
             body_end = src.nbytes // BLOCK * BLOCK  # the tail goes with the glue
             want_crc = opts.wants_crc(src, file.native)
             if src.device >= 0 and (want_crc or not file.supports_device):
-                src.crc = _stage_device(file, src, r.data_offset, body_end, want_crc, opts, report)
+                staged.append((r, body_end, want_crc))
+                continue
+            segments = [_io.Segment(src.ptr + a, b - a, r.data_offset + a, src.device)
+                        for a, b in src.write_ranges(0, body_end)]
+            batches.setdefault((src.device, src.stream), []).extend(segments)
+            report.bytes_written += sum(s.length for s in segments)
+            if src.device >= 0:
+                report.device_bytes += sum(s.length for s in segments)
+            if want_crc:
+                src.crc_future = _zipfile.crc32_parallel(src.host_bytes(), pool)
             else:
-                segments = [_io.Segment(src.ptr + a, b - a, r.data_offset + a, src.device)
-                            for a, b in src.write_ranges(0, body_end)]
-                if segments:
-                    requests.append(file.write(segments, src.stream))
-                    report.bytes_written += sum(s.length for s in segments)
-                    if src.device >= 0:
-                        report.device_bytes += sum(s.length for s in segments)
-                if want_crc:
-                    src.crc_future = _zipfile.crc32_parallel(src.host_bytes(), pool)
-                else:
-                    report.crc32_skipped += 1
+                report.crc32_skipped += 1
+        requests = [file.write(segments, stream) for (_, stream), segments in batches.items() if segments]
+        for r, body_end, want_crc in staged:
+            src = r.payload
+            src.crc = _stage_device(file, src, r.data_offset, body_end, want_crc, opts, report)
         for request in requests:
             request.wait()
     with report.stage("crc"):
@@ -190,33 +197,37 @@ def _addr(buf):
 
 
 def _glue_regions(records, bigs, cd, cd_offset, file_size):
-    """[(offset, bytearray)]: every byte of the file outside the bigs' bodies."""
-    bounds, start = [], 0
-    for r in bigs:
-        bounds.append((start, r.data_offset))
-        start = r.data_offset + r.payload.nbytes // BLOCK * BLOCK
-    bounds.append((start, file_size))
-    regions = [(a, bytearray(b - a)) for a, b in bounds if b > a]
-    starts = [a for a, _ in regions]
-
-    def put(offset, data):
-        import bisect
-        while len(data):
-            i = bisect.bisect_right(starts, offset) - 1
-            a, buf = regions[i]
-            n = min(len(data), a + len(buf) - offset)
-            buf[offset - a:offset - a + n] = data[:n]
-            offset, data = offset + n, data[n:]
-
+    """[(offset, bytearray)]: the 4 KiB blocks outside the bigs' bodies that
+    hold bytes (headers, small records, tails, the central directory); the
+    rest (padding, gaps) stays a hole of zeros."""
+    pieces = []
     for r in records:
-        put(r.offset, _zipfile.local_header(r))
+        pieces.append((r.offset, _zipfile.local_header_core(r)))
         if isinstance(r.payload, Source) and r.align >= BIG_ALIGN:
             body = r.payload.nbytes // BLOCK * BLOCK
             if body < r.payload.nbytes:
-                put(r.data_offset + body, r.payload.host_bytes(body))
+                pieces.append((r.data_offset + body, r.payload.host_bytes(body)))
         elif r.size:
-            put(r.data_offset, _payload_bytes(r))
-    put(cd_offset, memoryview(cd))
+            pieces.append((r.data_offset, _payload_bytes(r)))
+    pieces.append((cd_offset, memoryview(cd)))
+    pieces.sort(key=lambda p: p[0])
+    # where big bodies start: blocks never extend into them
+    limits = sorted(r.data_offset for r in bigs) + [file_size]
+    spans = []  # [start, end) block spans, merged
+    for offset, data in pieces:
+        limit = limits[bisect.bisect_right(limits, offset)] if offset < file_size else file_size
+        a = offset // BLOCK * BLOCK
+        b = min(limit, (offset + len(data) + BLOCK - 1) // BLOCK * BLOCK)
+        if spans and a <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], b)
+        else:
+            spans.append([a, b])
+    regions = [(a, bytearray(b - a)) for a, b in spans]
+    starts = [a for a, _ in regions]
+    for offset, data in pieces:
+        i = bisect.bisect_right(starts, offset) - 1
+        a, buf = regions[i]
+        buf[offset - a:offset - a + len(data)] = data
     return regions
 
 
@@ -265,7 +276,7 @@ def write_stream(f, records, cd_records, cd_offset, opts, report):
     returns the archive size."""
     position = 0
     for r in sorted(records, key=lambda r: r.offset):
-        if r.offset > position:
+        if r.offset > position:  # a gap between records
             f.write(bytes(r.offset - position))
         data = _payload_bytes(r)
         if opts.crc32 is False:

@@ -5,7 +5,8 @@ miniz): every record *stored* (no compression), under one top folder (the
 archive name, taken from the first central directory entry), found through
 the central directory, its data after its local header (30 bytes, the name,
 the extra field). Like torch's writer, records are aligned by padding in the
-local header's extra field (tag ``"FB"``, filled with ``Z``); and like it, a
+local header's extra field (tag ``"FB"``; zeros here, where torch writes
+``Z``, so that a writer by offsets leaves whole blocks of it as holes); and like it, a
 ZIP64 end of central directory record and locator are always written, ZIP64
 extra fields wherever a size or an offset does not fit 32 bits.
 
@@ -15,8 +16,8 @@ The layout here differs from torch's in two ways readers do not see:
   offsets (the volume's dedup unit), small records at 64-byte ones;
 * where a big storage's padding exceeds what an extra field holds (64 KiB),
   small records fill the space first, and what is left stays a gap before the
-  local header (bytes of no record, zeros), which zip readers skip as they go
-  by the central directory.
+  local header (bytes of no record, zeros, a hole where a whole 4 KiB block),
+  which zip readers skip as they go by the central directory.
 
 Local headers carry the real CRC-32 and sizes (no data descriptors); a CRC of
 0 is written only where the caller has none (see ``spillfs.save``'s
@@ -123,19 +124,25 @@ def plan(records, first=None):
     return cursor
 
 
-def local_header(record):
-    """The local header of a placed record (ending at its data offset)."""
+def local_header_core(record):
+    """The local header of a placed record up to its padding's bytes (zeros,
+    which a positional writer may leave as a hole)."""
     extra = b""
     size32 = record.size
     if record.zip64:
         extra = struct.pack("<HHQQ", 1, 16, record.size, record.size)
         size32 = _U32
     if record.pad:
-        extra += struct.pack("<HH", _PAD_TAG, record.pad - 4) + b"Z" * (record.pad - 4)
+        extra += struct.pack("<HH", _PAD_TAG, record.pad - 4)
     version = 45 if record.zip64 else 20
     head = _LOCAL.pack(b"PK\x03\x04", version, 0, 0, 0, _DOS_DATE, record.crc & _U32, size32, size32,
-                       len(record.name), len(extra))
+                       len(record.name), len(extra) + max(record.pad - 4, 0))
     return head + record.name + extra
+
+
+def local_header(record):
+    """The local header of a placed record, padding included (ending at its data offset)."""
+    return local_header_core(record) + bytes(max(record.pad - 4, 0))
 
 
 def central_directory(records, cd_offset):

@@ -67,7 +67,7 @@ def _pickle(obj, pickle_module, pickle_protocol):
                 storage_dtype = torch.uint8
                 storage_type = serialization.normalize_storage_type(type(obj))
                 storage_numel = storage.nbytes()
-            if storage.data_ptr() != 0:
+            if str(storage.device) != "meta" and storage.data_ptr() != 0:
                 if storage.data_ptr() in storage_dtypes:
                     if storage_dtype != storage_dtypes[storage.data_ptr()]:
                         raise RuntimeError("Cannot save multiple tensors or storages that "
