@@ -532,3 +532,44 @@ def test_dedup_on_a_spillfs_mount(mount):
                     torch.load(os.path.join(mount, name)))
     r = spillfs.save(sd, os.path.join(mount, "s4.pt"), dedup=False)
     assert not r.dedup and r.bytes_shared == 0
+
+
+# -- the native path's logic, on a stand-in library --------------------------------
+
+def test_dedup_writes_only_the_units_the_volume_lacks(tmp_path, monkeypatch):
+    """With a Python stand-in for the segment I/O and the volume's dedup
+    (fake_native.py): segments start 4 KiB-aligned, the second save of a
+    state_dict with one tensor changed writes about that tensor, and every
+    file reads back right under torch.load."""
+    from fake_native import FakeSegmentLib
+    fake = FakeSegmentLib()
+    monkeypatch.setattr(_native, "segment_io", lambda: fake)
+    sd = {f"w{i}": torch.randn(300_000) for i in range(6)}  # 1.2 MB each: units and a tail
+    sd["small"] = torch.arange(10)
+    sd["view"] = sd["w2"][7:]
+    r1 = spillfs.save(sd, tmp_path / "s1.pt")
+    assert r1.backend == "native" and r1.dedup and r1.bytes_shared == 0
+    assert_same(sd, torch.load(tmp_path / "s1.pt"))
+    for ptr, length, offset, device in fake.segments_seen:
+        assert offset % 4096 == 0
+    before = fake.written
+    r2 = spillfs.save(sd, tmp_path / "s2.pt")
+    units = sum((t.numel() * 4) // (256 * KIB) for k, t in sd.items() if k.startswith("w"))
+    assert r2.bytes_shared == units * 256 * KIB
+    tails = sum((t.numel() * 4) % (256 * KIB) for k, t in sd.items() if k.startswith("w"))
+    assert fake.written - before == r2.bytes_written
+    assert tails <= r2.bytes_written < tails + 64 * KIB  # partial last units, headers and the pickle
+    sd["w4"] += 1
+    before = fake.written
+    r3 = spillfs.save(sd, tmp_path / "s3.pt")
+    assert tails + 4 * 256 * KIB <= r3.bytes_written < tails + 4 * 256 * KIB + 64 * KIB
+    assert fake.written - before == r3.bytes_written
+    for name, want in (("s2.pt", None), ("s3.pt", sd)):
+        back = torch.load(tmp_path / name)
+        if want is not None:
+            assert_same(want, back)
+        with zipfile.ZipFile(tmp_path / name) as z:
+            assert z.testzip() is None
+    assert_same(sd, spillfs.load(tmp_path / "s3.pt"))
+    r4 = spillfs.save(sd, tmp_path / "s4.pt", dedup=False)
+    assert not r4.dedup and r4.bytes_shared == 0 and r4.bytes_written >= 6 * 1_200_000

@@ -114,7 +114,9 @@ def save(obj, f, pickle_module=pickle, pickle_protocol=DEFAULT_PROTOCOL, _use_ne
     it is written:
 
     * storages of 256 KiB or more start at 256 KiB-aligned offsets (small ones
-      are packed at 64 bytes), so the volume can share them;
+      are packed at 64 bytes), so the volume can share them; the padding is a
+      hole, so the file's size may exceed torch's by up to 256 KiB a big
+      storage while its blocks do not;
     * the bytes go from the tensors' memory to the file with no copy into
       pageable memory: with libspillfs_client present, by its segment I/O
       (io_uring ``O_DIRECT``; CUDA storages GPU -> pinned pool -> disk,
