@@ -123,10 +123,50 @@ def _crc_of_small(record, opts, report):
     return zlib.crc32(_payload_bytes(record))
 
 
+class _InFlight:
+    """Requests and CRC futures under way. Nothing may outlive the save (they
+    read the tensors' memory and write the file's descriptor): on an error
+    every one is waited for before the error goes on."""
+
+    def __init__(self):
+        self.items = []
+
+    def add(self, item):
+        self.items.append(item)
+        return item
+
+    def wait_all(self):
+        """Waits for every item; raises the first error after all are done."""
+        error = None
+        items, self.items = self.items, []
+        for item in items:
+            try:
+                item.wait() if hasattr(item, "wait") else item.result()
+            except BaseException as e:  # noqa: B902 - re-raised below, after the others
+                error = error or e
+        if error is not None:
+            raise error
+
+    def drain(self):
+        try:
+            self.wait_all()
+        except BaseException:  # noqa: B902 - the caller's error is the one to report
+            pass
+
+
 def write_by_offsets(file, records, cd_records, cd_offset, opts, report):
     """Writes the planned `records` (and the central directory of
     `cd_records` at `cd_offset`) into `file` (an ``_io`` file); returns the
-    file size."""
+    file size. Every I/O and CRC it starts is over when it returns or raises."""
+    inflight = _InFlight()
+    try:
+        return _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflight)
+    except BaseException:
+        inflight.drain()
+        raise
+
+
+def _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflight):
     pool = _io.crc_pool()
     bigs = sorted((r for r in records if isinstance(r.payload, Source) and r.align >= BIG_ALIGN),
                   key=lambda r: r.data_offset)
@@ -163,15 +203,16 @@ def write_by_offsets(file, records, cd_records, cd_offset, opts, report):
             if src.device >= 0:
                 report.device_bytes += sum(s.length for s in segments)
             if want_crc:
-                src.crc_future = _zipfile.crc32_parallel(src.host_bytes(), pool)
+                src.crc_future = inflight.add(_zipfile.crc32_parallel(src.host_bytes(), pool))
             else:
                 report.crc32_skipped += 1
-        requests = [file.write(segments, stream) for (_, stream), segments in batches.items() if segments]
+        for (_, stream), segments in batches.items():
+            if segments:
+                inflight.add(file.write(segments, stream))
         for r, body_end, want_crc in staged:
             src = r.payload
-            src.crc = _stage_device(file, src, r.data_offset, body_end, want_crc, opts, report)
-        for request in requests:
-            request.wait()
+            src.crc = _stage_device(file, src, r.data_offset, body_end, want_crc, opts, report, inflight)
+        inflight.wait_all()
     with report.stage("crc"):
         for r in bigs:
             if r.payload.crc_future is not None:
@@ -186,7 +227,8 @@ def write_by_offsets(file, records, cd_records, cd_offset, opts, report):
     with report.stage("write"):
         glue = _glue_regions(records, bigs, cd, cd_offset, file_size)
         segments = [_io.Segment(_addr(buf), len(buf), start, -1) for start, buf in glue]
-        file.write(segments).wait()
+        inflight.add(file.write(segments))
+        inflight.wait_all()
         report.bytes_written += sum(len(buf) for _, buf in glue)
     return file_size
 
@@ -231,7 +273,7 @@ def _glue_regions(records, bigs, cd, cd_offset, file_size):
     return regions
 
 
-def _stage_device(file, src, offset, end, want_crc, opts, report):
+def _stage_device(file, src, offset, end, want_crc, opts, report, inflight):
     """Bytes [0, end) of a CUDA storage to the file through pinned buffers of
     our own (copy of chunk i+1 while chunk i is written), the CRC-32 on the
     way (of the whole storage, tail included, where wanted)."""
@@ -248,7 +290,7 @@ def _stage_device(file, src, offset, end, want_crc, opts, report):
             n = min(chunk, end - start)
             slot = i % 2
             if pending[slot] is not None:
-                pending[slot].wait()
+                pending[slot].wait()  # (also in `inflight`: waiting twice is a no-op)
             buf = buffers[slot]
             buf[:n].copy_(data[start:start + n])  # pinned: a DMA copy, synchronous here
             view = _io.host_view(buf.data_ptr(), n)
@@ -256,7 +298,7 @@ def _stage_device(file, src, offset, end, want_crc, opts, report):
                 crc = zlib.crc32(view, crc)
             segments = [_io.Segment(buf.data_ptr() + a - start, b - a, offset + a, -1)
                         for a, b in src.write_ranges(start, start + n)]
-            pending[slot] = file.write(segments) if segments else None
+            pending[slot] = inflight.add(file.write(segments)) if segments else None
             report.bytes_written += sum(s.length for s in segments)
             report.device_bytes += n
         for p in pending:

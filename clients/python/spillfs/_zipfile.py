@@ -355,9 +355,18 @@ class _Done:
 class _Combined:
     def __init__(self, futures):
         self.futures = futures
+        self.value = None
 
     def result(self):
-        crc = 0
-        for future, length in self.futures:
-            crc = crc32_combine(crc, future.result(), length)
-        return crc
+        """The combined CRC; waits for every chunk even when one failed."""
+        if self.value is None:
+            crc, error = 0, None
+            for future, length in self.futures:
+                try:
+                    crc = crc32_combine(crc, future.result(), length)
+                except BaseException as e:  # noqa: B902 - raised once all are done
+                    error = error or e
+            if error is not None:
+                raise error
+            self.value = crc
+        return self.value
