@@ -150,6 +150,27 @@ def untyped(tensor):
     return tensor.storage().untyped()
 
 
+def restore_location_for(map_location):
+    """torch's restore_location(storage, location) for a map_location."""
+    torch = _torch()
+    serialization = torch.serialization
+    get = getattr(serialization, "_get_restore_location", None)
+    if get is not None:
+        return get(map_location)
+    default = serialization.default_restore_location  # the same rules, should torch rename its helper
+    if map_location is None:
+        return default
+    if isinstance(map_location, dict):
+        return lambda storage, location: default(storage, map_location.get(location, location))
+    if isinstance(map_location, (str, torch.device)):
+        return lambda storage, location: default(storage, str(map_location))
+
+    def restore(storage, location):
+        result = map_location(storage, location)
+        return default(storage, location) if result is None else result
+    return restore
+
+
 class _Pending:
     __slots__ = ("target", "tensor", "host", "request", "nbytes")
 
@@ -173,7 +194,7 @@ class StorageLoader:
         self.archive = archive
         self.file = archive.file
         self.map_location = map_location
-        self.restore_location = torch.serialization._get_restore_location(map_location)
+        self.restore_location = restore_location_for(map_location)
         self.report = report
         self.readahead_bytes = readahead_bytes
         archive.locate_all("data/")

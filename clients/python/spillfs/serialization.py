@@ -481,7 +481,8 @@ def _typed_storage(untyped_storage, dtype):
 def _unpickle(pkl, loader, pickle_module, weights_only, pickle_load_args, name, report):
     torch = _torch()
     serialization = torch.serialization
-    decode = serialization._maybe_decode_ascii
+    decode = getattr(serialization, "_maybe_decode_ascii", None) or (
+        lambda v: v.decode("ascii") if isinstance(v, bytes) else v)
     loaded_storages = {}
     cache_empty = not hasattr(torch.storage.TypedStorage, "_data_ptr")  # 1.13 caches every storage
 
@@ -506,7 +507,10 @@ def _unpickle(pkl, loader, pickle_module, weights_only, pickle_load_args, name, 
         return typed
 
     load_module_mapping = {"torch.tensor": "torch._tensor"}
-    base = serialization._weights_only_unpickler if weights_only else pickle_module
+    if weights_only:
+        import torch._weights_only_unpickler as base
+    else:
+        base = pickle_module
 
     class UnpicklerWrapper(base.Unpickler):
         def find_class(self, mod_name, name):
@@ -536,5 +540,7 @@ def _unpickle(pkl, loader, pickle_module, weights_only, pickle_load_args, name, 
     finally:
         if tls is not None:
             tls.map_location = saved_map
-    torch._utils._validate_loaded_sparse_tensors()
+    validate = getattr(torch._utils, "_validate_loaded_sparse_tensors", None)
+    if validate is not None:
+        validate()
     return result
