@@ -26,6 +26,7 @@ __all__ = ["Segment", "open_file", "NativeFile", "PosixFile", "hash_units"]
 Segment = namedtuple("Segment", "ptr length offset device")
 
 _IO_CHUNK = 8 << 20
+_INLINE_BYTES = 256 << 10
 _pool_lock = threading.Lock()
 _pools = {}
 
@@ -104,10 +105,11 @@ class PosixFile:
             for start in range(0, s.length, _IO_CHUNK):
                 n = min(_IO_CHUNK, s.length - start)
                 pieces.append((s.ptr + start, n, s.offset + start))
-        if len(pieces) <= 1:
+        total = sum(p[1] for p in pieces)
+        if total <= _INLINE_BYTES:  # not worth a thread
             for p in pieces:
                 fn(*p)
-            return Request(lambda: {"bytes": sum(p[1] for p in pieces)})
+            return Request(lambda: {"bytes": total})
         futures = [io_pool().submit(fn, *p) for p in pieces]
 
         def wait():

@@ -202,6 +202,7 @@ class StorageLoader:
         self.index = {k: i for i, k in enumerate(self.order)}
         self.pending = {}
         self.in_flight = 0
+        self.next_ahead = 0  # index in self.order of the next storage to read ahead
         self.done = set()
 
     def target_for(self, location):
@@ -279,18 +280,19 @@ class StorageLoader:
         i = self.index.get(key)
         if i is None:
             return
-        for k in self.order[i + 1:]:
-            if self.in_flight >= self.readahead_bytes:
-                break
-            if k in self.pending or k in self.done:
-                continue
-            size = self.archive.entry("data/" + k).size
-            try:
-                p = self._start(k, size, target)
-            except (MemoryError, RuntimeError):
-                break  # out of memory for read-ahead: read on demand
-            self.pending[k] = p
-            self.in_flight += size
+        j = max(self.next_ahead, i + 1)
+        while j < len(self.order) and self.in_flight < self.readahead_bytes:
+            k = self.order[j]
+            if k not in self.pending and k not in self.done:
+                size = self.archive.entry("data/" + k).size
+                try:
+                    p = self._start(k, size, target)
+                except (MemoryError, RuntimeError):
+                    break  # out of memory for read-ahead: read on demand
+                self.pending[k] = p
+                self.in_flight += size
+            j += 1
+        self.next_ahead = j
 
     def close(self):
         """Waits for read-ahead nobody asked for (the memory it fills is ours)."""
