@@ -171,19 +171,20 @@ def _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflig
     bigs = sorted((r for r in records if isinstance(r.payload, Source) and r.align >= BIG_ALIGN),
                   key=lambda r: r.data_offset)
     if opts.dedup and file.native:
-        with report.stage("hash"):
-            hashes = [(r, _io.hash_units(r.payload.ptr, r.payload.nbytes, r.payload.device, r.payload.stream))
-                      for r in bigs]
-        with report.stage("dedup"):
-            for r, h in hashes:
-                needed = file.dedup(r.data_offset, h)
-                if needed is None:  # not a spillfs mount: no dedup for any
-                    for r2, _ in hashes:
-                        r2.payload.needed = None
-                    break
-                r.payload.needed = needed
-                report.dedup = True
-                report.bytes_shared += (len(needed) - sum(needed)) * BIG_ALIGN
+        # storage by storage, so that off a spillfs mount (the first answer) one storage is hashed in vain
+        for r in bigs:
+            src = r.payload
+            if src.nbytes < BIG_ALIGN:
+                continue
+            with report.stage("hash"):
+                hashes = _io.hash_units(src.ptr, src.nbytes, src.device, src.stream)
+            with report.stage("dedup"):
+                needed = file.dedup(r.data_offset, hashes)
+            if needed is None:  # not a spillfs mount
+                break
+            src.needed = needed
+            report.dedup = True
+            report.bytes_shared += (len(needed) - sum(needed)) * BIG_ALIGN
     with report.stage("write"):
         # One request per memory (host; each CUDA device with its stream), all in flight at once;
         # the CRC-32s of host storages are computed meanwhile.
