@@ -18,6 +18,15 @@ namespace {
 cudaStream_t AsStream(uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
 cudaEvent_t AsEvent(void* event) { return static_cast<cudaEvent_t>(event); }
 
+Status Copy(int device, cudaStream_t stream, void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  if (n == 0) return Status::OK();
+  if (dst == nullptr || src == nullptr) return Status::Invalid("null copy address");
+  DeviceGuard guard(device);
+  SPILLFS_RETURN_IF_ERROR(guard.status());
+  SPILLFS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, n, kind, stream));
+  return Status::OK();
+}
+
 }  // namespace
 
 CopyEvent::~CopyEvent() {
@@ -71,21 +80,11 @@ Status CopyStream::WaitFor(uintptr_t caller_stream) {
 }
 
 Status CopyStream::ToHost(void* host_dst, const void* device_src, size_t n) {
-  if (n == 0) return Status::OK();
-  if (host_dst == nullptr || device_src == nullptr) return Status::Invalid("null copy address");
-  DeviceGuard guard(device_);
-  SPILLFS_RETURN_IF_ERROR(guard.status());
-  SPILLFS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_dst, device_src, n, cudaMemcpyDeviceToHost, AsStream(stream())));
-  return Status::OK();
+  return Copy(device_, AsStream(stream()), host_dst, device_src, n, cudaMemcpyDeviceToHost);
 }
 
 Status CopyStream::ToDevice(void* device_dst, const void* host_src, size_t n) {
-  if (n == 0) return Status::OK();
-  if (device_dst == nullptr || host_src == nullptr) return Status::Invalid("null copy address");
-  DeviceGuard guard(device_);
-  SPILLFS_RETURN_IF_ERROR(guard.status());
-  SPILLFS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_dst, host_src, n, cudaMemcpyHostToDevice, AsStream(stream())));
-  return Status::OK();
+  return Copy(device_, AsStream(stream()), device_dst, host_src, n, cudaMemcpyHostToDevice);
 }
 
 Result<CopyEvent> CopyStream::Record() {

@@ -38,14 +38,21 @@ inline Status CudaStatus(cudaError_t err, const char* what) {
 
 #define SPILLFS_CUDA_RETURN_IF_ERROR(call) SPILLFS_RETURN_IF_ERROR(::spillfs::cuda::CudaStatus((call), #call))
 
+// Whether `device`'s primary context exists (the process has used it).
+// Defined in runtime.cc; true when the driver cannot say.
+bool HasPrimaryContext(int device);
+
 // Makes `device` the thread's current device for a scope and puts the
 // previous one back: the caller's (torch's) current device is not ours to
-// change. Check status() after construction.
+// change. Not where the previous device's context was never created (a
+// thread that never chose a device reads 0): setting it would create one, and
+// take GPU memory on device 0 from every process of a multi-GPU job. Check
+// status() after construction.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) : status_(Switch(device)) {}
   ~DeviceGuard() {
-    if (switched_) cudaSetDevice(previous_);
+    if (switched_ && HasPrimaryContext(previous_)) cudaSetDevice(previous_);
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
