@@ -66,7 +66,7 @@ void BenchHashes(const uint8_t* data, size_t bytes, size_t unit, bool wide, int 
 
   // The first units against the host code.
   const size_t checked = std::min<size_t>(count, 16);
-  std::vector<uint8_t> host(checked * unit);
+  std::vector<uint8_t> host(std::min(checked * unit, bytes));
   Check(cudaMemcpy(host.data(), data, host.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
   std::vector<uint8_t> host_out(out_bytes);
   const Status on_host =

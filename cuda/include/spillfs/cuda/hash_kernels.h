@@ -54,7 +54,11 @@ Status UnitHashes(const void* device_ptr, size_t length, size_t unit_bytes, Hash
 // UnitHashes.
 Status BlockChecksums(const void* device_ptr, size_t length, size_t block_bytes, uint32_t* out_host, uintptr_t stream);
 
-// The same over host memory, on the calling thread, with the same code.
+// The same over host memory, on the calling thread, with the same code (the
+// portable scalar loop: about 2.3 GB/s on the 2-core VM). To hash host data
+// in production, common/block_checksum.h's functions (libxxhash, AVX2 where
+// the CPU has it) give the same values faster; these are the reference the
+// kernels are checked against.
 // REQUIRES: unit_bytes > 0 (block_bytes > 0).
 Status UnitHashesHost(const void* data, size_t length, size_t unit_bytes, Hash128* out);
 Status BlockChecksumsHost(const void* data, size_t length, size_t block_bytes, uint32_t* out);
