@@ -161,6 +161,7 @@ spill_client* spill_client_open(const char* mountpoint) {
   if (auto c = info.find("checksums"); c != info.end() && c->is_boolean()) {
     client->checksums = c->get<bool>();
   }
+  if (auto d = info.find("dedup"); d != info.end() && d->is_boolean()) client->dedup = d->get<bool>();
   // An image volume keeps its data in VOLUME/data.img; open it now, so a
   // process that may not is told at once. (A device volume's store is opened
   // at the first layout or reservation, which name it.)

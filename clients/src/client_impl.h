@@ -139,6 +139,7 @@ struct spill_client {
   std::unique_ptr<ControlChannel> control;
   uint64_t block_size = 4096;
   bool checksums = true;
+  bool dedup = false;  // the volume was made with dedup (the mount may still turn it off)
 
   // Tunables.
   std::atomic<unsigned> queue_depth{32};
@@ -209,13 +210,16 @@ struct spill_client {
     int fd = -1;
   };
   int Write(const char* path, const void* buf, size_t len);
+  // `units`: file offset, low and high hash of whole dedup units written
+  // (spill_file writes; they may become blobs), flat; null for none.
   static std::string CommitText(const std::string& rel, uint64_t file_offset, uint64_t length, uint64_t size,
-                                const std::vector<uint32_t>& sums);
+                                const std::vector<uint32_t>& sums, const std::vector<uint64_t>* units = nullptr);
   int Reserve(ControlChannel* txn, const std::string& rel, uint64_t reserve_len,
               std::vector<std::pair<uint64_t, uint64_t>>* space, int* fd);
   Reservation ReserveStep(ControlChannel* txn, const std::string& rel, uint64_t reserve_len);
   Reservation CommitStep(ControlChannel* txn, const std::string& rel, uint64_t pos, uint64_t length, uint64_t size,
-                         const std::vector<uint32_t>& sums, uint64_t next_len);
+                         const std::vector<uint32_t>& sums, uint64_t next_len,
+                         const std::vector<uint64_t>* units = nullptr);
   void HashStep(TaskPool* pool, const char* base, uint64_t data_len, std::vector<uint32_t>* sums, Latch* latch);
   int WriteOpen(const std::string& rel, const char* src, size_t len);
   int WriteStep(const std::string& rel, const Reservation& r, const char* base, uint64_t data_len, uint64_t reserve_len,

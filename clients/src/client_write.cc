@@ -16,9 +16,9 @@
 #include "spillfs/common/block_checksum.h"
 
 using namespace spillfs::client;
+using spillfs::BlockChecksum;
 using spillfs::RoundDown;
 using spillfs::RoundUp;
-using spillfs::BlockChecksum;
 
 int spill_client::Write(const char* path, const void* buf, size_t len) {
   std::string rel;
@@ -42,18 +42,28 @@ int spill_client::Write(const char* path, const void* buf, size_t len) {
 // The commit request, serialized by hand: a 1 GiB step carries 262144
 // checksums, which a JSON DOM takes tens of milliseconds to build.
 std::string spill_client::CommitText(const std::string& rel, uint64_t file_offset, uint64_t length, uint64_t size,
-                                     const std::vector<uint32_t>& sums) {
+                                     const std::vector<uint32_t>& sums, const std::vector<uint64_t>* units) {
   std::string text = R"({"op":"commit","path":)" + json(rel).dump() + R"(,"file_offset":)" +
                      std::to_string(file_offset) + R"(,"length":)" + std::to_string(length) + R"(,"size":)" +
                      std::to_string(size) + R"(,"block_checksums":[)";
   text.reserve(text.size() + sums.size() * 11 + 2);
-  char num[16];
+  char num[24];  // a u64 has up to 20 digits
   for (size_t i = 0; i < sums.size(); ++i) {
     if (i > 0) text.push_back(',');
     auto [end, ec] = std::to_chars(num, num + sizeof(num), sums[i]);
     text.append(num, end);
   }
-  text += "]}";
+  text += "]";
+  if (units != nullptr && !units->empty()) {
+    text += R"(,"units":[)";
+    for (size_t i = 0; i < units->size(); ++i) {
+      if (i > 0) text.push_back(',');
+      auto [end, ec] = std::to_chars(num, num + sizeof(num), (*units)[i]);
+      text.append(num, end);
+    }
+    text += "]";
+  }
+  text += "}";
   return text;
 }
 
@@ -99,13 +109,13 @@ spill_client::Reservation spill_client::ReserveStep(ControlChannel* txn, const s
 // it), then reserves the next step of `txn` (`next_len` bytes; none if 0).
 spill_client::Reservation spill_client::CommitStep(ControlChannel* txn, const std::string& rel, uint64_t pos,
                                                    uint64_t length, uint64_t size, const std::vector<uint32_t>& sums,
-                                                   uint64_t next_len) {
+                                                   uint64_t next_len, const std::vector<uint64_t>* units) {
   {
     Phase phase("commit", rel, length);
     std::string reply;
     json result;
     Reservation r;
-    r.rc = txn->RequestText(CommitText(rel, pos, length, size, sums), "commit", &reply);
+    r.rc = txn->RequestText(CommitText(rel, pos, length, size, sums, units), "commit", &reply);
     if (r.rc == 0) r.rc = txn->ParseReply("commit", reply, &result);
     if (r.rc != 0) {
       r.message = LastError();

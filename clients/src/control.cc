@@ -31,11 +31,10 @@ std::string Unescape(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
-std::optional<MountInfo> FindMount(const std::string& canonical_path) {
+// Every entry of /proc/self/mountinfo, in its order.
+std::vector<MountInfo> Mounts() {
+  std::vector<MountInfo> out;
   std::ifstream in("/proc/self/mountinfo");
-  std::optional<MountInfo> found;
   std::string line;
   while (std::getline(in, line)) {
     // id parent major:minor root mountpoint options [optional...] - fstype source superopts
@@ -51,9 +50,30 @@ std::optional<MountInfo> FindMount(const std::string& canonical_path) {
       }
     }
     if (parts.size() < 5 || dash == 0 || dash + 2 >= parts.size()) continue;
-    std::string mountpoint = Unescape(parts[4]);
-    if (mountpoint != canonical_path) continue;
-    found = MountInfo{mountpoint, Unescape(parts[dash + 1]), Unescape(parts[dash + 2])};
+    out.push_back(MountInfo{Unescape(parts[4]), Unescape(parts[dash + 1]), Unescape(parts[dash + 2])});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<MountInfo> FindMount(const std::string& canonical_path) {
+  std::optional<MountInfo> found;
+  for (MountInfo& m : Mounts()) {
+    if (m.mountpoint == canonical_path) found = std::move(m);
+  }
+  return found;
+}
+
+std::optional<MountInfo> FindMountHolding(const std::string& canonical_path) {
+  std::optional<MountInfo> found;
+  for (MountInfo& m : Mounts()) {
+    const std::string& mp = m.mountpoint;
+    const bool holds = mp == "/" || canonical_path == mp ||
+                       (canonical_path.size() > mp.size() && canonical_path.compare(0, mp.size(), mp) == 0 &&
+                        canonical_path[mp.size()] == '/');
+    // The longest; of equal ones the last (stacked mounts: the top one).
+    if (holds && (!found || mp.size() >= found->mountpoint.size())) found = std::move(m);
   }
   return found;
 }

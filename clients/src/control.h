@@ -23,6 +23,9 @@ struct MountInfo {
 
 // The mount entry at exactly `canonical_path` (the last one when stacked).
 std::optional<MountInfo> FindMount(const std::string& canonical_path);
+// The mount that holds `canonical_path`: the entry with the longest
+// mountpoint that is `canonical_path` or one of its parent directories.
+std::optional<MountInfo> FindMountHolding(const std::string& canonical_path);
 
 class ControlChannel {
  public:

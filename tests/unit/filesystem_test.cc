@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "eventually.h"
+#include "spillfs/common/block_checksum.h"
 #include "read_bytes.h"
 #include "spillfs/fs/volume.h"
 #include "spillfs/kvindex/coding.h"
@@ -2035,6 +2036,99 @@ TEST_F(FilesystemTest, VolumeCreateRefusals) {
   EXPECT_NE(forced->uuid, uuid);
   OpenFs();
   EXPECT_EQ(LookupErr(kRootInode, "old"), ENOENT);
+  EXPECT_EQ(FreeBlocks(), initial_free_);
+}
+
+// The dedup control op (DirectDedup), with a RAM tier whose flushes make
+// the blobs: units the volume holds are mapped by reference with their
+// blob's checksums and reference counts, in one batch; others are left to
+// the caller.
+class FilesystemDedupTest : public FilesystemTestBase {
+ protected:
+  uint64_t RamTier() const override { return 32 << 20; }
+
+  static std::string Hash(const std::string& data, size_t unit) {
+    XXH128_hash_t h = ContentHash128(data.data() + unit * Filesystem::dedup_unit(), Filesystem::dedup_unit());
+    return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+  }
+  // physical offset -> blob record, of every blob.
+  std::map<uint64_t, BlobRecord> Blobs() {
+    std::map<uint64_t, BlobRecord> out;
+    auto cursor = index().NewCursor(Family::kBlob, "p");
+    for (cursor->Seek("p"); cursor->Valid(); cursor->Next()) {
+      auto blob = BlobRecord::Decode(cursor->value());
+      EXPECT_TRUE(blob.ok());
+      if (blob.ok()) out.emplace(coding::DecodeFixed64BE(cursor->key().data() + 1), *blob);
+    }
+    return out;
+  }
+};
+
+TEST_F(FilesystemDedupTest, DirectDedupMapsHeldUnitsByReference) {
+  const uint64_t unit = Filesystem::dedup_unit();
+  std::mt19937_64 rng(77);
+  const std::string data = RandomBytes(4 * unit, &rng);
+  InodeNumber a = MakeFile(kRootInode, "a");
+  WriteAt(a, 0, data);
+  FlushAll();
+  auto blobs = Blobs();
+  ASSERT_EQ(blobs.size(), 4u);
+  for (const auto& [physical, blob] : blobs) {
+    EXPECT_EQ(blob.refs, 1u);
+    EXPECT_EQ(blob.block_checksums.size(), unit / kBlock) << "a flushed blob keeps its checksums";
+  }
+  const uint64_t free_before = FreeBlocks();
+
+  // b: the four units, then one the volume does not hold.
+  InodeNumber b = MakeFile(kRootInode, "b");
+  std::vector<std::string> hashes = {Hash(data, 0), Hash(data, 1), Hash(data, 2), Hash(data, 3),
+                                     std::string(16, 'u')};
+  auto mapped = fs_->DirectDedup(b, 0, hashes);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
+  EXPECT_EQ(*mapped, (std::vector<bool>{true, true, true, true, false}));
+  EXPECT_EQ(Size(b), 4 * unit);
+  EXPECT_TRUE(SameBytes(ReadAll(b), data));
+  EXPECT_EQ(FreeBlocks(), free_before) << "mapping by reference takes no space";
+  for (const auto& [physical, blob] : Blobs()) EXPECT_EQ(blob.refs, 2u);
+  ExpectExtentMapSane(b);
+  ExpectSpaceAccountedFor();
+
+  // A blob from before blobs kept their checksums: read once, checked
+  // against its hash, and its record gets them.
+  const uint64_t stripped = Blobs().begin()->first;
+  {
+    BlobRecord old = Blobs().begin()->second;
+    old.block_checksums.clear();
+    Index::Batch batch(index());
+    batch.Put(Family::kBlob, keys::BlobByPhysical(stripped), old.Encode());
+    ASSERT_TRUE(index().Commit(&batch).ok());
+  }
+  InodeNumber c = MakeFile(kRootInode, "c");
+  // Cached data of the range is flushed first, never left to land on top.
+  WriteAt(c, 0, RandomBytes(2 * unit + 100, &rng));
+  mapped = fs_->DirectDedup(c, unit, {Hash(data, 0), Hash(data, 1), Hash(data, 2), Hash(data, 3)});
+  ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
+  EXPECT_EQ(*mapped, std::vector<bool>(4, true));
+  EXPECT_EQ(Size(c), 5 * unit);
+  auto back = ReadAll(c);
+  EXPECT_TRUE(SameBytes(back.substr(unit), data));  // every block verified against the checksums mapped
+  EXPECT_EQ(Blobs().at(stripped).block_checksums.size(), unit / kBlock);
+  // data's four blobs, and the one c's own first unit became when flushed.
+  auto now = Blobs();
+  EXPECT_EQ(now.size(), 5u);
+  for (const auto& [physical, blob] : blobs) EXPECT_EQ(now.at(physical).refs, 3u);
+  ExpectExtentMapSane(c);
+  ExpectSpaceAccountedFor();
+
+  // Refused: a misaligned offset, a hash of the wrong size.
+  EXPECT_EQ(fs_->DirectDedup(c, 4096, {Hash(data, 0)}).status().code(), EINVAL);
+  EXPECT_EQ(fs_->DirectDedup(c, 0, {"short"}).status().code(), EINVAL);
+
+  // The shared units go with their last reference.
+  Reopen();
+  EXPECT_TRUE(SameBytes(ReadAll(b), data));
+  for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(fs_->Unlink(kRootInode, name).ok()) << name;
+  EXPECT_TRUE(Blobs().empty());
   EXPECT_EQ(FreeBlocks(), initial_free_);
 }
 

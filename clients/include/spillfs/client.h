@@ -1,4 +1,6 @@
-/* spillfs client library: the direct data path.
+/* spillfs client library: the direct data path (spill_client_*, spill_write,
+ * spill_read, spill_read_rows) and segment files on any file system
+ * (spill_file_*, below: what spillfs.save and spillfs.load stand on).
  *
  * A process that may open a volume's backing store (an image file or a block
  * device; normally root) asks the daemon through MOUNTPOINT/.spillfs/control
@@ -105,6 +107,158 @@ SPILL_API int spill_client_get_stats(spill_client* client, spill_client_stats* s
 
 /* The message of the last error on this thread ("" when none). */
 SPILL_API const char* spill_last_error(void);
+
+/* ---- Segment files: any path, host or CUDA memory ----
+ *
+ * A spill_file moves lists of segments (pointer, length, file offset, host or
+ * CUDA device) to and from one file, asynchronously. How, is chosen at open:
+ *  - on a spillfs mount, where the process may open the volume's backing
+ *    store (root): the direct path (reserve space, io_uring O_DIRECT writes
+ *    into the store, commit with block checksums; reads by the file's layout,
+ *    every block verified);
+ *  - on a spillfs mount otherwise: io_uring O_DIRECT through the mount;
+ *  - on any other file system: io_uring O_DIRECT, or buffered io_uring where
+ *    the file system refuses O_DIRECT (EINVAL at open).
+ * The library assembles the file's bytes in chunk-sized, 4 KiB-aligned
+ * staging buffers from a process-wide pool (pinned where CUDA is present):
+ * host segments are copied in (or written straight from memory where a
+ * 4 KiB-aligned segment covers a whole piece), device segments arrive by
+ * device-to-host copies on a stream of the library's that first waits for
+ * the caller's stream, never through pageable memory; the disk I/O of one
+ * chunk overlaps the copy of the next. Reads run the other way, and the
+ * caller's stream is made to wait for the host-to-device copies.
+ *
+ * Writes build files: the library writes whole 4 KiB blocks. Bytes of a block
+ * that a request partly covers keep their contents (read first where they lie
+ * inside the file; zeros past its end); blocks no segment touches are not
+ * written. So two requests in flight at once on one file must not touch the
+ * same 4 KiB block. A write never shrinks the file; its size is exact (no
+ * padding shows) once no write request of the handle is in flight.
+ *
+ * Threading: a spill_file may be used from several threads; requests run on
+ * threads of their own and any thread may wait for one. spill_file_truncate,
+ * spill_file_close and spill_file_dedup must not overlap a write request in
+ * flight on the same range (close and truncate: on the handle; -EBUSY). */
+
+typedef struct spill_file spill_file;
+typedef struct spill_request spill_request;
+
+/* spill_file_open flags. */
+#define SPILL_FILE_READ 1
+#define SPILL_FILE_WRITE 2
+#define SPILL_FILE_CREATE 4   /* create it if missing (mode 0644 less the umask); needs WRITE */
+#define SPILL_FILE_TRUNCATE 8 /* empty it at open; needs WRITE */
+
+/* Backends (spill_file_backend). */
+#define SPILL_BACKEND_DIRECT_PATH 1 /* spillfs mount, the backing store's direct path */
+#define SPILL_BACKEND_MOUNT 2       /* spillfs mount, io_uring through the mount */
+#define SPILL_BACKEND_DIRECT_IO 3   /* other file system, io_uring O_DIRECT */
+#define SPILL_BACKEND_BUFFERED 4    /* other file system refusing O_DIRECT: buffered io_uring */
+
+typedef struct spill_segment {
+  void* ptr;            /* host or device memory */
+  uint64_t length;      /* bytes; 0 is allowed (nothing moves) */
+  uint64_t file_offset; /* any alignment */
+  int32_t device;       /* -1: host memory, else the CUDA device ordinal */
+} spill_segment;
+
+/* What one request did (spill_request_wait). Seconds overlap: copies and
+ * hashing run while I/O is in flight. */
+typedef struct spill_io_stats {
+  uint64_t bytes;        /* bytes of the segments */
+  uint64_t io_bytes;     /* bytes written to or read from storage (whole blocks) */
+  uint64_t ios;          /* I/O operations */
+  double seconds;        /* from the call to completion */
+  double copy_seconds;   /* copying into and out of staging buffers (memcpy, waits for device copies) */
+  double io_seconds;     /* with at least one I/O in flight */
+  double hash_seconds;   /* block checksums and unit hashes of the direct path */
+  double daemon_seconds; /* waiting for the daemon: layout, reserve, commit */
+} spill_io_stats;
+
+/* Opens `path` (any path; relative to the working directory unless absolute).
+ * flags: SPILL_FILE_READ and/or SPILL_FILE_WRITE, with SPILL_FILE_CREATE and
+ * SPILL_FILE_TRUNCATE. size_hint: bytes the file is expected to hold (0: not
+ * known); on other file systems it preallocates (FALLOC_FL_KEEP_SIZE, errors
+ * ignored). NULL on failure (spill_last_error(), errno). */
+SPILL_API spill_file* spill_file_open(const char* path, int flags, uint64_t size_hint);
+
+/* SPILL_BACKEND_* of the handle, or -EINVAL. */
+SPILL_API int spill_file_backend(spill_file* file);
+
+/* Starts writing `n` segments (they must not overlap each other) and returns
+ * at once: 0 with *out set to a request to wait for, or -errno (nothing
+ * started). The array may be freed when this returns; the memory its
+ * segments point to must stay valid and unchanged until the request is
+ * waited for. Device segments are read after the work queued on `stream`
+ * (a cudaStream_t as an integer; 0: the legacy default stream) before this
+ * call. A request that fails leaves what it did not write unspecified, like
+ * a failed write(); on a full volume it fails with -ENOSPC. */
+SPILL_API int spill_file_write_segments(spill_file* file, const spill_segment* segments, size_t n, uintptr_t stream,
+                                        spill_request** out);
+
+/* Starts reading `n` segments (they may overlap); as spill_file_write_segments.
+ * Every segment must lie within the file (else -ERANGE, nothing started).
+ * Device segments are filled by copies that work queued on `stream` after
+ * the request completes waits for. */
+SPILL_API int spill_file_read_segments(spill_file* file, const spill_segment* segments, size_t n, uintptr_t stream,
+                                       spill_request** out);
+
+/* Waits for a request to finish and frees it (exactly once per request, from
+ * any thread). Fills *stats when not NULL. Returns 0 or the request's -errno,
+ * its message then in spill_last_error() of the waiting thread. */
+SPILL_API int spill_request_wait(spill_request* request, spill_io_stats* stats);
+
+/* Makes what completed requests wrote durable (fsync). */
+SPILL_API int spill_file_sync(spill_file* file);
+
+/* Sets the file's size (ftruncate through the file system). -EBUSY while a
+ * request of the handle is in flight. */
+SPILL_API int spill_file_truncate(spill_file* file, uint64_t size);
+
+/* Closes the handle; -EBUSY (the handle stays open) while a request of it is
+ * in flight. */
+SPILL_API int spill_file_close(spill_file* file);
+
+/* Checkpoint dedup. `hashes` holds 2 x n_units numbers (low, high 64 bits of
+ * the XXH3-128 of each unit, as spill_hash_units gives them) for consecutive
+ * 256 KiB units of the file from `file_offset` (a multiple of 256 KiB, else
+ * -EINVAL). The daemon maps every unit whose bytes the volume already holds
+ * into the file by reference (no byte moves; the file grows to cover them)
+ * and needed[i] says whether unit i must still be written (1) or not (0).
+ * The caller then writes only the needed units (and whatever lies outside
+ * whole units): segments that leave the mapped units untouched.
+ * Call it before writing that range, with no write of it in flight.
+ * -EOPNOTSUPP off a spillfs mount or on a volume without dedup; -EACCES (or
+ * -EPERM) where the control file may not be opened (it is root's): in each
+ * case nothing was mapped, so write everything. */
+SPILL_API int spill_file_dedup(spill_file* file, uint64_t file_offset, const uint64_t* hashes, size_t n_units,
+                               uint8_t* needed);
+
+/* XXH3-128 of each whole 256 KiB unit of [ptr, ptr + length) into out
+ * (2 numbers a unit: low, high 64 bits; length / 262144 units, a trailing
+ * partial unit is not hashed), bit-identical to the daemon's dedup hash.
+ * device -1: host memory, hashed on the CPU; else a CUDA device, hashed there
+ * after the work queued on `stream` (-ENODEV without CUDA or that device).
+ * Returns 0 or -errno. Any thread. */
+SPILL_API int spill_hash_units(const void* ptr, uint64_t length, int32_t device, uintptr_t stream, uint64_t* out);
+
+/* The library's version ("0.1.0"); Python refuses a library of another. */
+SPILL_API const char* spill_version(void);
+
+/* Process-wide settings of segment files (later opens and requests use them):
+ *   "pinned_bytes"  bound of the staging pool (256 MiB; one chunk at least)
+ *   "chunk_bytes"   one staging buffer, a multiple of 256 KiB (8 MiB)
+ *   "io_bytes"      one I/O, a multiple of 4096 (1 MiB)
+ *   "queue_depth"   I/Os in flight per request (32)
+ *   "commit_bytes"  direct path: bytes reserved and committed per step (256 MiB)
+ *   "direct_path"   use the direct path where possible (1; 0: through the mount)
+ *   "o_direct"      use O_DIRECT where the file system takes it (1; 0: buffered)
+ *   "verify"        direct path: verify block checksums on read (1)
+ *   "unit_hashes"   direct path: hash the whole 256 KiB units written, so the
+ *                   volume can share them with later writes (1)
+ *   "hash_threads"  threads of spill_hash_units on the host (0: automatic)
+ * Returns 0, or -EINVAL for an unknown key or a bad value. Any thread. */
+SPILL_API int spill_config_set(const char* key, uint64_t value);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,273 @@
+// The C ABI of segment files, unit hashing and the process-wide settings
+// (spillfs/client.h). The work: file_impl.h.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "client_impl.h"
+#include "error.h"
+#include "file_impl.h"
+#include "file_job.h"
+#include "file_settings.h"
+#include "spillfs/common/block_checksum.h"
+#include "spillfs/cuda/hash_kernels.h"
+#include "spillfs/cuda/runtime.h"
+
+#ifndef SPILLFS_VERSION
+#error "SPILLFS_VERSION must be defined by the build"
+#endif
+
+namespace spillfs::client {
+
+spill_file* OpenFile(const char* path, int flags, uint64_t size_hint);  // file_open.cc
+
+namespace {
+
+static_assert(sizeof(spillfs::cuda::Hash128) == 2 * sizeof(uint64_t), "Hash128 is (low, high)");
+
+// Units of one dedup request: about 42 bytes each, far below the control
+// file's 16 MiB a request.
+constexpr size_t kDedupBatch = 65536;
+
+int Start(spill_file* file, const spill_segment* segments, size_t n, uintptr_t stream, spill_request** out,
+          bool write) {
+  if (file == nullptr || out == nullptr) return Fail(EINVAL, "null file or request pointer");
+  *out = nullptr;
+  const int need = write ? SPILL_FILE_WRITE : SPILL_FILE_READ;
+  if ((file->flags & need) == 0) {
+    return Fail(EBADF, file->path + " was not opened for " + (write ? "writing" : "reading"));
+  }
+  if (file->client) file->client->AdoptAfterFork();
+  uint64_t chunk = 0;
+  std::shared_ptr<spillfs::cuda::PinnedPool> pool = StagingPool(&chunk);
+  Plan plan;
+  if (int rc = MakePlan(segments, n, write, chunk, &plan); rc != 0) return rc;
+  if (int rc = CheckDevices(plan); rc != 0) return rc;
+  std::unique_ptr<SegmentJob> job = write ? MakeWriteJob(file, std::move(plan), std::move(pool), chunk, stream)
+                                          : MakeReadJob(file, std::move(plan), std::move(pool), chunk, stream);
+  auto request = std::make_unique<spill_request>();
+  request->file = file;
+  spill_request* r = request.get();
+  file->requests_in_flight.fetch_add(1);
+  try {
+    request->worker = std::thread([r, job = std::move(job)] {
+      r->rc = job->Run(&r->stats);
+      if (r->rc != 0) r->message = LastError();
+      r->file->requests_in_flight.fetch_sub(1);
+    });
+  } catch (const std::system_error& e) {
+    file->requests_in_flight.fetch_sub(1);
+    return Fail(EAGAIN, std::string("cannot start a thread for the request: ") + e.what());
+  }
+  *out = request.release();
+  return 0;
+}
+
+// The control channel of `file` (opened at first use); 0 or -errno.
+int FileControl(spill_file* file, ControlChannel** out) {
+  std::lock_guard lock(file->control_mu);
+  if (!file->control) {
+    int rc = file->client ? file->client->OpenChannel(&file->control)
+                          : ControlChannel::Open(file->mountpoint + "/.spillfs/control", &file->control);
+    if (rc != 0) return rc;
+  }
+  *out = file->control.get();
+  return 0;
+}
+
+int Dedup(spill_file* file, uint64_t file_offset, const uint64_t* hashes, size_t n_units, uint8_t* needed) {
+  if (file == nullptr) return Fail(EINVAL, "null file");
+  if ((file->flags & SPILL_FILE_WRITE) == 0) return Fail(EBADF, file->path + " was not opened for writing");
+  if (file->backend != Backend::kDirectPath && file->backend != Backend::kMount) {
+    return Fail(EOPNOTSUPP, file->path + " is not on a spillfs mount: no dedup");
+  }
+  if (file_offset % kHashUnit != 0) {
+    return Fail(EINVAL, "dedup file offset " + std::to_string(file_offset) + " is not a multiple of 256 KiB");
+  }
+  if (n_units == 0) return 0;
+  if (hashes == nullptr || needed == nullptr) return Fail(EFAULT, "null hashes or needed");
+  if (file->client) file->client->AdoptAfterFork();
+  ControlChannel* control = nullptr;
+  if (int rc = FileControl(file, &control); rc != 0) return rc == -ENOTSUP ? -EOPNOTSUPP : rc;
+  uint64_t mapped_end = 0;
+  char num[24];
+  for (size_t first = 0; first < n_units; first += kDedupBatch) {
+    const size_t count = std::min(kDedupBatch, n_units - first);
+    const uint64_t offset = file_offset + first * kHashUnit;
+    std::string text = R"({"op":"dedup","path":)" + json(file->rel).dump() + R"(,"file_offset":)" +
+                       std::to_string(offset) + R"(,"hashes":[)";
+    text.reserve(text.size() + count * 42 + 2);
+    for (size_t i = 0; i < 2 * count; ++i) {
+      if (i > 0) text.push_back(',');
+      auto [end, ec] = std::to_chars(num, num + sizeof(num), hashes[2 * first + i]);
+      text.append(num, end);
+    }
+    text += "]}";
+    std::string reply;
+    json result;
+    int rc = control->RequestText(std::move(text), "dedup", &reply);
+    if (rc == 0) rc = control->ParseReply("dedup", reply, &result);
+    if (rc != 0) return rc;
+    auto it = result.find("needed");
+    if (it == result.end() || !it->is_array() || it->size() != count) {
+      return Fail(EPROTO, "malformed dedup reply: " + reply.substr(0, 200));
+    }
+    for (size_t i = 0; i < count; ++i) {
+      const json& v = (*it)[i];
+      if (!v.is_number_unsigned() || v.get<uint64_t>() > 1) return Fail(EPROTO, "malformed dedup reply");
+      needed[first + i] = static_cast<uint8_t>(v.get<uint64_t>());
+      if (needed[first + i] == 0) mapped_end = offset + (i + 1) * kHashUnit;
+    }
+  }
+  // The daemon grew the file over the units it mapped: a write request's end
+  // must not cut it back.
+  std::lock_guard lock(file->size_mu);
+  file->size = std::max(file->size, mapped_end);
+  return 0;
+}
+
+int HashUnits(const void* ptr, uint64_t length, int32_t device, uintptr_t stream, uint64_t* out) {
+  const uint64_t units = length / kHashUnit;
+  if (units == 0) return 0;
+  if (ptr == nullptr || out == nullptr) return Fail(EFAULT, "null buffer or output");
+  auto* hashes = reinterpret_cast<spillfs::cuda::Hash128*>(out);
+  if (device >= 0) {
+    if (!spillfs::cuda::Available() || device >= spillfs::cuda::DeviceCount()) {
+      return Fail(ENODEV,
+                  "no usable CUDA device " + std::to_string(device) + " (or the library was built without CUDA)");
+    }
+    Status s = spillfs::cuda::UnitHashes(ptr, units * kHashUnit, kHashUnit, hashes, stream);
+    return s.ok() ? 0 : Fail(s.code(), "unit hashes on CUDA device " + std::to_string(device) + ": " + s.message());
+  }
+  if (device != -1) return Fail(EINVAL, "device must be -1 (host) or a CUDA device");
+  if (spillfs::cuda::Available() && spillfs::cuda::PointerDevice(ptr) >= 0) {
+    return Fail(EINVAL, "the buffer is CUDA device memory but was given as host memory");
+  }
+  unsigned threads = Settings().hash_threads.load();
+  if (threads == 0) threads = std::clamp(std::thread::hardware_concurrency() / 2, 1u, 4u);
+  threads = static_cast<unsigned>(std::min<uint64_t>(threads, std::max<uint64_t>(1, units / 64)));
+  const char* base = static_cast<const char*>(ptr);
+  auto hash = [&](uint64_t from, uint64_t to) {
+    for (uint64_t u = from; u < to; ++u) {
+      XXH128_hash_t h = ContentHash128(base + u * kHashUnit, kHashUnit);
+      hashes[u] = spillfs::cuda::Hash128{h.low64, h.high64};
+    }
+  };
+  std::vector<std::thread> helpers;
+  const uint64_t share = (units + threads - 1) / threads;
+  for (unsigned t = 1; t < threads; ++t) {
+    const uint64_t from = t * share, to = std::min(units, from + share);
+    if (from >= to) break;
+    try {
+      helpers.emplace_back(hash, from, to);
+    } catch (const std::system_error&) {
+      hash(from, to);  // no thread to be had: here
+    }
+  }
+  hash(0, std::min(units, share));
+  for (std::thread& h : helpers) h.join();
+  return 0;
+}
+
+}  // namespace
+}  // namespace spillfs::client
+
+using namespace spillfs::client;
+
+extern "C" {
+
+spill_file* spill_file_open(const char* path, int flags, uint64_t size_hint) {
+  ClearError();
+  return OpenFile(path, flags, size_hint);
+}
+
+int spill_file_backend(spill_file* file) {
+  ClearError();
+  if (file == nullptr) return Fail(EINVAL, "null file");
+  return static_cast<int>(file->backend);
+}
+
+int spill_file_write_segments(spill_file* file, const spill_segment* segments, size_t n, uintptr_t stream,
+                              spill_request** out) {
+  ClearError();
+  return Start(file, segments, n, stream, out, /*write=*/true);
+}
+
+int spill_file_read_segments(spill_file* file, const spill_segment* segments, size_t n, uintptr_t stream,
+                             spill_request** out) {
+  ClearError();
+  return Start(file, segments, n, stream, out, /*write=*/false);
+}
+
+int spill_request_wait(spill_request* request, spill_io_stats* stats) {
+  ClearError();
+  if (request == nullptr) return Fail(EINVAL, "null request");
+  if (request->worker.joinable()) request->worker.join();
+  if (stats != nullptr) *stats = request->stats;
+  const int rc = request->rc;
+  if (rc != 0) Fail(-rc, request->message);
+  delete request;
+  return rc;
+}
+
+int spill_file_sync(spill_file* file) {
+  ClearError();
+  if (file == nullptr) return Fail(EINVAL, "null file");
+  if (fsync(file->fd) != 0) {
+    int e = errno;
+    return Fail(e, WithErrno("fsync of " + file->path, e));
+  }
+  return 0;
+}
+
+int spill_file_truncate(spill_file* file, uint64_t size) {
+  ClearError();
+  if (file == nullptr) return Fail(EINVAL, "null file");
+  if ((file->flags & SPILL_FILE_WRITE) == 0) return Fail(EBADF, file->path + " was not opened for writing");
+  if (file->requests_in_flight.load() > 0) return Fail(EBUSY, "a request of " + file->path + " is in flight");
+  std::lock_guard lock(file->size_mu);
+  if (ftruncate(file->fd, static_cast<off_t>(size)) != 0) {
+    int e = errno;
+    return Fail(e, WithErrno("cannot truncate " + file->path, e));
+  }
+  file->size = size;
+  file->padded_end = 0;
+  return 0;
+}
+
+int spill_file_close(spill_file* file) {
+  ClearError();
+  if (file == nullptr) return 0;
+  if (file->requests_in_flight.load() > 0) return Fail(EBUSY, "a request of " + file->path + " is in flight");
+  delete file;
+  return 0;
+}
+
+int spill_file_dedup(spill_file* file, uint64_t file_offset, const uint64_t* hashes, size_t n_units, uint8_t* needed) {
+  ClearError();
+  return Dedup(file, file_offset, hashes, n_units, needed);
+}
+
+int spill_hash_units(const void* ptr, uint64_t length, int32_t device, uintptr_t stream, uint64_t* out) {
+  ClearError();
+  return HashUnits(ptr, length, device, stream, out);
+}
+
+const char* spill_version(void) { return SPILLFS_VERSION; }
+
+int spill_config_set(const char* key, uint64_t value) {
+  ClearError();
+  if (key == nullptr) return Fail(EINVAL, "null key");
+  return SetSetting(key, value);
+}
+
+}  // extern "C"

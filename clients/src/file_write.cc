@@ -1,0 +1,307 @@
+// The write pipeline of segment files: each piece is staged (the partial
+// blocks at its edges completed from the file, host segments copied in,
+// device segments copied to the host on the device's copy stream), hashed
+// where the direct path wants block checksums, and written with io_uring
+// while the next piece is staged. On the direct path the pieces go in
+// steps of commit_bytes: reserved ahead, committed behind (on two control
+// channels, as spill_write does).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <future>
+#include <string>
+
+#include "client_impl.h"
+#include "error.h"
+#include "file_job.h"
+#include "file_settings.h"
+#include "spillfs/common/block_checksum.h"
+#include "spillfs/common/rounding.h"
+
+namespace spillfs::client {
+namespace {
+
+class WriteJob : public SegmentJob {
+ public:
+  using SegmentJob::SegmentJob;
+
+ protected:
+  int Work() override;
+
+ private:
+  // Fills the staging buffer of piece i (nothing for a piece written from
+  // memory as is).
+  int Stage(size_t i);
+  // The bytes of the file's block at `block` (in the file before this
+  // request) into `out`, or zeros past its end.
+  int OldBlock(uint64_t block, char* out);
+  int WriteFile();
+  int WriteDirect();
+
+  uint64_t size_before_ = 0;  // of the file, when the request began
+};
+
+int WriteJob::OldBlock(uint64_t block, char* out) {
+  uint64_t have = 0;
+  if (block < size_before_) {
+    while (have < kBlock) {
+      ssize_t n = pread(file_->fd, out + have, kBlock - have, static_cast<off_t>(block + have));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        int e = errno;
+        return Fail(e, WithErrno("cannot read the block at " + std::to_string(block) + " of " + file_->path +
+                                     " (to complete a partly written block)",
+                                 e));
+      }
+      if (n == 0) break;
+      have += static_cast<uint64_t>(n);
+    }
+  }
+  std::memset(out + have, 0, kBlock - have);
+  return 0;
+}
+
+int WriteJob::Stage(size_t i) {
+  const Piece& p = piece(i);
+  if (p.direct != nullptr) return 0;
+  char* buf = Acquire(i);
+  if (buf == nullptr) return error();
+  Timed t(&stats_.copy_seconds);
+  // First the gaps the segments leave (inside the partial blocks at their
+  // edges): the file's bytes there, or zeros past its end; then the
+  // segments over them.
+  uint64_t last_old = UINT64_MAX;  // block already read
+  auto gap = [&](uint64_t from, uint64_t to) -> int {
+    for (uint64_t b = RoundDown(from, kBlock); b < to; b += kBlock) {
+      if (b < size_before_) {
+        if (b == last_old) continue;
+        if (int rc = OldBlock(b, buf + (b - p.start)); rc != 0) return rc;
+        last_old = b;
+      } else {
+        const uint64_t a = std::max(from, b), e = std::min(to, b + kBlock);
+        std::memset(buf + (a - p.start), 0, e - a);
+      }
+    }
+    return 0;
+  };
+  uint64_t cursor = p.start;
+  for (size_t k = p.first_seg; k < p.last_seg; ++k) {
+    const Seg& s = plan_.segs[k];
+    const uint64_t a = std::max(s.offset, p.start), b = std::min(s.end(), p.end);
+    if (b <= a) continue;
+    if (a > cursor) {
+      if (int rc = gap(cursor, a); rc != 0) return rc;
+    }
+    cursor = std::max(cursor, b);
+  }
+  if (cursor < p.end) {
+    if (int rc = gap(cursor, p.end); rc != 0) return rc;
+  }
+  bool on_device = false;
+  for (size_t k = p.first_seg; k < p.last_seg; ++k) {
+    const Seg& s = plan_.segs[k];
+    const uint64_t a = std::max(s.offset, p.start), b = std::min(s.end(), p.end);
+    if (b <= a) continue;
+    if (s.device < 0) {
+      std::memcpy(buf + (a - p.start), s.ptr + (a - s.offset), b - a);
+    } else {
+      Status copied = Stream(s.device)->ToHost(buf + (a - p.start), s.ptr + (a - s.offset), b - a);
+      if (!copied.ok()) return Fail(copied.code(), "device-to-host copy failed: " + copied.message());
+      on_device = true;
+    }
+  }
+  return on_device ? WaitStreams() : 0;
+}
+
+// Through a file system (a spillfs mount or another): the pieces at their
+// file offsets; then the size, exact once the last write of the handle ends.
+int WriteJob::WriteFile() {
+  {
+    std::lock_guard lock(file_->size_mu);
+    ++file_->writes_in_flight;
+    size_before_ = file_->size;
+  }
+  int rc = 0;
+  for (size_t i = 0; i < plan_.pieces.size() && rc == 0; ++i) {
+    if ((rc = Stage(i)) != 0) break;
+    const Piece& p = piece(i);
+    char* data = Data(i);
+    BeginPiece(i);
+    for (uint64_t at = p.start; at < p.end && rc == 0; at += io_bytes_) {
+      AsyncIo::Op op;
+      op.fd = file_->fd;
+      op.write = true;
+      op.offset = at;
+      op.buffer = data + (at - p.start);
+      op.length = static_cast<uint32_t>(std::min(io_bytes_, p.end - at));
+      op.tag = i;
+      rc = Submit(op);
+    }
+    EndPiece(i);
+    if (rc == 0) rc = Reap(0);
+  }
+  Note(rc);
+  Drain();
+  rc = error();
+  std::lock_guard lock(file_->size_mu);
+  --file_->writes_in_flight;
+  if (rc == 0) file_->size = std::max(file_->size, plan_.exact_end);
+  file_->padded_end = std::max(file_->padded_end, plan_.pieces.back().end);
+  if (file_->writes_in_flight == 0 && file_->padded_end > file_->size) {
+    if (ftruncate(file_->fd, static_cast<off_t>(file_->size)) != 0 && rc == 0) {
+      int e = errno;
+      return Fail(e, WithErrno("cannot set the size of " + file_->path, e));
+    }
+    file_->padded_end = 0;
+  }
+  return rc;
+}
+
+// The direct path: steps of whole pieces, each reserved, written and
+// committed with its block checksums (and the hashes of its whole units).
+int WriteJob::WriteDirect() {
+  spill_client* client = file_->client.get();
+  const std::string& rel = file_->rel;
+  const bool sums_wanted = client->checksums;
+  const bool units_wanted = client->dedup && Settings().unit_hashes.load();
+  {
+    struct stat st;
+    if (fstat(file_->fd, &st) != 0) {
+      int e = errno;
+      return Fail(e, WithErrno("cannot stat " + file_->path, e));
+    }
+    size_before_ = static_cast<uint64_t>(st.st_size);
+  }
+  // Steps: runs of consecutive pieces, at most commit_bytes (whole chunks).
+  struct Step {
+    size_t first, last;  // pieces
+    uint64_t start, end;
+  };
+  std::vector<Step> steps;
+  const uint64_t step_bytes = std::max(chunk_bytes_, RoundDown(Settings().commit_bytes.load(), chunk_bytes_));
+  for (size_t i = 0; i < plan_.pieces.size(); ++i) {
+    const Piece& p = piece(i);
+    if (!steps.empty() && steps.back().end == p.start && p.end - steps.back().start <= step_bytes) {
+      steps.back().last = i + 1;
+      steps.back().end = p.end;
+    } else {
+      steps.push_back(Step{i, i + 1, p.start, p.end});
+    }
+  }
+  auto step_len = [&](size_t k) -> uint64_t { return k < steps.size() ? steps[k].end - steps[k].start : 0; };
+
+  std::unique_ptr<ControlChannel> txn[2];  // hold the reservations; closing drops them
+  int rc = client->OpenChannel(&txn[0]);
+  if (rc == 0 && steps.size() > 1) rc = client->OpenChannel(&txn[1]);
+  if (rc != 0) return rc;
+  using Reservation = spill_client::Reservation;
+  std::future<Reservation> pending[2];
+  auto settle = [&](int slot, Reservation* out) -> int {
+    Timed t(&stats_.daemon_seconds);
+    Reservation r = pending[slot].valid() ? pending[slot].get() : Reservation();
+    if (r.rc != 0) {
+      Note(Fail(-r.rc, r.message));
+      return error();
+    }
+    if (out != nullptr) *out = std::move(r);
+    return 0;
+  };
+  auto settle_all = [&] {
+    for (int slot : {0, 1}) settle(slot, nullptr);
+    return error();
+  };
+  Reservation current;
+  {
+    Timed t(&stats_.daemon_seconds);
+    current = client->ReserveStep(txn[0].get(), rel, step_len(0));
+  }
+  if (current.rc != 0) return Fail(-current.rc, current.message);
+  if (steps.size() > 1) {
+    ControlChannel* other = txn[1].get();
+    const uint64_t n = step_len(1);
+    pending[1] = std::async(std::launch::async, [=] { return client->ReserveStep(other, rel, n); });
+  }
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const int slot = static_cast<int>(k % 2);
+    if (k > 0 && settle(slot, &current) != 0) break;
+    const Step& step = steps[k];
+    auto sums = std::make_shared<std::vector<uint32_t>>(sums_wanted ? (step.end - step.start) / kBlock : 0);
+    auto units = std::make_shared<std::vector<uint64_t>>();
+    for (size_t i = step.first; i < step.last && error() == 0; ++i) {
+      if (int r = Stage(i); r != 0) {
+        Note(r);
+        break;
+      }
+      const Piece& p = piece(i);
+      char* data = Data(i);
+      {
+        Timed t(&stats_.hash_seconds);
+        for (uint64_t b = p.start; sums_wanted && b < p.end; b += kBlock) {
+          (*sums)[(b - step.start) / kBlock] = BlockChecksum(data + (b - p.start), kBlock);
+        }
+        for (uint64_t u = RoundUp(p.start, kHashUnit);
+             units_wanted && u + kHashUnit <= std::min(p.end, plan_.exact_end); u += kHashUnit) {
+          XXH128_hash_t h = ContentHash128(data + (u - p.start), kHashUnit);
+          units->insert(units->end(), {u, h.low64, h.high64});
+        }
+      }
+      // [p.start, p.end) lies at step offset p.start - step.start of the
+      // reserved space, which may come in several pieces.
+      uint64_t skip = p.start - step.start;
+      uint64_t at = p.start;
+      BeginPiece(i);
+      for (auto [phys, len] : current.space) {
+        if (at >= p.end) break;
+        if (skip >= len) {
+          skip -= len;
+          continue;
+        }
+        const uint64_t n = std::min(len - skip, p.end - at);
+        for (uint64_t done = 0; done < n && error() == 0; done += io_bytes_) {
+          AsyncIo::Op op;
+          op.fd = current.fd;
+          op.write = true;
+          op.offset = phys + skip + done;
+          op.buffer = data + (at + done - p.start);
+          op.length = static_cast<uint32_t>(std::min(io_bytes_, n - done));
+          op.tag = i;
+          Note(Submit(op));
+        }
+        at += n;
+        skip = 0;
+      }
+      EndPiece(i);
+      if (error() == 0) Reap(0);
+    }
+    // The step's bytes are on the device before it is committed.
+    Drain();
+    if (error() != 0) break;
+    client->bytes_written.fetch_add(step.end - step.start, std::memory_order_relaxed);
+    ControlChannel* channel = txn[slot].get();
+    const uint64_t pos = step.start, length = step.end - step.start;
+    const uint64_t size = std::min(step.end, plan_.exact_end);
+    const uint64_t next_len = step_len(k + 2);
+    pending[slot] = std::async(std::launch::async, [=] {
+      return client->CommitStep(channel, rel, pos, length, size, *sums, next_len, units.get());
+    });
+  }
+  return settle_all();
+}
+
+int WriteJob::Work() {
+  if (file_->backend == Backend::kDirectPath) return WriteDirect();
+  return WriteFile();
+}
+
+}  // namespace
+
+std::unique_ptr<SegmentJob> MakeWriteJob(spill_file* file, Plan plan, std::shared_ptr<spillfs::cuda::PinnedPool> pool,
+                                         uint64_t chunk_bytes, uintptr_t stream) {
+  return std::make_unique<WriteJob>(file, std::move(plan), std::move(pool), chunk_bytes, stream);
+}
+
+}  // namespace spillfs::client
