@@ -63,7 +63,9 @@ class SegmentJob {
   int error() const { return error_; }
 
   const Piece& piece(size_t i) const { return plan_.pieces[i]; }
-  char* Data(size_t i) { return plan_.pieces[i].direct ? plan_.pieces[i].direct : buffers_[i]->data(); }
+  char* Data(size_t i) {
+    return plan_.pieces[i].direct ? plan_.pieces[i].direct : static_cast<char*>(buffers_[i]->data());
+  }
 
   // Time of a stage, added to a stats field.
   class Timed {
