@@ -54,14 +54,17 @@ int Start(spill_file* file, const spill_segment* segments, size_t n, uintptr_t s
   if (int rc = CheckDevices(plan); rc != 0) return rc;
   std::unique_ptr<SegmentJob> job = write ? MakeWriteJob(file, std::move(plan), std::move(pool), chunk, stream)
                                           : MakeReadJob(file, std::move(plan), std::move(pool), chunk, stream);
+  if (int rc = job->Prepare(); rc != 0) return rc;
+  if (write) file->Changed();
   auto request = std::make_unique<spill_request>();
   request->file = file;
   spill_request* r = request.get();
   file->requests_in_flight.fetch_add(1);
   try {
-    request->worker = std::thread([r, job = std::move(job)] {
+    request->worker = std::thread([r, write, job = std::move(job)] {
       r->rc = job->Run(&r->stats);
       if (r->rc != 0) r->message = LastError();
+      if (write) r->file->Changed();  // a layout taken meanwhile may show the write half done
       r->file->requests_in_flight.fetch_sub(1);
     });
   } catch (const std::system_error& e) {
@@ -96,6 +99,7 @@ int Dedup(spill_file* file, uint64_t file_offset, const uint64_t* hashes, size_t
   if (n_units == 0) return 0;
   if (hashes == nullptr || needed == nullptr) return Fail(EFAULT, "null hashes or needed");
   if (file->client) file->client->AdoptAfterFork();
+  file->Changed();
   ControlChannel* control = nullptr;
   if (int rc = FileControl(file, &control); rc != 0) return rc == -ENOTSUP ? -EOPNOTSUPP : rc;
   uint64_t mapped_end = 0;
@@ -241,6 +245,7 @@ int spill_file_truncate(spill_file* file, uint64_t size) {
   }
   file->size = size;
   file->padded_end = 0;
+  file->Changed();
   return 0;
 }
 

@@ -52,7 +52,6 @@ int SegmentJob::Run(spill_io_stats* stats) {
   int rc = 0;
   if (!plan_.pieces.empty()) {
     rc = ring_.Init(settings.queue_depth.load());
-    if (rc == 0) rc = OpenStreams();
     if (rc == 0) rc = Work();
     Note(rc);
     // Whatever went wrong, nothing may be in flight (the I/O uses buffers

@@ -23,6 +23,10 @@ class SegmentJob {
              uintptr_t stream);
   virtual ~SegmentJob() = default;
 
+  // On the caller's thread, before Run: makes the device streams, each
+  // ordered after the work enqueued on the caller's stream so far (not
+  // after what the caller enqueues once the request is under way).
+  int Prepare() { return OpenStreams(); }
   // Runs the request; 0 or -errno (message set on this thread).
   int Run(spill_io_stats* stats);
 

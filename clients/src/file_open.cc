@@ -66,6 +66,13 @@ spill_file::~spill_file() {
   if (fd >= 0) close(fd);
 }
 
+void spill_file::Changed() {
+  std::shared_ptr<Layout> dropped;  // its lease closed after the lock (a FUSE round trip)
+  std::lock_guard lock(layout_mu);
+  ++changes;
+  dropped = std::move(layout);
+}
+
 namespace spillfs::client {
 
 // spill_file_open (the C ABI's): see client.h.
