@@ -25,8 +25,8 @@
 
 #include "eventually.h"
 #include "read_bytes.h"
-#include "spillfs/fs/block_store.h"
-#include "spillfs/fs/filesystem.h"
+#include "store/block_store.h"
+#include "core/filesystem.h"
 #include "spillfs/fs/volume.h"
 #include "spillfs/kvindex/keys.h"
 #include "temp_dir.h"

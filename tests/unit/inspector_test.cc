@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "spillfs/fs/filesystem.h"
+#include "core/filesystem.h"
 #include "spillfs/fs/volume.h"
 #include "spillfs/kvindex/keys.h"
 

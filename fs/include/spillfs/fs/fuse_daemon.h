@@ -12,8 +12,8 @@
 #include <memory>
 #include <string>
 
-#include "spillfs/fs/control_plane.h"
-#include "spillfs/fs/filesystem.h"
+#include "control/control_plane.h"
+#include "core/filesystem.h"
 #include "spillfs/common/status.h"
 
 struct fuse_session;
