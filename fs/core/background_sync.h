@@ -4,9 +4,9 @@
 // the index durable when freed space has waited too long for a sync
 // (allocator.h, parked space).
 //
-// (From the fifth session to the seventh it also synced the data area as the
-// flusher wrote, `--bytes-per-sync`; every flush batch is now made durable
-// before it is mapped, Filesystem::FlushBeforeMapping, which does that job.)
+// (From 3001f19 to c4c9309 it also synced the data area as the flusher
+// wrote, `--bytes-per-sync`; every flush batch is now made durable before it
+// is mapped, Filesystem::FlushBeforeMapping, which does that job.)
 //
 // Request() returns at once; requests that arrive while a sync runs are
 // served by one more sync after it (the running one may have missed their

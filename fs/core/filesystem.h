@@ -390,7 +390,7 @@ class Filesystem {
   void HashSegments(std::vector<Segment>* segments, bool dedup) const;
   // The dedup hash of one dedup unit.
   static std::string DedupHash(const char* data);
-  // Crash order rule 2 (DESIGN.md): makes the data area durable before a
+  // Crash order rule 2 (docs/design.md): makes the data area durable before a
   // batch that maps data just written to it is committed. Whatever reaches
   // RocksDB's WAL may reach the media at any moment (kernel write-back of
   // the WAL, a memtable flush, another thread's sync), so the data must be

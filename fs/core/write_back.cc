@@ -39,8 +39,9 @@ namespace {
 // Batches (FilesystemOptions::flush_batch_bytes) written or being written
 // and not yet mapped, per flush. Each waits for an fdatasync before its
 // mapping; the next ones are written meanwhile, so the SSD is not idle while
-// a sync runs (one took 7-99 ms on the CPU VM under a stream of writes,
-// against ~45 ms to write a 64 MiB batch).
+// a sync runs (under a stream of writes a sync can take as long as writing a
+// batch). Four, not more: eight measured no faster and freeze twice the
+// RAM-tier memory under a flush (59a375d; docs/results.md, "Write path").
 constexpr size_t kFlushBatchesInFlight = 4;
 // A background flush of a durable file takes chunks filled while it runs, up
 // to this much in all, instead of ending (and waiting for its last sync) and

@@ -7,10 +7,10 @@
 // The pool grows as libfuse's does: a worker that takes a request while no
 // other is waiting in read() starts the next one (up to `threads`), and none
 // ends before the loop does. So at depth 1 two workers take turns, and under
-// load all of them read. With all started at once, 4 KiB reads at depth 1 on
-// the H100 ran at 0.17-0.20 of raw against libfuse's 0.19-0.38
-// (tools/bench/RESULTS.md): the kernel's wait queue is FIFO, so each request
-// went to the worker that had waited longest, likely on a CPU asleep.
+// load all of them read. Not all started at once (10ff4e4): 4 KiB reads at
+// depth 1 then ran below libfuse's loop, because the kernel's wait queue is
+// FIFO, so each request went to the worker that had waited longest, likely on
+// a CPU asleep (docs/results.md, "FUSE transport").
 //
 // Why not libfuse's fuse_session_loop_mt: libfuse 3.14 receives into buffers
 // of 256 pages and lowers max_write at INIT to fit, so no request carries

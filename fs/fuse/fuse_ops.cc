@@ -191,10 +191,10 @@ void OnLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* n
 
 // A write-only handle (torch.save, np.save, an activation spill) skips the
 // page cache (direct_io): its write()s reach the daemon as they are, without
-// the kernel first copying them into page-cache pages. H200, runs 19 and 21:
-// 1 MiB writes into an ephemeral file 942-1222 MB/s through the page cache
-// against 1755-2345 direct; one unaligned 1 GiB write + fsync 973-1108
-// against 1355-1465. Nothing is lost: the handle neither reads nor maps, the
+// the kernel first copying them into page-cache pages: about twice the
+// ingest of 1 MiB writes, and faster unaligned writers once a partial block
+// past EOF is zeroed instead of read (a448212, 8d6a2dd; docs/results.md,
+// "Write path"). Nothing is lost: the handle neither reads nor maps, the
 // RAM tier is the cache, and the kernel drops cached pages of the range it
 // writes directly (handles that can read keep the page cache). Not under
 // --writeback-cache, whose point is that the kernel gathers small writes.

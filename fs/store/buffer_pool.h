@@ -8,16 +8,13 @@
 // bounded, warm set of buffers.
 //
 // Warm() faults in a bounded part of the pool at mount, before any writer
-// runs: on the 2-core VM the first 1 GiB into a fresh mount took 0.86-0.95 s
-// of write() without it, 0.58-0.66 s with 256 MiB warmed (0.45 s longer
-// mount), as fast as the second file (tools/bench/RESULTS.md, 2026-12-05).
+// runs, so the first file written into a fresh mount is as fast as the
+// second, for a slightly longer mount (784bf34).
 // There is deliberately no thread that faults slabs in ahead of demand. One
-// did (d220ff7) and was measured off again: it zeroed pages faster than they
+// did (d220ff7) and was removed (f042b4d): it zeroed pages faster than they
 // were needed, took CPU from the writers and the flusher, and let the pool
-// run away on a fresh mount (tools/bench/RESULTS.md, 2026-12-04, run 17: the
-// first 2 GiB into a fresh mount, H200: ephemeral ingest 1.5-1.9 GB/s with it,
-// 2.1-2.2 without; a 2-core VM: 1 GiB O_DIRECT writes 0.4-1.0 GB/s with it,
-// 1.5-2.0 without).
+// run away on a fresh mount; ingest into a fresh mount was faster without it
+// (docs/results.md, "RAM tier memory").
 #pragma once
 
 #include <cstddef>

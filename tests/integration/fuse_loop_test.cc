@@ -135,8 +135,8 @@ MountedVolume::Options WithMaxRequest(const std::string& size) {
   return options;
 }
 
-// The default: 1 MiB requests and read-ahead. More read-ahead made buffered
-// reads slower on the CPU VM (tools/bench/RESULTS.md, fourth session).
+// The default: 1 MiB requests and read-ahead. More kernel read-ahead made
+// buffered reads slower (1e9c81e; docs/results.md, "Read path").
 TEST(FuseLoopTest, TheKernelReadsAheadOneRequestByDefault) {
   MountedVolume volume;
   EXPECT_EQ(ReadAheadKib(volume), 1024u);

@@ -40,7 +40,7 @@
 // Every fsync or fdatasync of any file, and every fsync of a directory, is a
 // point at which everything done before it is durable: spillfs's fsync
 // flushes the file's RAM-tier data, the whole data area and the whole index
-// WAL (Filesystem::SyncAll; README "How data is kept"), and the writer has
+// WAL (Filesystem::SyncAll; docs/design.md, "Crash order"), and the writer has
 // every other file closed (close writes the RAM tier out) when it syncs.
 //
 // Environment:
