@@ -1,4 +1,4 @@
-// The daemon's /dev/fuse loop (fs/src/fuse_device_loop.h): requests as large
+// The daemon's /dev/fuse loop (fs/fuse/fuse_device_loop.h): requests as large
 // as `spillfs mount --max-request` where the kernel's fs.fuse.max_pages_limit
 // allows them, the kernel's read-ahead of one request, the kernel's limit
 // honoured where it is lower, bad values refused, and a signal ending the

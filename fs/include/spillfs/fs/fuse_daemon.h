@@ -1,7 +1,7 @@
 // FuseDaemon: serves a Filesystem to the kernel through libfuse's low-level
-// API, with its own pool of /dev/fuse workers (fs/src/fuse_device_loop.h:
+// API, with its own pool of /dev/fuse workers (fs/fuse/fuse_device_loop.h:
 // requests larger than libfuse's loop takes) or, asked for, FUSE over
-// io_uring (fs/src/fuse_ring.h). It only translates: every decision about
+// io_uring (fs/fuse/fuse_ring.h). It only translates: every decision about
 // names, permissions of created inodes, sizes and errors is made by
 // Filesystem; FUSE types never leave fuse_daemon.cc, fuse_ops.cc (the
 // operations), fuse_device_loop.cc and fuse_ring.cc.
