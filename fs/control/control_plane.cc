@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <xxhash.h>
+
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -94,6 +96,30 @@ Result<std::vector<uint32_t>> ChecksumsField(const nlohmann::json& request) {
   return out;
 }
 
+// A flat array of unsigned 64-bit numbers ("hashes": low, high, ...; "units":
+// offset, low, high, ...), whose length is a multiple of `group`.
+Result<std::vector<uint64_t>> NumbersField(const nlohmann::json& request, const char* key, size_t group) {
+  std::vector<uint64_t> out;
+  if (!request.contains(key)) return out;
+  const nlohmann::json& value = request[key];
+  if (!value.is_array() || value.size() % group != 0) {
+    return Status::Error(EINVAL, fmt::format("\"{}\" must be an array of {}-tuples of numbers", key, group));
+  }
+  out.reserve(value.size());
+  for (const nlohmann::json& v : value) {
+    if (!v.is_number_unsigned())
+      return Status::Error(EINVAL, fmt::format("\"{}\" holds a value that is not a u64", key));
+    out.push_back(v.get<uint64_t>());
+  }
+  return out;
+}
+
+// The 16 bytes of an XXH3-128 hash given as (low, high), as Filesystem::DedupHash lays them out.
+std::string HashBytes(uint64_t low, uint64_t high) {
+  XXH128_hash_t h{low, high};
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
 // The layout reply, written directly: a big file's layout holds one checksum
 // per block (262,144 a GiB), and building it as a json document and then
 // serialising it took ~17 ms a GiB, ~4% of a direct read of the file.
@@ -123,7 +149,7 @@ std::optional<std::string> ControlPlane::AnswerDirect(Handle& handle, const nloh
   using nlohmann::json;
   // value() throws on a non-string "op": a bad request must never stop the daemon.
   std::string op = request.contains("op") && request["op"].is_string() ? request["op"].get<std::string>() : "";
-  if (op != "layout" && op != "reserve" && op != "commit") return std::nullopt;
+  if (op != "layout" && op != "reserve" && op != "commit" && op != "dedup") return std::nullopt;
   auto fail = [](const Status& s) { return Inspector::ErrorReply(s).dump(); };
   const Superblock& sb = fs_->volume().superblock();
   std::string data_path = fs_->volume().store().path();
@@ -146,12 +172,46 @@ std::optional<std::string> ControlPlane::AnswerDirect(Handle& handle, const nloh
       if (!layout.ok()) return fail(layout.status());
       return LayoutReply(*layout, sb, data_path);
     }
+    if (op == "dedup") {
+      // {"op":"dedup","path":P,"file_offset":N,"hashes":[low0,high0,low1,high1,...]}: the XXH3-128 of
+      // consecutive dedup units from N. Reply: "needed" (1: the client must write the unit; 0: mapped
+      // by reference), "unit_bytes", "mapped_bytes".
+      auto file_offset = UnsignedField(request, "file_offset", std::nullopt);
+      if (!file_offset.ok()) return fail(file_offset.status());
+      auto numbers = NumbersField(request, "hashes", 2);
+      if (!numbers.ok()) return fail(numbers.status());
+      std::vector<std::string> hashes;
+      hashes.reserve(numbers->size() / 2);
+      for (size_t i = 0; i < numbers->size(); i += 2) hashes.push_back(HashBytes((*numbers)[i], (*numbers)[i + 1]));
+      auto mapped = fs_->DirectDedup(*ino, *file_offset, hashes);
+      if (!mapped.ok()) return fail(mapped.status());
+      std::string needed;
+      needed.reserve(mapped->size() * 2);
+      uint64_t mapped_bytes = 0;
+      for (size_t i = 0; i < mapped->size(); ++i) {
+        if (i > 0) needed.push_back(',');
+        needed.push_back((*mapped)[i] ? '0' : '1');
+        if ((*mapped)[i]) mapped_bytes += Filesystem::dedup_unit();
+      }
+      if (mapped_bytes > 0) handle.invalidate = *ino;  // by Read, once no lock is held
+      return fmt::format(R"({{"ok":true,"result":{{"ino":{},"unit_bytes":{},"mapped_bytes":{},"needed":[{}]}}}})", *ino,
+                         Filesystem::dedup_unit(), mapped_bytes, needed);
+    }
     auto length_field = UnsignedField(request, "length", std::nullopt);
     auto file_offset = UnsignedField(request, "file_offset", std::nullopt);
     auto size = UnsignedField(request, "size", uint64_t{0});
     auto checksums = ChecksumsField(request);
-    for (const Status& s : {length_field.status(), file_offset.status(), size.status(), checksums.status()}) {
+    // Optional "units": [file_offset, low, high, ...]: whole dedup units of the range and the
+    // XXH3-128 of the bytes written there, which may become blobs (Filesystem::DirectCommit).
+    auto unit_numbers = NumbersField(request, "units", 3);
+    for (const Status& s :
+         {length_field.status(), file_offset.status(), size.status(), checksums.status(), unit_numbers.status()}) {
       if (!s.ok()) return fail(s);
+    }
+    std::vector<DirectUnit> units;
+    units.reserve(unit_numbers->size() / 3);
+    for (size_t i = 0; i < unit_numbers->size(); i += 3) {
+      units.push_back(DirectUnit{(*unit_numbers)[i], HashBytes((*unit_numbers)[i + 1], (*unit_numbers)[i + 2])});
     }
     uint64_t length = *length_field;
     uint64_t reserved = 0;
@@ -159,7 +219,7 @@ std::optional<std::string> ControlPlane::AnswerDirect(Handle& handle, const nloh
     if (length != reserved) {
       return fail(Status::Error(EINVAL, fmt::format("commit length {} != reserved {}", length, reserved)));
     }
-    Status committed = fs_->DirectCommit(*ino, *file_offset, handle.reserved, *checksums, *size);
+    Status committed = fs_->DirectCommit(*ino, *file_offset, handle.reserved, *checksums, *size, units);
     if (!committed.ok()) return fail(committed);
     handle.reserved.clear();
     handle.invalidate = *ino;  // by Read, once no lock is held

@@ -106,6 +106,13 @@ struct DirectLayout {
   std::vector<std::pair<uint64_t, ExtentRecord>> extents;  // file offset -> extent
 };
 
+// A whole dedup unit of a direct-path write, with the content hash the client
+// took of the bytes it wrote (XXH3-128, 16 bytes laid out as DedupHash's).
+struct DirectUnit {
+  uint64_t file_offset = 0;
+  std::string hash;
+};
+
 // The xattr that marks a directory (and what is created under it) ephemeral.
 inline constexpr const char* kEphemeralXattr = "user.spillfs.ephemeral";
 
@@ -207,8 +214,22 @@ class Filesystem {
   Result<std::vector<PhysicalExtent>> DirectReserve(uint64_t length);
   void DirectUnreserve(const std::vector<PhysicalExtent>& space);
   // Maps reserved `space` (in order) at `file_offset`; size = max(size, `size`).
+  // Each of `units` (whole dedup units of the range, with the hash of their
+  // bytes) that lies in one piece of `space` and whose hash no blob holds yet
+  // becomes a blob, in the same batch, so later writes of the same bytes can
+  // share it (DirectDedup, the flush path). The hashes are trusted as the
+  // checksums are: the control file is root's. Ignored where dedup is off.
   Status DirectCommit(InodeNumber ino, uint64_t file_offset, const std::vector<PhysicalExtent>& space,
-                      const std::vector<uint32_t>& checksums, uint64_t size);
+                      const std::vector<uint32_t>& checksums, uint64_t size, const std::vector<DirectUnit>& units = {});
+  // The dedup control op: `hashes` are those of consecutive dedup units of
+  // the file from `file_offset` (a multiple of dedup_unit()). Every unit whose
+  // hash a blob of the volume holds is mapped into the file by reference (in
+  // one index batch with the blobs' reference counts, after the file's cached
+  // data is flushed), and the size grows to cover the units mapped. Returns
+  // which units were mapped; the caller writes the others. EOPNOTSUPP where
+  // dedup is off, EINVAL for a misaligned offset or a hash not of 16 bytes.
+  Result<std::vector<bool>> DirectDedup(InodeNumber ino, uint64_t file_offset, const std::vector<std::string>& hashes);
+  static constexpr uint64_t dedup_unit() { return kDedupUnit; }
 
   Volume& volume() { return *volume_; }
   const FsCounters& counters() const { return counters_; }
@@ -250,8 +271,10 @@ class Filesystem {
     explicit Txn(const Index& index) : batch(index) {}
     Index::Batch batch;
     std::vector<PhysicalExtent> freed;
-    std::map<uint64_t, int64_t> blob_refs;     // blob physical offset -> reference delta
-    std::map<uint64_t, BlobRecord> new_blobs;  // blobs first written by this txn
+    std::map<uint64_t, int64_t> blob_refs;  // blob physical offset -> reference delta
+    // Blobs first written by this txn, and blobs whose record it rewrites
+    // (DirectDedup adds checksums): the record that ApplyBlobRefs updates.
+    std::map<uint64_t, BlobRecord> new_blobs;
   };
 
   Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& options);

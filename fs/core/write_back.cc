@@ -327,7 +327,7 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
     if (extent.blob_id == 0) continue;
     for (const Segment& segment : batch->segments) {
       if (segment.file_offset == offset && !segment.blob_hash.empty()) {
-        txn.new_blobs[extent.blob_id] = BlobRecord{segment.blob_hash, extent.length, 0};
+        txn.new_blobs[extent.blob_id] = BlobRecord{segment.blob_hash, extent.length, 0, extent.block_checksums};
       }
     }
   }

@@ -151,6 +151,12 @@ std::string BlobRecord::Encode() const {
   coding::PutLengthPrefixed(&out, hash);
   coding::PutVarint64(&out, length);
   coding::PutVarint64(&out, refs);
+  if (!block_checksums.empty()) {
+    std::string sums;
+    sums.reserve(block_checksums.size() * 4);
+    for (uint32_t sum : block_checksums) coding::PutFixed32BE(&sums, sum);
+    coding::PutLengthPrefixed(&out, sums);
+  }
   return out;
 }
 
@@ -164,6 +170,14 @@ Result<BlobRecord> BlobRecord::Decode(std::string_view bytes) {
   }
   if (hash.size() != 16) return Status::Corruption("blob hash is not 16 bytes");
   r.hash.assign(hash);
+  if (!reader.empty()) {
+    std::string_view sums;
+    if (!reader.GetLengthPrefixed(&sums) || sums.empty() || sums.size() % 4 != 0 || !reader.empty()) {
+      return Status::Corruption("blob checksums malformed");
+    }
+    r.block_checksums.reserve(sums.size() / 4);
+    for (size_t i = 0; i < sums.size(); i += 4) r.block_checksums.push_back(coding::DecodeFixed32BE(sums.data() + i));
+  }
   return r;
 }
 

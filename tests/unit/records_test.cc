@@ -153,6 +153,30 @@ TEST(RecordsTest, ExtentRoundTrip) {
   EXPECT_EQ(*decoded, written);
 }
 
+// Blob records carry their block checksums when known; a record without
+// them encodes exactly as before they were kept (older volumes decode as is).
+TEST(RecordsTest, BlobRoundTripWithAndWithoutChecksums) {
+  BlobRecord plain{std::string(16, 'h'), 262144, 3, {}};
+  std::string old_encoding = std::string(1, '\x01') + std::string(1, '\x10') + std::string(16, 'h');
+  coding::PutVarint64(&old_encoding, 262144);
+  coding::PutVarint64(&old_encoding, 3);
+  EXPECT_EQ(plain.Encode(), old_encoding);
+  auto decoded = BlobRecord::Decode(old_encoding);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(*decoded, plain);
+
+  BlobRecord with_sums = plain;
+  for (uint32_t i = 0; i < 64; ++i) with_sums.block_checksums.push_back(0x9e3779b9u * (i + 1));
+  std::string encoded = with_sums.Encode();
+  decoded = BlobRecord::Decode(encoded);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(*decoded, with_sums);
+  for (size_t n = old_encoding.size() + 1; n < encoded.size(); ++n) {
+    EXPECT_FALSE(BlobRecord::Decode(encoded.substr(0, n)).ok()) << n;
+  }
+  EXPECT_FALSE(BlobRecord::Decode(encoded + "x").ok());
+}
+
 TEST(RecordsTest, SuperblockRoundTrip) {
   Superblock image;  // defaults: image file, checksums and dedup on
   image.uuid = std::string(16, '\x5a');

@@ -99,6 +99,12 @@ struct BlobRecord {
   std::string hash;  // 16 bytes, XXH3-128 of the contents
   uint64_t length = 0;
   uint64_t refs = 0;  // extent records that name this blob
+  // The blob's block checksums, as its extents carry them, so that the dedup
+  // control op can map the blob into a file without reading it. Empty in
+  // records written before they were kept (the op then reads the blob once)
+  // and on volumes without checksums. Encoded after the fields above only
+  // when present: older decoders ignore them, older records decode as before.
+  std::vector<uint32_t> block_checksums;
 
   std::string Encode() const;
   static Result<BlobRecord> Decode(std::string_view bytes);
