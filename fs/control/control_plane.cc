@@ -26,8 +26,8 @@ Entry ControlPlane::MakeEntry(InodeNumber ino) const {
 std::optional<Entry> ControlPlane::Lookup(InodeNumber parent, std::string_view name) const {
   if (parent == kRootInode && name == kDirName) return MakeEntry(kDirIno);
   if (parent != kDirIno) return std::nullopt;
-  if (name == "control") return MakeEntry(kControlIno);
-  if (name == "stats") return MakeEntry(kStatsIno);
+  if (name == control::kControlName) return MakeEntry(kControlIno);
+  if (name == control::kStatsName) return MakeEntry(kStatsIno);
   if (name == ".") return MakeEntry(kDirIno);
   return std::nullopt;
 }
@@ -41,8 +41,8 @@ Result<std::vector<DirEntry>> ControlPlane::ReadDir(InodeNumber ino) const {
   if (ino != kDirIno) return Status::Error(ENOTDIR, "not a directory");
   return std::vector<DirEntry>{{".", kDirIno, S_IFDIR},
                                {"..", kRootInode, S_IFDIR},
-                               {"control", kControlIno, S_IFREG},
-                               {"stats", kStatsIno, S_IFREG}};
+                               {control::kControlName, kControlIno, S_IFREG},
+                               {control::kStatsName, kStatsIno, S_IFREG}};
 }
 
 Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uint32_t uid) {
@@ -54,8 +54,7 @@ Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uin
 
 Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_view data) {
   if (handle->ino != kControlIno) return Status::Error(EBADF, "not writable");
-  constexpr uint64_t kMaxRequest = 16 << 20;
-  if (offset + data.size() > kMaxRequest) return Status::Error(EFBIG, "control request too large");
+  if (offset + data.size() > control::kMaxRequestBytes) return Status::Error(EFBIG, "control request too large");
   std::lock_guard lock(handle->mu);
   if (handle->request.size() < offset + data.size()) handle->request.resize(offset + data.size());
   handle->request.replace(offset, data.size(), data);

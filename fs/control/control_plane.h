@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/filesystem.h"
+#include "spillfs/common/control_protocol.h"
 #include "spillfs/fs/inspector.h"
 #include "store/reclaim_gate.h"
 
@@ -31,7 +32,7 @@ class ControlPlane {
   static constexpr InodeNumber kDirIno = UINT64_MAX - 16;
   static constexpr InodeNumber kControlIno = UINT64_MAX - 15;
   static constexpr InodeNumber kStatsIno = UINT64_MAX - 14;
-  static constexpr const char* kDirName = ".spillfs";
+  static constexpr const char* kDirName = control::kDirName;
 
   explicit ControlPlane(Filesystem* fs);
 

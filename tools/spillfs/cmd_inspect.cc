@@ -27,9 +27,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "control_client.h"
 #include "mount_table.h"
 #include "sizes.h"
+#include "spillfs/common/control_protocol.h"
 #include "spillfs/fs/inspector.h"
 #include "spillfs/fs/volume.h"
 
@@ -266,7 +266,7 @@ int RunStat(const StatArgs& args) {
   Volumes volumes;
   json stat;
   if (target->mounted) {
-    auto result = ControlRequest(target->mountpoint, json{{"op", "stat"}});
+    auto result = control::Request(target->mountpoint, json{{control::key::kOp, control::op::kStat}});
     if (!result.ok()) return Fail("stat", result.status().message());
     stat = std::move(result).value();
   } else {
@@ -379,11 +379,11 @@ int RunLs(const LsArgs& args) {
     }
     Result<json> result = json::array();
     if (target.mounted) {
-      result = ControlRequest(target.mountpoint, json{{"op", "ls"},
-                                                      {"paths", json::array({target.rel})},
-                                                      {"long", args.long_format},
-                                                      {"extents", args.extents},
-                                                      {"directory", args.directory}});
+      result = control::Request(target.mountpoint, json{{control::key::kOp, control::op::kLs},
+                                                        {"paths", json::array({target.rel})},
+                                                        {"long", args.long_format},
+                                                        {"extents", args.extents},
+                                                        {"directory", args.directory}});
     } else {
       auto volume = volumes.Open(target.volume);
       if (!volume.ok()) {
@@ -439,7 +439,7 @@ int RunDu(const DuArgs& args) {
   }
   Result<json> result = json::object();
   if (target.mounted) {
-    result = ControlRequest(target.mountpoint, json{{"op", "du"}, {"path", target.rel}});
+    result = control::Request(target.mountpoint, json{{control::key::kOp, control::op::kDu}, {"path", target.rel}});
   } else {
     auto volume = volumes.Open(target.volume);
     if (!volume.ok()) return Fail("du", volume.status().message());
@@ -499,7 +499,7 @@ int RunTop(const TopArgs& args) {
   }
   const std::string mountpoint = target->mountpoint;
   const bool tty = isatty(STDOUT_FILENO) == 1;
-  auto sample = [&]() { return ControlRequest(mountpoint, json{{"op", "stat"}}); };
+  auto sample = [&]() { return control::Request(mountpoint, json{{control::key::kOp, control::op::kStat}}); };
   auto before = sample();
   if (!before.ok()) return Fail("top", before.status().message());
   auto before_time = std::chrono::steady_clock::now();
