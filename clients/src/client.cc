@@ -13,6 +13,7 @@
 #include "client_impl.h"
 #include "error.h"
 #include "spillfs/common/control_protocol.h"
+#include "spillfs/common/mountinfo.h"
 
 using namespace spillfs::client;
 using spillfs::RoundDown;
@@ -130,7 +131,7 @@ spill_client* spill_client_open(const char* mountpoint) {
   }
   std::string canonical = real;
   free(real);
-  auto mount = FindMount(canonical);
+  auto mount = spillfs::FindMountAt(canonical);
   auto fail = [](int rc) -> spill_client* {
     errno = -rc;
     return nullptr;

@@ -1,7 +1,6 @@
 // The client's handle of MOUNTPOINT/.spillfs/control: the request loop of
 // spillfs/common/control_protocol.h (control::Channel) behind the library's
-// error convention (0 or -errno, the message for spill_last_error()); and
-// mount discovery.
+// error convention (0 or -errno, the message for spill_last_error()).
 //
 // One ControlChannel is one open handle of the control file. The daemon ties
 // leases to the handle: blocks returned by "layout" are not reused and space
@@ -11,7 +10,6 @@
 
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -19,15 +17,6 @@
 #include "spillfs/common/control_protocol.h"
 
 namespace spillfs::client {
-
-struct MountInfo {
-  std::string mountpoint;  // canonical
-  std::string fstype;      // "fuse.spillfs" for ours
-  std::string source;      // the volume directory for ours
-};
-
-// The mount entry at exactly `canonical_path` (the last one when stacked).
-std::optional<MountInfo> FindMount(const std::string& canonical_path);
 
 class ControlChannel {
  public:

@@ -27,9 +27,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "mount_table.h"
 #include "sizes.h"
 #include "spillfs/common/control_protocol.h"
+#include "spillfs/common/mountinfo.h"
 #include "spillfs/fs/inspector.h"
 #include "spillfs/fs/volume.h"
 
@@ -76,23 +76,6 @@ std::string CanonicalNoFollow(const std::string& arg) {
   return dir == "/" ? "/" + base : dir + "/" + base;
 }
 
-bool Under(const std::string& path, const std::string& mountpoint) {
-  if (mountpoint == "/") return true;
-  return path == mountpoint || (path.size() > mountpoint.size() &&
-                                path.compare(0, mountpoint.size(), mountpoint) == 0 && path[mountpoint.size()] == '/');
-}
-
-// The mount holding canonical `path`: the longest mount point above it; the
-// last one listed when mounts are stacked.
-std::optional<MountEntry> MountOf(const std::string& path) {
-  std::optional<MountEntry> found;
-  for (auto& entry : ReadMountTable()) {
-    if (!Under(path, entry.mountpoint)) continue;
-    if (!found || entry.mountpoint.size() >= found->mountpoint.size()) found = entry;
-  }
-  return found;
-}
-
 // Resolves a command-line path to a mount (and the path inside it) or an
 // unmounted volume directory.
 Result<Target> Locate(const std::string& arg) {
@@ -100,7 +83,7 @@ Result<Target> Locate(const std::string& arg) {
   if (path.empty()) {
     return Status::Error(ENOENT, fmt::format("{}: {}", arg, std::strerror(errno)));
   }
-  if (auto mount = MountOf(path); mount && mount->fstype == kFsType) {
+  if (auto mount = FindMountHolding(path); mount && mount->fstype == control::kFsType) {
     Target t;
     t.mounted = true;
     t.mountpoint = mount->mountpoint;
@@ -124,7 +107,7 @@ class Volumes {
   Result<Volume*> Open(const std::string& dir) {
     auto it = open_.find(dir);
     if (it != open_.end()) return it->second.get();
-    if (auto mount = FindVolumeMount(dir)) return Mounted(dir, mount->mountpoint);
+    if (auto mount = FindMountOfSource(control::kFsType, dir)) return Mounted(dir, mount->mountpoint);
     auto volume = Volume::Open(dir, Volume::OpenOptions{.read_only = true});
     if (!volume.ok()) {
       if (volume.status().code() == EBUSY) {
