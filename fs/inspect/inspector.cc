@@ -284,7 +284,6 @@ Result<nlohmann::json> Inspector::Stat(const RuntimeStats& runtime) const {
   out["block_size"] = superblock_.block_size;
   out["checksums"] = superblock_.checksums;
   out["dedup"] = superblock_.dedup;
-  out["mounted"] = runtime.mounted;
   out["capacity_bytes"] = capacity;
   out["used_bytes"] = capacity - free_bytes;
   out["free_bytes"] = free_bytes;
@@ -300,32 +299,14 @@ Result<nlohmann::json> Inspector::Stat(const RuntimeStats& runtime) const {
   out["orphans"] = orphans;
   out["extents"] = extents;
   out["index_bytes"] = index_.ApproximateSizeBytes();
-  out["ram_tier_bytes"] = runtime.ram_tier_bytes;
-  out["ram_tier_capacity_bytes"] = runtime.ram_tier_capacity_bytes;
-  out["ram_tier_hits"] = runtime.ram_tier_hits;
-  out["ram_tier_misses"] = runtime.ram_tier_misses;
-  out["ram_tier_stalls"] = runtime.ram_tier_stalls;
-  out["bytes_written_ssd"] = runtime.bytes_written_ssd;
-  out["bytes_read_ssd"] = runtime.bytes_read_ssd;
-  out["bytes_cancelled"] = runtime.bytes_cancelled;
-  out["checksum_errors"] = runtime.checksum_errors;
-  out["data_syncs"] = runtime.data_syncs;
-  out["data_sync_seconds"] = runtime.data_sync_seconds;
   out["data_sync_failed"] = !runtime.data_sync_error.empty();
   out["data_sync_error"] = runtime.data_sync_error.empty() ? json() : json(runtime.data_sync_error);
-  out["bytes_written"] = runtime.bytes_written;
-  out["bytes_read"] = runtime.bytes_read;
-  out["writes"] = runtime.writes;
-  out["reads"] = runtime.reads;
-  out["queue_depth"] = runtime.queue_depth;
-  out["fuse_ring_requests"] = runtime.fuse_ring_requests;
-  out["read_ahead_window_bytes"] = runtime.read_ahead_window_bytes;
-  out["read_ahead_windows"] = runtime.read_ahead_windows;
-  out["read_ahead_bytes_fetched"] = runtime.read_ahead_bytes_fetched;
-  out["read_ahead_bytes_served"] = runtime.read_ahead_bytes_served;
-  out["read_ahead_waits"] = runtime.read_ahead_waits;
-  out["read_ahead_wait_seconds"] = runtime.read_ahead_wait_seconds;
-  out["uptime_seconds"] = runtime.uptime_seconds;
+  // The daemon's counters, as RuntimeStats holds them.
+  for (const StatKey& key : kStatKeys) {
+    if (key.count != nullptr) out[key.key] = runtime.*key.count;
+    if (key.seconds != nullptr) out[key.key] = runtime.*key.seconds;
+    if (key.flag != nullptr) out[key.key] = runtime.*key.flag;
+  }
   return out;
 }
 

@@ -30,6 +30,7 @@
 #include "sizes.h"
 #include "spillfs/common/control_protocol.h"
 #include "spillfs/common/mountinfo.h"
+#include "spillfs/common/stat_keys.h"
 #include "spillfs/fs/inspector.h"
 #include "spillfs/fs/volume.h"
 
@@ -230,6 +231,11 @@ double F64(const json& o, const char* key) {
   return it != o.end() && it->is_number() ? it->get<double>() : 0.0;
 }
 
+// Numbers of the stat object: each key is checked against kStatKeys
+// (spillfs/common/stat_keys.h) when this builds.
+uint64_t StatU64(const json& stat, StatKeyName key) { return U64(stat, key.name); }
+double StatF64(const json& stat, StatKeyName key) { return F64(stat, key.name); }
+
 std::string Percent(uint64_t part, uint64_t whole) {
   return whole == 0 ? "0.0%" : fmt::format("{:.1f}%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
 }
@@ -266,41 +272,43 @@ int RunStat(const StatArgs& args) {
     fmt::print("{}\n", Dump(stat));
     return 0;
   }
-  uint64_t capacity = U64(stat, "capacity_bytes");
+  uint64_t capacity = StatU64(stat, "capacity_bytes");
   PrintRow("volume", target->volume);
   PrintRow("mounted", target->mounted ? "at " + target->mountpoint : std::string("no"));
   PrintRow("uuid", stat.value("uuid", ""));
   PrintRow("capacity", HumanBytes(capacity));
-  PrintRow("used",
-           fmt::format("{} ({})", HumanBytes(U64(stat, "used_bytes")), Percent(U64(stat, "used_bytes"), capacity)));
-  PrintRow("free", HumanBytes(U64(stat, "free_bytes")));
-  PrintRow("files", std::to_string(U64(stat, "files")));
-  PrintRow("directories", std::to_string(U64(stat, "directories")));
-  PrintRow("logical", HumanBytes(U64(stat, "logical_bytes")));
-  PrintRow("physical", HumanBytes(U64(stat, "physical_bytes")));
-  PrintRow("dedup ratio", fmt::format("{:.2f}", F64(stat, "dedup_ratio")));
-  uint64_t tier_capacity = U64(stat, "ram_tier_capacity_bytes");
-  PrintRow("ram tier", tier_capacity == 0 ? HumanBytes(U64(stat, "ram_tier_bytes"))
-                                          : fmt::format("{} of {} ({})", HumanBytes(U64(stat, "ram_tier_bytes")),
+  PrintRow("used", fmt::format("{} ({})", HumanBytes(StatU64(stat, "used_bytes")),
+                               Percent(StatU64(stat, "used_bytes"), capacity)));
+  PrintRow("free", HumanBytes(StatU64(stat, "free_bytes")));
+  PrintRow("files", std::to_string(StatU64(stat, "files")));
+  PrintRow("directories", std::to_string(StatU64(stat, "directories")));
+  PrintRow("logical", HumanBytes(StatU64(stat, "logical_bytes")));
+  PrintRow("physical", HumanBytes(StatU64(stat, "physical_bytes")));
+  PrintRow("dedup ratio", fmt::format("{:.2f}", StatF64(stat, "dedup_ratio")));
+  uint64_t tier_capacity = StatU64(stat, "ram_tier_capacity_bytes");
+  PrintRow("ram tier", tier_capacity == 0 ? HumanBytes(StatU64(stat, "ram_tier_bytes"))
+                                          : fmt::format("{} of {} ({})", HumanBytes(StatU64(stat, "ram_tier_bytes")),
                                                         HumanBytes(tier_capacity),
-                                                        Percent(U64(stat, "ram_tier_bytes"), tier_capacity)));
-  PrintRow("ssd written", HumanBytes(U64(stat, "bytes_written_ssd")));
-  PrintRow("ssd read", HumanBytes(U64(stat, "bytes_read_ssd")));
-  std::string syncs = std::to_string(U64(stat, "data_syncs"));
-  if (U64(stat, "data_syncs") > 0) syncs += fmt::format(", {:.0f} ms in all", F64(stat, "data_sync_seconds") * 1e3);
+                                                        Percent(StatU64(stat, "ram_tier_bytes"), tier_capacity)));
+  PrintRow("ssd written", HumanBytes(StatU64(stat, "bytes_written_ssd")));
+  PrintRow("ssd read", HumanBytes(StatU64(stat, "bytes_read_ssd")));
+  std::string syncs = std::to_string(StatU64(stat, "data_syncs"));
+  if (StatU64(stat, "data_syncs") > 0)
+    syncs += fmt::format(", {:.0f} ms in all", StatF64(stat, "data_sync_seconds") * 1e3);
   if (stat.contains("data_sync_error") && stat["data_sync_error"].is_string()) {
     syncs += fmt::format(", then FAILED: {}", stat["data_sync_error"].get<std::string>());
   }
   PrintRow("data syncs", syncs);
-  PrintRow("cancelled", HumanBytes(U64(stat, "bytes_cancelled")));
-  if (U64(stat, "read_ahead_window_bytes") > 0) {
-    PrintRow("read-ahead", fmt::format("{} fetched, {} served (windows of {}); {} reads waited {:.0f} ms",
-                                       HumanBytes(U64(stat, "read_ahead_bytes_fetched")),
-                                       HumanBytes(U64(stat, "read_ahead_bytes_served")),
-                                       HumanBytes(U64(stat, "read_ahead_window_bytes")), U64(stat, "read_ahead_waits"),
-                                       F64(stat, "read_ahead_wait_seconds") * 1e3));
+  PrintRow("cancelled", HumanBytes(StatU64(stat, "bytes_cancelled")));
+  if (StatU64(stat, "read_ahead_window_bytes") > 0) {
+    PrintRow("read-ahead",
+             fmt::format("{} fetched, {} served (windows of {}); {} reads waited {:.0f} ms",
+                         HumanBytes(StatU64(stat, "read_ahead_bytes_fetched")),
+                         HumanBytes(StatU64(stat, "read_ahead_bytes_served")),
+                         HumanBytes(StatU64(stat, "read_ahead_window_bytes")), StatU64(stat, "read_ahead_waits"),
+                         StatF64(stat, "read_ahead_wait_seconds") * 1e3));
   }
-  PrintRow("checksum errors", std::to_string(U64(stat, "checksum_errors")));
+  PrintRow("checksum errors", std::to_string(StatU64(stat, "checksum_errors")));
   return 0;
 }
 
@@ -461,8 +469,8 @@ struct TopArgs {
   int64_t count = 0;  // 0: until interrupted
 };
 
-uint64_t Delta(const json& now, const json& before, const char* key) {
-  uint64_t a = U64(now, key), b = U64(before, key);
+uint64_t Delta(const json& now, const json& before, StatKeyName key) {
+  uint64_t a = StatU64(now, key), b = StatU64(before, key);
   return a >= b ? a - b : 0;  // a restarted daemon starts from zero
 }
 
@@ -502,7 +510,7 @@ int RunTop(const TopArgs& args) {
     uint64_t ops = Delta(a, b, "reads") + Delta(a, b, "writes");
     uint64_t hits = Delta(a, b, "ram_tier_hits"), misses = Delta(a, b, "ram_tier_misses");
     std::string hit = hits + misses == 0 ? "-" : Percent(hits, hits + misses);
-    uint64_t tier = U64(a, "ram_tier_bytes"), tier_capacity = U64(a, "ram_tier_capacity_bytes");
+    uint64_t tier = StatU64(a, "ram_tier_bytes"), tier_capacity = StatU64(a, "ram_tier_capacity_bytes");
     std::string fill = tier_capacity == 0 ? "-" : Percent(tier, tier_capacity);
     std::string clock = LocalTime(static_cast<int64_t>(std::time(nullptr)) * 1000000000, "%H:%M:%S");
     if (tty) {
@@ -519,15 +527,16 @@ int RunTop(const TopArgs& args) {
                                : fmt::format("{} of {} ({})", HumanBytes(tier), HumanBytes(tier_capacity), fill));
       PrintRow("ram tier hits", hits + misses == 0 ? "0" : fmt::format("{} ({} of reads)", hits, hit));
       PrintRow("cancelled", Rate(Delta(a, b, "bytes_cancelled"), seconds));
-      PrintRow("queue depth", std::to_string(U64(a, "queue_depth")));
-      PrintRow("used", fmt::format("{} of {}", HumanBytes(U64(a, "used_bytes")), HumanBytes(U64(a, "capacity_bytes"))));
-      PrintRow("checksum errors", std::to_string(U64(a, "checksum_errors")));
+      PrintRow("queue depth", std::to_string(StatU64(a, "queue_depth")));
+      PrintRow("used",
+               fmt::format("{} of {}", HumanBytes(StatU64(a, "used_bytes")), HumanBytes(StatU64(a, "capacity_bytes"))));
+      PrintRow("checksum errors", std::to_string(StatU64(a, "checksum_errors")));
     } else {
       fmt::print("{:<8} {:>12} {:>12} {:>12} {:>12} {:>8.0f} {:>10} {:>6} {:>6} {:>12} {:>4}\n", clock,
                  Rate(Delta(a, b, "bytes_written"), seconds), Rate(Delta(a, b, "bytes_read"), seconds),
                  Rate(Delta(a, b, "bytes_written_ssd"), seconds), Rate(Delta(a, b, "bytes_read_ssd"), seconds),
                  static_cast<double>(ops) / seconds, HumanBytes(tier), fill, hit,
-                 Rate(Delta(a, b, "bytes_cancelled"), seconds), U64(a, "queue_depth"));
+                 Rate(Delta(a, b, "bytes_cancelled"), seconds), StatU64(a, "queue_depth"));
     }
     std::fflush(stdout);
     before = std::move(now);
