@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <ctime>
 #include <deque>
-#include <exception>
 #include <functional>
 #include <optional>
 #include <set>
@@ -133,10 +132,6 @@ std::string ChecksumHex(const std::vector<uint32_t>& sums) {
 struct BlobCache {
   std::optional<std::unordered_map<uint64_t, uint64_t>> refs;
 };
-
-json ErrorObject(const Status& status) {
-  return json{{"ok", false}, {"errno", status.code()}, {"error", status.message()}};
-}
 
 }  // namespace
 
@@ -456,50 +451,6 @@ Result<nlohmann::json> Inspector::Du(std::string_view path) const {
   out["symlinks"] = symlinks;
   out["special_files"] = special;
   return out;
-}
-
-nlohmann::json Inspector::OkReply(nlohmann::json result) { return json{{"ok", true}, {"result", std::move(result)}}; }
-
-nlohmann::json Inspector::ErrorReply(const Status& status) { return ErrorObject(status); }
-
-std::string Inspector::HandleControl(std::string_view request, const RuntimeStats& runtime) const {
-  json reply;
-  try {
-    json req = json::parse(request, nullptr, /*allow_exceptions=*/false);
-    if (req.is_discarded() || !req.is_object()) {
-      reply = ErrorReply(Status::Invalid("the request is not a JSON object"));
-    } else if (!req.contains("op") || !req["op"].is_string()) {
-      reply = ErrorReply(Status::Invalid("the request has no \"op\""));
-    } else {
-      const std::string op = req["op"].get<std::string>();
-      auto flag = [&](const char* name) { return req.value(name, false); };
-      Result<json> result = Status::Invalid(fmt::format("unknown op '{}'", op));
-      if (op == "stat") {
-        result = Stat(runtime);
-      } else if (op == "ls") {
-        if (!req.contains("paths") || !req["paths"].is_array()) {
-          result = Status::Invalid("ls needs \"paths\": a list of paths");
-        } else {
-          auto paths = req["paths"].get<std::vector<std::string>>();
-          result =
-              Ls(paths,
-                 LsOptions{.long_format = flag("long"), .extents = flag("extents"), .directory = flag("directory")});
-        }
-      } else if (op == "du") {
-        if (!req.contains("path") || !req["path"].is_string()) {
-          result = Status::Invalid("du needs \"path\"");
-        } else {
-          result = Du(req["path"].get<std::string>());
-        }
-      }
-      reply = result.ok() ? OkReply(std::move(result).value()) : ErrorReply(result.status());
-    }
-  } catch (const json::exception& e) {
-    reply = ErrorReply(Status::Invalid(fmt::format("bad request: {}", e.what())));
-  } catch (const std::exception& e) {
-    reply = ErrorReply(Status::IOError(e.what()));
-  }
-  return reply.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace spillfs

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "control/control_plane.h"
 #include "core/filesystem.h"
 #include "spillfs/fs/volume.h"
 #include "spillfs/kvindex/keys.h"
@@ -555,7 +556,7 @@ TEST_F(InspectorTest, ControlRequests) {
   RuntimeStats rt;
   rt.mounted = true;
   auto call = [&](const std::string& request) {
-    json reply = json::parse(in.HandleControl(request, rt), nullptr, false);
+    json reply = json::parse(ControlPlane::AnswerInspection(in, request, rt), nullptr, false);
     EXPECT_FALSE(reply.is_discarded()) << request;
     EXPECT_TRUE(reply.is_object() && reply.contains("ok")) << reply;
     return reply;

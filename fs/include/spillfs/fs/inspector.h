@@ -1,6 +1,7 @@
 // Inspector: read-only answers about what a volume holds, for the `spillfs
-// stat / ls / du / top` tools and for the control interface of a mount
-// (MOUNTPOINT/.spillfs/control, MOUNTPOINT/.spillfs/stats).
+// stat / ls / du / top` tools and for the control plane of a mount
+// (fs/control/control_plane.h), which routes the stat, ls and du requests of
+// MOUNTPOINT/.spillfs/control here and serves MOUNTPOINT/.spillfs/stats.
 //
 // It reads only the index (never the data area) and knows nothing of FUSE: the
 // tools run it over a volume opened read-only, the daemon over its live index
@@ -101,19 +102,6 @@ class Inspector {
   // Hard-linked inodes count once; physical bytes are the union of the
   // tree's extents (shared bytes once). A directory counts itself.
   Result<nlohmann::json> Du(std::string_view path) const;
-
-  // The control interface in one call: parses `request` (JSON text), runs it
-  // and returns the reply text, {"ok":true,"result":...} or
-  // {"ok":false,"errno":N,"error":"message"}. Requests:
-  //   {"op":"stat"}
-  //   {"op":"ls","paths":[...],"long":bool,"extents":bool,"directory":bool}
-  //   {"op":"du","path":"/rel"}
-  // (booleans are optional and default to false).
-  std::string HandleControl(std::string_view request, const RuntimeStats& runtime) const;
-
-  // The reply objects of the control interface.
-  static nlohmann::json OkReply(nlohmann::json result);
-  static nlohmann::json ErrorReply(const Status& status);
 
  private:
   Result<std::unordered_map<uint64_t, uint64_t>> BlobReferences() const;
