@@ -6,10 +6,15 @@
 
 #include <xxhash.h>
 
+#include <exception>
 #include <nlohmann/json.hpp>
 #include <utility>
 
 namespace spillfs {
+
+using control::ErrorReply;
+using control::OkReply;
+using control::ReplyText;
 
 ControlPlane::ControlPlane(Filesystem* fs) : fs_(fs), started_(std::chrono::steady_clock::now()) {}
 
@@ -28,8 +33,8 @@ Entry ControlPlane::MakeEntry(InodeNumber ino) const {
 std::optional<Entry> ControlPlane::Lookup(InodeNumber parent, std::string_view name) const {
   if (parent == kRootInode && name == kDirName) return MakeEntry(kDirIno);
   if (parent != kDirIno) return std::nullopt;
-  if (name == "control") return MakeEntry(kControlIno);
-  if (name == "stats") return MakeEntry(kStatsIno);
+  if (name == control::kControlName) return MakeEntry(kControlIno);
+  if (name == control::kStatsName) return MakeEntry(kStatsIno);
   if (name == ".") return MakeEntry(kDirIno);
   return std::nullopt;
 }
@@ -43,8 +48,8 @@ Result<std::vector<DirEntry>> ControlPlane::ReadDir(InodeNumber ino) const {
   if (ino != kDirIno) return Status::Error(ENOTDIR, "not a directory");
   return std::vector<DirEntry>{{".", kDirIno, S_IFDIR},
                                {"..", kRootInode, S_IFDIR},
-                               {"control", kControlIno, S_IFREG},
-                               {"stats", kStatsIno, S_IFREG}};
+                               {control::kControlName, kControlIno, S_IFREG},
+                               {control::kStatsName, kStatsIno, S_IFREG}};
 }
 
 Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uint32_t uid) {
@@ -56,8 +61,7 @@ Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uin
 
 Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_view data) {
   if (handle->ino != kControlIno) return Status::Error(EBADF, "not writable");
-  constexpr uint64_t kMaxRequest = 16 << 20;
-  if (offset + data.size() > kMaxRequest) return Status::Error(EFBIG, "control request too large");
+  if (offset + data.size() > control::kMaxRequestBytes) return Status::Error(EFBIG, "control request too large");
   std::lock_guard lock(handle->mu);
   if (handle->request.size() < offset + data.size()) handle->request.resize(offset + data.size());
   handle->request.replace(offset, data.size(), data);
@@ -144,17 +148,14 @@ std::string LayoutReply(const DirectLayout& layout, const Superblock& sb, const 
 
 }  // namespace
 
-std::optional<std::string> ControlPlane::AnswerDirect(Handle& handle, const nlohmann::json& request,
-                                                      const Inspector& inspector) {
+std::string ControlPlane::AnswerDirect(Handle& handle, const nlohmann::json& request, const Inspector& inspector) {
   using nlohmann::json;
-  // value() throws on a non-string "op": a bad request must never stop the daemon.
-  std::string op = request.contains("op") && request["op"].is_string() ? request["op"].get<std::string>() : "";
-  if (op != "layout" && op != "reserve" && op != "commit" && op != "dedup") return std::nullopt;
-  auto fail = [](const Status& s) { return Inspector::ErrorReply(s).dump(); };
+  const std::string op = request[control::key::kOp].get<std::string>();
+  auto fail = [](const Status& s) { return ReplyText(ErrorReply(s)); };
   const Superblock& sb = fs_->volume().superblock();
   std::string data_path = fs_->volume().store().path();
   try {
-    if (op == "reserve") {
+    if (op == control::op::kReserve) {
       auto length = UnsignedField(request, "length", std::nullopt);
       if (!length.ok()) return fail(length.status());
       auto space = fs_->DirectReserve(*length);
@@ -162,17 +163,17 @@ std::optional<std::string> ControlPlane::AnswerDirect(Handle& handle, const nloh
       json extents = json::array();
       for (const PhysicalExtent& e : *space) extents.push_back({{"physical_offset", e.offset}, {"length", e.length}});
       handle.reserved.insert(handle.reserved.end(), space->begin(), space->end());
-      return Inspector::OkReply({{"extents", extents}, {"data_path", data_path}, {"block_size", sb.block_size}}).dump();
+      return ReplyText(OkReply({{"extents", extents}, {"data_path", data_path}, {"block_size", sb.block_size}}));
     }
     auto ino = inspector.ResolvePath(request.at("path").get<std::string>());
     if (!ino.ok()) return fail(ino.status());
-    if (op == "layout") {
+    if (op == control::op::kLayout) {
       if (!handle.pin) handle.pin = fs_->PinBlocks();  // before the lookup: no block of it can be reused
       auto layout = fs_->GetDirectLayout(*ino);
       if (!layout.ok()) return fail(layout.status());
       return LayoutReply(*layout, sb, data_path);
     }
-    if (op == "dedup") {
+    if (op == control::op::kDedup) {
       // {"op":"dedup","path":P,"file_offset":N,"hashes":[low0,high0,low1,high1,...]}: the XXH3-128 of
       // consecutive dedup units from N. Reply: "needed" (1: the client must write the unit; 0: mapped
       // by reference), "unit_bytes", "mapped_bytes".
@@ -223,10 +224,98 @@ std::optional<std::string> ControlPlane::AnswerDirect(Handle& handle, const nloh
     if (!committed.ok()) return fail(committed);
     handle.reserved.clear();
     handle.invalidate = *ino;  // by Read, once no lock is held
-    return Inspector::OkReply({{"ino", *ino}}).dump();
+    return ReplyText(OkReply({{"ino", *ino}}));
   } catch (const json::exception& e) {
     return fail(Status::Error(EINVAL, std::string("malformed request: ") + e.what()));
   }
+}
+
+namespace {
+
+// Where the dispatcher sends each op.
+enum class Route {
+  kQuery,    // Inspector
+  kListing,  // Inspector, once the RAM tier is flushed (listings show extents)
+  kDirect,   // Filesystem, through the handle (the lease)
+};
+struct OpRoute {
+  const char* op;
+  Route route;
+};
+constexpr OpRoute kRoutes[] = {
+    {control::op::kStat, Route::kQuery},     {control::op::kLs, Route::kListing},
+    {control::op::kDu, Route::kListing},     {control::op::kLayout, Route::kDirect},
+    {control::op::kReserve, Route::kDirect}, {control::op::kCommit, Route::kDirect},
+    {control::op::kDedup, Route::kDirect},
+};
+
+// kQuery for an op that is none of them: AnswerQuery refuses it as unknown.
+Route RouteOf(const std::string& op) {
+  for (const OpRoute& r : kRoutes) {
+    if (op == r.op) return r.route;
+  }
+  return Route::kQuery;
+}
+
+// The request as an object with a string op, or why not.
+Result<nlohmann::json> ParseRequest(std::string_view text) {
+  nlohmann::json request = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (request.is_discarded() || !request.is_object()) return Status::Invalid("the request is not a JSON object");
+  if (!request.contains(control::key::kOp) || !request[control::key::kOp].is_string()) {
+    return Status::Invalid("the request has no \"op\"");
+  }
+  return request;
+}
+
+// The inspection ops; any other op is unknown.
+nlohmann::json AnswerQuery(const Inspector& inspector, const nlohmann::json& request, const RuntimeStats& runtime) {
+  using nlohmann::json;
+  const std::string op = request[control::key::kOp].get<std::string>();
+  auto flag = [&](const char* name) { return request.value(name, false); };
+  Result<json> result = Status::Invalid(fmt::format("unknown op '{}'", op));
+  if (op == control::op::kStat) {
+    result = inspector.Stat(runtime);
+  } else if (op == control::op::kLs) {
+    if (!request.contains("paths") || !request["paths"].is_array()) {
+      result = Status::Invalid("ls needs \"paths\": a list of paths");
+    } else {
+      auto paths = request["paths"].get<std::vector<std::string>>();
+      result = inspector.Ls(
+          paths, Inspector::LsOptions{
+                     .long_format = flag("long"), .extents = flag("extents"), .directory = flag("directory")});
+    }
+  } else if (op == control::op::kDu) {
+    if (!request.contains("path") || !request["path"].is_string()) {
+      result = Status::Invalid("du needs \"path\"");
+    } else {
+      result = inspector.Du(request["path"].get<std::string>());
+    }
+  }
+  return result.ok() ? OkReply(std::move(result).value()) : ErrorReply(result.status());
+}
+
+// Runs `answer`; a request must never stop the daemon, so what it throws
+// becomes a refusal.
+template <typename Fn>
+std::string Guarded(Fn&& answer) {
+  try {
+    return answer();
+  } catch (const nlohmann::json::exception& e) {
+    return ReplyText(ErrorReply(Status::Invalid(fmt::format("bad request: {}", e.what()))));
+  } catch (const std::exception& e) {
+    return ReplyText(ErrorReply(Status::IOError(e.what())));
+  }
+}
+
+}  // namespace
+
+std::string ControlPlane::AnswerInspection(const Inspector& inspector, std::string_view text,
+                                           const RuntimeStats& runtime) {
+  return Guarded([&] {
+    auto request = ParseRequest(text);
+    if (!request.ok()) return ReplyText(ErrorReply(request.status()));
+    return ReplyText(AnswerQuery(inspector, *request, runtime));
+  });
 }
 
 std::string ControlPlane::Answer(Handle& handle) {
@@ -237,17 +326,20 @@ std::string ControlPlane::Answer(Handle& handle) {
     auto stat = inspector.Stat(Runtime());
     return stat.ok() ? PrometheusText(*stat) : fmt::format("# error: {}\n", stat.status().ToString());
   }
-  auto request = nlohmann::json::parse(handle.request, nullptr, /*allow_exceptions=*/false);
-  if (request.is_object()) {
-    if (auto direct = AnswerDirect(handle, request, inspector)) return *direct;
-  }
-  // Listings show extents, which exist only once cached data is flushed.
-  bool is_stat = request.is_object() && request.contains("op") && request["op"] == "stat";
-  if (request.is_object() && !is_stat) {
-    Status flushed = fs_->FlushAll();
-    if (!flushed.ok()) return Inspector::ErrorReply(flushed).dump();
-  }
-  return inspector.HandleControl(handle.request, Runtime());
+  return Guarded([&] {
+    auto request = ParseRequest(handle.request);
+    if (!request.ok()) return ReplyText(ErrorReply(request.status()));
+    switch (RouteOf((*request)[control::key::kOp].get<std::string>())) {
+      case Route::kDirect:
+        return AnswerDirect(handle, *request, inspector);
+      case Route::kListing:
+        if (Status flushed = fs_->FlushAll(); !flushed.ok()) return ReplyText(ErrorReply(flushed));
+        break;
+      case Route::kQuery:
+        break;
+    }
+    return ReplyText(AnswerQuery(inspector, *request, Runtime()));
+  });
 }
 
 ControlPlane::ReplyBytes ControlPlane::Read(Handle* handle, uint64_t offset, size_t size) {

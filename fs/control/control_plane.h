@@ -1,13 +1,18 @@
-// ControlPlane: the hidden `.spillfs` directory in the mount root.
+// ControlPlane: the hidden `.spillfs` directory in the mount root, and the
+// one dispatcher of the control protocol (spillfs/common/control_protocol.h).
 //
 //   .spillfs/control  write one JSON request (at offset 0), then read the JSON
-//                     reply (see Inspector::HandleControl for the requests);
-//                     root only (mode 0600), like the backing store itself.
+//                     reply; root only (mode 0600), like the backing store.
 //   .spillfs/stats    Prometheus text of the live volume statistics.
 //
 // These are virtual inodes with reserved numbers at the top of the inode
 // space; they never touch the index. Replies are computed at the first read
 // of a handle and served by offset, so `cat` and pread both work.
+//
+// Dispatch: a request is parsed once here and routed by its op: the
+// inspection ops (stat, ls, du) to Inspector's read-only queries (ls and du
+// after the RAM tier is flushed, as listings show extents), the direct-path
+// ops (layout, reserve, commit) to Filesystem, with the handle as the lease.
 #pragma once
 
 #include <chrono>
@@ -20,7 +25,10 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/filesystem.h"
+#include "spillfs/common/control_protocol.h"
 #include "spillfs/fs/inspector.h"
 #include "store/reclaim_gate.h"
 
@@ -31,7 +39,7 @@ class ControlPlane {
   static constexpr InodeNumber kDirIno = UINT64_MAX - 16;
   static constexpr InodeNumber kControlIno = UINT64_MAX - 15;
   static constexpr InodeNumber kStatsIno = UINT64_MAX - 14;
-  static constexpr const char* kDirName = ".spillfs";
+  static constexpr const char* kDirName = control::kDirName;
 
   explicit ControlPlane(Filesystem* fs);
 
@@ -75,11 +83,20 @@ class ControlPlane {
 
   RuntimeStats Runtime() const;
 
+  // The dispatch of the inspection ops alone, which needs no Filesystem: the
+  // reply text to `request` (JSON text) over `inspector` and `runtime`, as a
+  // mount answers it, with a direct-path op refused as unknown (an unmounted
+  // volume has no direct path). For tests and fuzzers over a volume opened
+  // read-only.
+  static std::string AnswerInspection(const Inspector& inspector, std::string_view request,
+                                      const RuntimeStats& runtime);
+
  private:
   Entry MakeEntry(InodeNumber ino) const;
+  // The reply to the handle's request (the dispatcher).
   std::string Answer(Handle& handle);
-  // Direct-path requests; nullopt when `op` is not one of them.
-  std::optional<std::string> AnswerDirect(Handle& handle, const nlohmann::json& request, const Inspector& inspector);
+  // The direct-path ops; `request` has one of them as its op.
+  std::string AnswerDirect(Handle& handle, const nlohmann::json& request, const Inspector& inspector);
 
   std::function<void(InodeNumber)> invalidate_;
   const std::atomic<uint64_t>* fuse_ring_requests_ = nullptr;

@@ -12,7 +12,7 @@
 #include "fuse/fuse_device_loop.h"
 #include "fuse/fuse_ops.h"
 #include "fuse/fuse_ring.h"
-#include "fuse/mountinfo.h"
+#include "spillfs/common/mountinfo.h"
 
 namespace spillfs {
 namespace {
@@ -87,7 +87,9 @@ Status FuseDaemon::Mount() {
   }
   mounted_ = true;
   // Resolved now, while the path surely names this mount.
-  device_ = MountDevice(options_.mountpoint).value_or("");
+  // (The major:minor names its bdi; the minor is the FUSE connection.)
+  auto mount = FindMountAt(options_.mountpoint);
+  device_ = mount ? mount->device : "";
   request_bytes_ = RequestBytesFor(options_, &request_note_);
   if (!device_.empty()) SetKernelReadAhead(device_, static_cast<unsigned>(request_bytes_ >> 10));
   if (options_.fuse_uring) return RouteThroughRing();

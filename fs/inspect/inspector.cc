@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <ctime>
 #include <deque>
-#include <exception>
 #include <functional>
 #include <optional>
 #include <set>
@@ -133,10 +132,6 @@ std::string ChecksumHex(const std::vector<uint32_t>& sums) {
 struct BlobCache {
   std::optional<std::unordered_map<uint64_t, uint64_t>> refs;
 };
-
-json ErrorObject(const Status& status) {
-  return json{{"ok", false}, {"errno", status.code()}, {"error", status.message()}};
-}
 
 }  // namespace
 
@@ -284,7 +279,6 @@ Result<nlohmann::json> Inspector::Stat(const RuntimeStats& runtime) const {
   out["block_size"] = superblock_.block_size;
   out["checksums"] = superblock_.checksums;
   out["dedup"] = superblock_.dedup;
-  out["mounted"] = runtime.mounted;
   out["capacity_bytes"] = capacity;
   out["used_bytes"] = capacity - free_bytes;
   out["free_bytes"] = free_bytes;
@@ -300,32 +294,14 @@ Result<nlohmann::json> Inspector::Stat(const RuntimeStats& runtime) const {
   out["orphans"] = orphans;
   out["extents"] = extents;
   out["index_bytes"] = index_.ApproximateSizeBytes();
-  out["ram_tier_bytes"] = runtime.ram_tier_bytes;
-  out["ram_tier_capacity_bytes"] = runtime.ram_tier_capacity_bytes;
-  out["ram_tier_hits"] = runtime.ram_tier_hits;
-  out["ram_tier_misses"] = runtime.ram_tier_misses;
-  out["ram_tier_stalls"] = runtime.ram_tier_stalls;
-  out["bytes_written_ssd"] = runtime.bytes_written_ssd;
-  out["bytes_read_ssd"] = runtime.bytes_read_ssd;
-  out["bytes_cancelled"] = runtime.bytes_cancelled;
-  out["checksum_errors"] = runtime.checksum_errors;
-  out["data_syncs"] = runtime.data_syncs;
-  out["data_sync_seconds"] = runtime.data_sync_seconds;
   out["data_sync_failed"] = !runtime.data_sync_error.empty();
   out["data_sync_error"] = runtime.data_sync_error.empty() ? json() : json(runtime.data_sync_error);
-  out["bytes_written"] = runtime.bytes_written;
-  out["bytes_read"] = runtime.bytes_read;
-  out["writes"] = runtime.writes;
-  out["reads"] = runtime.reads;
-  out["queue_depth"] = runtime.queue_depth;
-  out["fuse_ring_requests"] = runtime.fuse_ring_requests;
-  out["read_ahead_window_bytes"] = runtime.read_ahead_window_bytes;
-  out["read_ahead_windows"] = runtime.read_ahead_windows;
-  out["read_ahead_bytes_fetched"] = runtime.read_ahead_bytes_fetched;
-  out["read_ahead_bytes_served"] = runtime.read_ahead_bytes_served;
-  out["read_ahead_waits"] = runtime.read_ahead_waits;
-  out["read_ahead_wait_seconds"] = runtime.read_ahead_wait_seconds;
-  out["uptime_seconds"] = runtime.uptime_seconds;
+  // The daemon's counters, as RuntimeStats holds them.
+  for (const StatKey& key : kStatKeys) {
+    if (key.count != nullptr) out[key.key] = runtime.*key.count;
+    if (key.seconds != nullptr) out[key.key] = runtime.*key.seconds;
+    if (key.flag != nullptr) out[key.key] = runtime.*key.flag;
+  }
   return out;
 }
 
@@ -475,50 +451,6 @@ Result<nlohmann::json> Inspector::Du(std::string_view path) const {
   out["symlinks"] = symlinks;
   out["special_files"] = special;
   return out;
-}
-
-nlohmann::json Inspector::OkReply(nlohmann::json result) { return json{{"ok", true}, {"result", std::move(result)}}; }
-
-nlohmann::json Inspector::ErrorReply(const Status& status) { return ErrorObject(status); }
-
-std::string Inspector::HandleControl(std::string_view request, const RuntimeStats& runtime) const {
-  json reply;
-  try {
-    json req = json::parse(request, nullptr, /*allow_exceptions=*/false);
-    if (req.is_discarded() || !req.is_object()) {
-      reply = ErrorReply(Status::Invalid("the request is not a JSON object"));
-    } else if (!req.contains("op") || !req["op"].is_string()) {
-      reply = ErrorReply(Status::Invalid("the request has no \"op\""));
-    } else {
-      const std::string op = req["op"].get<std::string>();
-      auto flag = [&](const char* name) { return req.value(name, false); };
-      Result<json> result = Status::Invalid(fmt::format("unknown op '{}'", op));
-      if (op == "stat") {
-        result = Stat(runtime);
-      } else if (op == "ls") {
-        if (!req.contains("paths") || !req["paths"].is_array()) {
-          result = Status::Invalid("ls needs \"paths\": a list of paths");
-        } else {
-          auto paths = req["paths"].get<std::vector<std::string>>();
-          result =
-              Ls(paths,
-                 LsOptions{.long_format = flag("long"), .extents = flag("extents"), .directory = flag("directory")});
-        }
-      } else if (op == "du") {
-        if (!req.contains("path") || !req["path"].is_string()) {
-          result = Status::Invalid("du needs \"path\"");
-        } else {
-          result = Du(req["path"].get<std::string>());
-        }
-      }
-      reply = result.ok() ? OkReply(std::move(result).value()) : ErrorReply(result.status());
-    }
-  } catch (const json::exception& e) {
-    reply = ErrorReply(Status::Invalid(fmt::format("bad request: {}", e.what())));
-  } catch (const std::exception& e) {
-    reply = ErrorReply(Status::IOError(e.what()));
-  }
-  return reply.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace spillfs
