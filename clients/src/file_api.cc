@@ -19,6 +19,7 @@
 #include "file_job.h"
 #include "file_settings.h"
 #include "spillfs/common/block_checksum.h"
+#include "spillfs/common/control_protocol.h"
 #include "spillfs/cuda/hash_kernels.h"
 #include "spillfs/cuda/runtime.h"
 
@@ -80,7 +81,7 @@ int FileControl(spill_file* file, ControlChannel** out) {
   std::lock_guard lock(file->control_mu);
   if (!file->control) {
     int rc = file->client ? file->client->OpenChannel(&file->control)
-                          : ControlChannel::Open(file->mountpoint + "/.spillfs/control", &file->control);
+                          : ControlChannel::Open(spillfs::control::ControlPath(file->mountpoint), &file->control);
     if (rc != 0) return rc;
   }
   *out = file->control.get();

@@ -16,11 +16,11 @@
 #include "file_impl.h"
 #include "file_settings.h"
 #include "fork_guard.h"
+#include "spillfs/common/control_protocol.h"
+#include "spillfs/common/mountinfo.h"
 
 namespace spillfs::client {
 namespace {
-
-constexpr const char* kFsType = "fuse.spillfs";
 
 // Direct-path clients by mountpoint, shared by the files of a process (one
 // opens the control file and the store; a stat round trip). A weak entry: the
@@ -122,8 +122,8 @@ spill_file* OpenFile(const char* path, int flags, uint64_t size_hint) {
   free(real);
 
   FileSettings& settings = Settings();
-  auto mount = FindMountHolding(file->path);
-  if (mount && mount->fstype == kFsType) {
+  auto mount = spillfs::FindMountHolding(file->path);
+  if (mount && mount->fstype == spillfs::control::kFsType) {
     file->mountpoint = mount->mountpoint;
     file->rel = file->path.substr(mount->mountpoint.size());
     if (file->rel.empty()) file->rel = "/";

@@ -1,27 +1,20 @@
 """The Python client (clients/python/spillfs) against a real spillfs mount.
 
-Run: /usr/bin/python3 -m pytest -q tests/python
-Environment: SPILLFS_BIN (the spillfs binary, default build/bin/spillfs) and
-SPILLFS_CLIENT_LIB (libspillfs_client.so, default build/lib/...). Needs root
-and /dev/fuse, like the mounted GoogleTest suites.
+Run: /usr/bin/python3 -m pytest -q tests/python/test_client.py
+Environment: SPILLFS_BIN and SPILLFS_CLIENT_LIB (see conftest.py, which holds
+the `mount` fixture). Needs root and /dev/fuse, like the mounted GoogleTest
+suites.
 """
 
 import errno
 import os
 import random
-import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
-
-import spillfs  # noqa: E402
-
-SPILLFS_BIN = os.environ.get("SPILLFS_BIN", os.path.join(ROOT, "build", "bin", "spillfs"))
+import spillfs  # conftest.py puts clients/python on sys.path
 
 try:
     import numpy as np
@@ -34,20 +27,6 @@ except ImportError:  # pragma: no cover
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/fuse"),
                                 reason="needs root and /dev/fuse")
-
-
-@pytest.fixture(scope="module")
-def mount():
-    tmp = tempfile.mkdtemp(prefix="spillfs-pytest-")
-    volume, mnt = os.path.join(tmp, "vol"), os.path.join(tmp, "mnt")
-    os.mkdir(mnt)
-    subprocess.run([SPILLFS_BIN, "mkfs", volume, "--size", "1G"], check=True, capture_output=True)
-    subprocess.run([SPILLFS_BIN, "mount", volume, mnt], check=True, capture_output=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run([SPILLFS_BIN, "umount", mnt], check=False, capture_output=True)
-        subprocess.run(["rm", "-rf", tmp], check=False)
 
 
 @pytest.fixture
@@ -121,48 +100,32 @@ def test_read_rows_equals_pread(client, mount):
 
 
 @pytest.mark.skipif(np is None, reason="numpy not importable")
-def test_numpy_save_load(client):
+def test_numpy_table_write_and_rows(client):
     a = np.random.default_rng(3).standard_normal((333, 77)).astype(np.float32)
-    client.save_tensor(a, "arr")
-    b = client.load_tensor("arr")  # dtype and shape from the xattr
-    assert b.dtype == a.dtype and b.shape == a.shape
-    assert np.array_equal(a, b)
-    c = client.load_tensor("arr", like=np.empty_like(a))
-    assert np.array_equal(a, c)
-    # a non-contiguous view is saved as its contiguous copy
-    client.save_tensor(a[:, ::2], "view")
-    assert np.array_equal(client.load_tensor("view"), a[:, ::2])
-    # rows of a saved feature table
+    client.write("arr", a)  # the raw, C-ordered bytes: a row table
+    got = np.frombuffer(client.read("arr", a.nbytes), dtype=np.float32).reshape(a.shape)
+    assert np.array_equal(got, a)
+    # a non-contiguous view is written as its contiguous copy
+    client.write("view", np.ascontiguousarray(a[:, ::2]))
+    assert np.array_equal(np.frombuffer(client.read("view", a.nbytes), dtype=np.float32).reshape(333, 39),
+                          a[:, ::2])
     rows = client.read_rows("arr", a.shape[1] * 4, [5, 300, 5])
     got = np.frombuffer(bytes(rows), dtype=np.float32).reshape(3, -1)
     assert np.array_equal(got, a[[5, 300, 5]])
 
 
 @pytest.mark.skipif(torch is None, reason="torch not importable")
-def test_torch_save_load(client, mount):
+def test_tensors_go_through_spillfs_save_and_rows_through_read_rows(client, mount):
+    # One way to save a tensor, the torch one: spillfs.save into the mount, torch.load back.
     t = torch.randn(1000, 257, dtype=torch.float32)
-    client.save_tensor(t, "t0")
-    u = client.load_tensor("t0", like=torch.empty_like(t))
-    assert torch.equal(t, u)
-    v = client.load_tensor("t0")
-    assert isinstance(v, torch.Tensor) and v.dtype == torch.float32 and tuple(v.shape) == (1000, 257)
-    assert torch.equal(t, v)
-    # other dtypes; the bytes on disk are the raw tensor
-    for dtype in (torch.float16, torch.int64, torch.bfloat16, torch.uint8):
-        x = (torch.arange(12345) % 251).to(dtype)
-        client.save_tensor(x, f"d_{dtype}")
-        assert torch.equal(client.load_tensor(f"d_{dtype}"), x)
-    with open(os.path.join(mount, "t0"), "rb") as f:
-        assert f.read() == t.numpy().tobytes()
-    # read_rows into a tensor
+    spillfs.save({"t": t, "h": t.half()}, os.path.join(mount, "t0.pt"))
+    back = torch.load(os.path.join(mount, "t0.pt"))
+    assert torch.equal(back["t"], t) and torch.equal(back["h"], t.half())
+    # A raw row table for read_rows is written with write() from the tensor's bytes.
+    client.write("t0.bin", t.numpy())
     out = torch.empty(3, 257)
-    client.read_rows("t0", 257 * 4, torch.tensor([999, 0, 500]), out=out)
+    client.read_rows("t0.bin", 257 * 4, torch.tensor([999, 0, 500]), out=out)
     assert torch.equal(out, t[[999, 0, 500]])
-    if torch.cuda.is_available():
-        g = t.cuda()
-        client.save_tensor(g, "g0")
-        h = client.load_tensor("g0", like=g)
-        assert h.is_cuda and torch.equal(h.cpu(), t)
 
 
 def test_unaligned_and_readonly_buffers(client):

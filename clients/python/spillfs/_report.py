@@ -1,0 +1,105 @@
+"""What one spillfs.save or spillfs.load did: :class:`IOReport`, :func:`last_report`."""
+
+import threading
+import time
+from contextlib import contextmanager
+
+__all__ = ["IOReport", "last_report"]
+
+_local = threading.local()
+
+
+class IOReport:
+    r"""What one :func:`spillfs.save` or :func:`spillfs.load` did.
+
+    :func:`spillfs.save` returns one; :func:`spillfs.load` fills the one passed
+    as ``report=`` (it returns the loaded object, as :func:`torch.load` does);
+    :func:`spillfs.last_report` gives the latest of either, per thread.
+
+    Attributes:
+        op (str): ``"save"`` or ``"load"``.
+        path (str or None): the file (None for a file object).
+        backend (str): ``"native"`` (libspillfs_client's segment I/O),
+            ``"posix"`` (Python's ``os.pwritev``/``os.preadv``), ``"stream"``
+            (a file object) or ``"torch"`` (handed to ``torch.save``/``torch.load``:
+            the legacy format, TorchScript archives, ``mmap=True``).
+        file_bytes (int): size of the file.
+        storages (int): tensor storages saved or loaded.
+        storage_bytes (int): their bytes.
+        bytes_written (int): bytes the save sent to the file (data and zip
+            records; not the bytes shared by dedup).
+        bytes_shared (int): bytes of storages the volume already held, mapped
+            into the file by reference instead of being written (dedup).
+        bytes_read (int): bytes the load read from the file.
+        device_bytes (int): bytes that went to or from CUDA memory.
+        crc32_skipped (int): records written with a CRC-32 of 0 (see
+            ``spillfs.save``'s ``crc32``).
+        dedup (bool): whether the save asked the volume to share units.
+        seconds (dict): seconds per stage. save: ``pickle``, ``hash`` and
+            ``dedup`` (dedup only), ``write`` (submitting and waiting for the
+            data, CRCs computed meanwhile), ``crc`` (waiting for CRCs after
+            the data), ``sync``, ``rename``, ``total``. load: ``read`` (waiting
+            for storage bytes; read-ahead runs under ``unpickle``, which
+            includes it), ``unpickle``, ``total``.
+
+    Example::
+
+        >>> r = spillfs.save(model.state_dict(), "/mnt/spill/ckpt.pt")
+        >>> r.bytes_written, r.bytes_shared, r.seconds["total"]
+        >>> r2 = spillfs.IOReport()
+        >>> sd = spillfs.load("/mnt/spill/ckpt.pt", map_location="cuda", report=r2)
+        >>> r2.gbps()
+    """
+
+    _FIELDS = ("op", "path", "backend", "file_bytes", "storages", "storage_bytes", "bytes_written",
+               "bytes_shared", "bytes_read", "device_bytes", "crc32_skipped", "dedup", "seconds")
+
+    def __init__(self, op=None, path=None):
+        self.op = op
+        self.path = path
+        self.backend = None
+        self.file_bytes = 0
+        self.storages = 0
+        self.storage_bytes = 0
+        self.bytes_written = 0
+        self.bytes_shared = 0
+        self.bytes_read = 0
+        self.device_bytes = 0
+        self.crc32_skipped = 0
+        self.dedup = False
+        self.seconds = {}
+
+    @contextmanager
+    def stage(self, name):
+        """Adds the seconds of the ``with`` body to ``seconds[name]``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def gbps(self):
+        """Storage bytes per second of the whole call, in GB/s."""
+        total = self.seconds.get("total")
+        return self.storage_bytes / total / 1e9 if total else 0.0
+
+    def as_dict(self):
+        """The attributes as a plain dict (for json.dumps)."""
+        return {name: (dict(self.seconds) if name == "seconds" else getattr(self, name)) for name in self._FIELDS}
+
+    def __repr__(self):
+        stages = ", ".join(f"{k}={v:.3f}s" for k, v in self.seconds.items())
+        return (f"IOReport(op={self.op!r}, path={self.path!r}, backend={self.backend!r}, "
+                f"storages={self.storages}, storage_bytes={self.storage_bytes}, "
+                f"bytes_written={self.bytes_written}, bytes_shared={self.bytes_shared}, "
+                f"bytes_read={self.bytes_read}, seconds=({stages}))")
+
+
+def _publish(report):
+    _local.report = report
+
+
+def last_report():
+    """The :class:`IOReport` of this thread's latest :func:`spillfs.save` or
+    :func:`spillfs.load` (None before the first)."""
+    return getattr(_local, "report", None)

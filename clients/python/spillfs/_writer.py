@@ -1,0 +1,338 @@
+"""Writing the records of a torch.save archive: to a file by offsets (native or
+Python I/O), or to a file object in order.
+
+By offsets, the file is written in two phases:
+
+1. the big storages (256 KiB or more, at 256 KiB-aligned offsets), each from
+   its start to its last whole 4 KiB block: host memory as it is, CUDA memory
+   through the library's pinned pool (native) or through pinned staging
+   buffers here (Python I/O, or ``crc32=True``); with dedup, only the 256 KiB
+   units the volume does not hold; CRC-32s are computed meanwhile on threads;
+2. once those are done, the *glue*: every other byte (local headers, small
+   records, big storages' tails, the central directory), in regions that start
+   4 KiB-aligned and end where a big storage starts or at the end of file.
+
+So every segment the native I/O gets starts at a 4 KiB boundary and is a
+whole number of 4 KiB blocks long, except the one that ends the file.
+"""
+
+import bisect
+import zlib
+
+from . import _io, _zipfile
+from ._zipfile import BIG_ALIGN
+
+BLOCK = 4096
+_STAGE_CHUNK = 64 << 20
+
+
+def _torch():
+    import torch
+    return torch
+
+
+class Source:
+    """A storage to save: its untyped storage (kept alive), where its bytes are."""
+
+    __slots__ = ("storage", "nbytes", "ptr", "device", "crc", "crc_future", "host_copy", "stream", "needed")
+
+    def __init__(self, storage):
+        torch = _torch()
+        device = storage.device
+        if device.type not in ("cpu", "cuda"):
+            storage = storage.cpu()  # as torch.save does (meta and other devices raise there)
+            device = storage.device
+        self.storage = storage
+        self.nbytes = storage.nbytes()
+        self.ptr = storage.data_ptr()
+        self.device = -1 if device.type == "cpu" else (device.index if device.index is not None
+                                                       else torch.cuda.current_device())
+        self.crc = 0
+        self.crc_future = None
+        self.host_copy = None
+        self.stream = 0
+        self.needed = None  # dedup: bytearray of 0/1 per whole unit; None = write all
+        if self.device >= 0:
+            self.stream = torch.cuda.current_stream(self.device).cuda_stream
+
+    def byte_tensor(self):
+        torch = _torch()
+        t = torch.empty(0, dtype=torch.uint8, device=self.storage.device)
+        return t.set_(self.storage, 0, (self.nbytes,), (1,))
+
+    def host_bytes(self, start=0, end=None):
+        """A memoryview of bytes [start, end) in host memory (CUDA: copied)."""
+        end = self.nbytes if end is None else end
+        if self.device < 0:
+            return _io.host_view(self.ptr + start, end - start)
+        if self.host_copy is None or start < self.host_copy[0] or end > self.host_copy[0] + len(self.host_copy[1]):
+            data = self.byte_tensor()[start:end].cpu()
+            self.host_copy = (start, memoryview(data.numpy()).cast("B"), data)
+        base, view, _ = self.host_copy
+        return view[start - base:end - base]
+
+    def write_ranges(self, start, end):
+        """[a, b) byte ranges within [start, end) to write: all of it, or with
+        dedup the units still needed (and everything past the last whole unit)."""
+        if self.needed is None:
+            return [(start, end)] if end > start else []
+        ranges = []
+        for i, need in enumerate(self.needed):
+            a, b = max(start, i * BIG_ALIGN), min(end, (i + 1) * BIG_ALIGN)
+            if need and a < b:
+                if ranges and ranges[-1][1] == a:
+                    ranges[-1] = (ranges[-1][0], b)
+                else:
+                    ranges.append((a, b))
+        tail = max(start, len(self.needed) * BIG_ALIGN)
+        if tail < end:
+            if ranges and ranges[-1][1] == tail:
+                ranges[-1] = (ranges[-1][0], end)
+            else:
+                ranges.append((tail, end))
+        return ranges
+
+
+class Options:
+    """What the caller asked: dedup, crc32 (True / False / None), the staging chunk."""
+
+    def __init__(self, dedup=True, crc32=None, stage_chunk=_STAGE_CHUNK):
+        self.dedup = dedup
+        self.crc32 = crc32
+        self.stage_chunk = stage_chunk
+        self.stage_buffers = None
+
+    def wants_crc(self, source, native):
+        """A real CRC for this storage? (None: wherever its bytes are in host
+        memory here anyway, i.e. not CUDA storages the native I/O moves.)"""
+        if self.crc32 is not None:
+            return self.crc32
+        return source.device < 0 or not native
+
+
+def _payload_bytes(record):
+    p = record.payload
+    return p.host_bytes() if isinstance(p, Source) else memoryview(p)
+
+
+def _crc_of_small(record, opts, report):
+    """Small records are copied into host memory for the glue anyway."""
+    if opts.crc32 is False:
+        report.crc32_skipped += 1
+        return 0
+    return zlib.crc32(_payload_bytes(record))
+
+
+class _InFlight:
+    """Requests and CRC futures under way. Nothing may outlive the save (they
+    read the tensors' memory and write the file's descriptor): on an error
+    every one is waited for before the error goes on."""
+
+    def __init__(self):
+        self.items = []
+
+    def add(self, item):
+        self.items.append(item)
+        return item
+
+    def wait_all(self):
+        """Waits for every item; raises the first error after all are done."""
+        error = None
+        items, self.items = self.items, []
+        for item in items:
+            try:
+                item.wait() if hasattr(item, "wait") else item.result()
+            except BaseException as e:  # noqa: B902 - re-raised below, after the others
+                error = error or e
+        if error is not None:
+            raise error
+
+    def drain(self):
+        try:
+            self.wait_all()
+        except BaseException:  # noqa: B902 - the caller's error is the one to report
+            pass
+
+
+def write_by_offsets(file, records, cd_records, cd_offset, opts, report):
+    """Writes the planned `records` (and the central directory of
+    `cd_records` at `cd_offset`) into `file` (an ``_io`` file); returns the
+    file size. Every I/O and CRC it starts is over when it returns or raises."""
+    inflight = _InFlight()
+    try:
+        return _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflight)
+    except BaseException:
+        inflight.drain()
+        raise
+
+
+def _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflight):
+    pool = _io.crc_pool()
+    bigs = sorted((r for r in records if isinstance(r.payload, Source) and r.align >= BIG_ALIGN),
+                  key=lambda r: r.data_offset)
+    if opts.dedup and file.native:
+        # storage by storage, so that off a spillfs mount (the first answer) one storage is hashed in vain
+        for r in bigs:
+            src = r.payload
+            if src.nbytes < BIG_ALIGN:
+                continue
+            with report.stage("hash"):
+                hashes = _io.hash_units(src.ptr, src.nbytes, src.device, src.stream)
+            with report.stage("dedup"):
+                needed = file.dedup(r.data_offset, hashes)
+            if needed is None:  # not a spillfs mount
+                break
+            src.needed = needed
+            report.dedup = True
+            report.bytes_shared += (len(needed) - sum(needed)) * BIG_ALIGN
+    with report.stage("write"):
+        # One request per memory (host; each CUDA device with its stream), all in flight at once;
+        # the CRC-32s of host storages are computed meanwhile.
+        batches = {}
+        staged = []
+        for r in bigs:
+            src = r.payload
+            body_end = src.nbytes // BLOCK * BLOCK  # the tail goes with the glue
+            want_crc = opts.wants_crc(src, file.native)
+            if src.device >= 0 and (want_crc or not file.supports_device):
+                staged.append((r, body_end, want_crc))
+                continue
+            segments = [_io.Segment(src.ptr + a, b - a, r.data_offset + a, src.device)
+                        for a, b in src.write_ranges(0, body_end)]
+            batches.setdefault((src.device, src.stream), []).extend(segments)
+            report.bytes_written += sum(s.length for s in segments)
+            if src.device >= 0:
+                report.device_bytes += sum(s.length for s in segments)
+            if want_crc:
+                src.crc_future = inflight.add(_zipfile.crc32_parallel(src.host_bytes(), pool))
+            else:
+                report.crc32_skipped += 1
+        for (_, stream), segments in batches.items():
+            if segments:
+                inflight.add(file.write(segments, stream))
+        for r, body_end, want_crc in staged:
+            src = r.payload
+            src.crc = _stage_device(file, src, r.data_offset, body_end, want_crc, opts, report, inflight)
+        inflight.wait_all()
+    with report.stage("crc"):
+        for r in bigs:
+            if r.payload.crc_future is not None:
+                r.payload.crc = r.payload.crc_future.result()
+                r.payload.crc_future = None
+            r.crc = r.payload.crc
+        for r in records:
+            if not (isinstance(r.payload, Source) and r.align >= BIG_ALIGN):
+                r.crc = _crc_of_small(r, opts, report)
+    cd = _zipfile.central_directory(cd_records, cd_offset)
+    file_size = cd_offset + len(cd)
+    with report.stage("write"):
+        glue = _glue_regions(records, bigs, cd, cd_offset, file_size)
+        segments = [_io.Segment(_addr(buf), len(buf), start, -1) for start, buf in glue]
+        inflight.add(file.write(segments))
+        inflight.wait_all()
+        report.bytes_written += sum(len(buf) for _, buf in glue)
+    return file_size
+
+
+def _addr(buf):
+    import ctypes
+    return ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf)) if len(buf) else 0
+
+
+def _glue_regions(records, bigs, cd, cd_offset, file_size):
+    """[(offset, bytearray)]: the 4 KiB blocks outside the bigs' bodies that
+    hold bytes (headers, small records, tails, the central directory); the
+    rest (padding, gaps) stays a hole of zeros."""
+    pieces = []
+    for r in records:
+        pieces.append((r.offset, _zipfile.local_header_core(r)))
+        if isinstance(r.payload, Source) and r.align >= BIG_ALIGN:
+            body = r.payload.nbytes // BLOCK * BLOCK
+            if body < r.payload.nbytes:
+                pieces.append((r.data_offset + body, r.payload.host_bytes(body)))
+        elif r.size:
+            pieces.append((r.data_offset, _payload_bytes(r)))
+    pieces.append((cd_offset, memoryview(cd)))
+    pieces.sort(key=lambda p: p[0])
+    # where big bodies start: blocks never extend into them
+    limits = sorted(r.data_offset for r in bigs) + [file_size]
+    spans = []  # [start, end) block spans, merged
+    for offset, data in pieces:
+        limit = limits[bisect.bisect_right(limits, offset)] if offset < file_size else file_size
+        a = offset // BLOCK * BLOCK
+        b = min(limit, (offset + len(data) + BLOCK - 1) // BLOCK * BLOCK)
+        if spans and a <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], b)
+        else:
+            spans.append([a, b])
+    regions = [(a, bytearray(b - a)) for a, b in spans]
+    starts = [a for a, _ in regions]
+    for offset, data in pieces:
+        i = bisect.bisect_right(starts, offset) - 1
+        a, buf = regions[i]
+        buf[offset - a:offset - a + len(data)] = data
+    return regions
+
+
+def _stage_device(file, src, offset, end, want_crc, opts, report, inflight):
+    """Bytes [0, end) of a CUDA storage to the file through pinned buffers of
+    our own (copy of chunk i+1 while chunk i is written), the CRC-32 on the
+    way (of the whole storage, tail included, where wanted)."""
+    torch = _torch()
+    chunk = opts.stage_chunk
+    data = src.byte_tensor()
+    if opts.stage_buffers is None:  # once per save (pinned allocations cost milliseconds)
+        opts.stage_buffers = [torch.empty(chunk, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+    buffers = opts.stage_buffers
+    pending = [None, None]
+    crc = 0
+    with torch.cuda.device(src.device):
+        for i, start in enumerate(range(0, end, chunk)):
+            n = min(chunk, end - start)
+            slot = i % 2
+            if pending[slot] is not None:
+                pending[slot].wait()  # (also in `inflight`: waiting twice is a no-op)
+            buf = buffers[slot]
+            buf[:n].copy_(data[start:start + n])  # pinned: a DMA copy, synchronous here
+            view = _io.host_view(buf.data_ptr(), n)
+            if want_crc:
+                crc = zlib.crc32(view, crc)
+            segments = [_io.Segment(buf.data_ptr() + a - start, b - a, offset + a, -1)
+                        for a, b in src.write_ranges(start, start + n)]
+            pending[slot] = inflight.add(file.write(segments)) if segments else None
+            report.bytes_written += sum(s.length for s in segments)
+            report.device_bytes += n
+        for p in pending:
+            if p is not None:
+                p.wait()
+    if not want_crc:
+        report.crc32_skipped += 1
+        return 0
+    if end < src.nbytes:
+        crc = zlib.crc32(src.host_bytes(end), crc)
+    return crc
+
+
+def write_stream(f, records, cd_records, cd_offset, opts, report):
+    """Writes the planned archive into the file object `f` in offset order
+    (CRCs first, from host copies: CUDA storages are copied with .cpu());
+    returns the archive size."""
+    position = 0
+    for r in sorted(records, key=lambda r: r.offset):
+        if r.offset > position:  # a gap between records
+            f.write(bytes(r.offset - position))
+        data = _payload_bytes(r)
+        if opts.crc32 is False:
+            report.crc32_skipped += 1
+        else:
+            r.crc = zlib.crc32(data)
+        f.write(_zipfile.local_header(r))
+        f.write(data)
+        report.bytes_written += r.data_offset - r.offset + r.size
+        position = r.data_offset + r.size
+        if isinstance(r.payload, Source):
+            r.payload.host_copy = None
+    cd = _zipfile.central_directory(cd_records, cd_offset)
+    f.write(cd)
+    report.bytes_written += len(cd)
+    return cd_offset + len(cd)
