@@ -12,16 +12,12 @@
 
 #include "client_impl.h"
 #include "error.h"
+#include "spillfs/common/control_protocol.h"
+#include "spillfs/common/mountinfo.h"
 
 using namespace spillfs::client;
 using spillfs::RoundDown;
 using spillfs::RoundUp;
-
-namespace {
-
-constexpr const char* kFsType = "fuse.spillfs";
-
-}  // namespace
 
 spill_client::~spill_client() {
   AdoptAfterFork();
@@ -135,23 +131,24 @@ spill_client* spill_client_open(const char* mountpoint) {
   }
   std::string canonical = real;
   free(real);
-  auto mount = FindMount(canonical);
+  auto mount = spillfs::FindMountAt(canonical);
   auto fail = [](int rc) -> spill_client* {
     errno = -rc;
     return nullptr;
   };
   if (!mount) return fail(Fail(EINVAL, canonical + " is not a mount point"));
-  if (mount->fstype != kFsType) {
+  if (mount->fstype != spillfs::control::kFsType) {
     return fail(Fail(EINVAL, canonical + " is not a spillfs mount (" + mount->fstype + ")"));
   }
   auto client = std::make_unique<spill_client>();
   client->mountpoint = canonical;
   client->volume = mount->source;
-  client->control_path = canonical + "/.spillfs/control";
+  client->control_path = spillfs::control::ControlPath(canonical);
   int rc = client->OpenChannel(&client->control);
   if (rc != 0) return fail(rc);
   json info;
-  if ((rc = client->control->Request(json{{"op", "stat"}}, &info)) != 0) return fail(rc);
+  if ((rc = client->control->Request(json{{spillfs::control::key::kOp, spillfs::control::op::kStat}}, &info)) != 0)
+    return fail(rc);
   if (!info.is_object() || !GetU64(info, "block_size", &client->block_size)) {
     return fail(Fail(EPROTO, "malformed stat reply from " + client->control_path));
   }

@@ -22,7 +22,7 @@ using spillfs::BlockChecksum;
 // Asks for the layout of `rel` on `lease` (which then holds it).
 int spill_client::FetchLayout(std::unique_ptr<ControlChannel> lease, const std::string& rel,
                               std::shared_ptr<Layout>* out) {
-  const json request = {{"op", "layout"}, {"path", rel}};
+  const json request = {{spillfs::control::key::kOp, spillfs::control::op::kLayout}, {"path", rel}};
   std::string text;
   int rc = lease->RequestText(request, &text);
   layouts.fetch_add(1, std::memory_order_relaxed);

@@ -73,7 +73,8 @@ int spill_client::Reserve(ControlChannel* txn, const std::string& rel, uint64_t 
   Phase phase("reserve", rel, reserve_len);
   const uint64_t bs = block_size;
   json reply;
-  int rc = txn->Request(json{{"op", "reserve"}, {"length", reserve_len}}, &reply);
+  int rc =
+      txn->Request(json{{spillfs::control::key::kOp, spillfs::control::op::kReserve}, {"length", reserve_len}}, &reply);
   if (rc != 0) return rc;
   if (!reply.is_object() || !reply.contains("extents") || !reply["extents"].is_array() ||
       !reply.contains("data_path") || !reply["data_path"].is_string()) {

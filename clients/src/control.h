@@ -1,4 +1,6 @@
-// The client's side of MOUNTPOINT/.spillfs/control, and mount discovery.
+// The client's handle of MOUNTPOINT/.spillfs/control: the request loop of
+// spillfs/common/control_protocol.h (control::Channel) behind the library's
+// error convention (0 or -errno, the message for spill_last_error()).
 //
 // One ControlChannel is one open handle of the control file. The daemon ties
 // leases to the handle: blocks returned by "layout" are not reused and space
@@ -8,30 +10,18 @@
 
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "spillfs/common/control_protocol.h"
+
 namespace spillfs::client {
-
-struct MountInfo {
-  std::string mountpoint;  // canonical
-  std::string fstype;      // "fuse.spillfs" for ours
-  std::string source;      // the volume directory for ours
-};
-
-// The mount entry at exactly `canonical_path` (the last one when stacked).
-std::optional<MountInfo> FindMount(const std::string& canonical_path);
-// The mount that holds `canonical_path`: the entry with the longest
-// mountpoint that is `canonical_path` or one of its parent directories.
-std::optional<MountInfo> FindMountHolding(const std::string& canonical_path);
 
 class ControlChannel {
  public:
   // Opens `control_path` O_RDWR. Returns 0 or -errno (message set).
   static int Open(const std::string& control_path, std::unique_ptr<ControlChannel>* out);
-  ~ControlChannel();
   ControlChannel(const ControlChannel&) = delete;
   ControlChannel& operator=(const ControlChannel&) = delete;
 
@@ -47,10 +37,8 @@ class ControlChannel {
   int ParseReply(const std::string& op, const std::string& reply, nlohmann::json* result) const;
 
  private:
-  ControlChannel(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
-  int fd_;
-  std::string path_;
-  size_t longest_ = 0;  // longest request written (later ones are padded to it)
+  explicit ControlChannel(control::Channel channel) : channel_(std::move(channel)) {}
+  control::Channel channel_;
   std::mutex mu_;
 };
 

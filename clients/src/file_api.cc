@@ -19,6 +19,7 @@
 #include "file_job.h"
 #include "file_settings.h"
 #include "spillfs/common/block_checksum.h"
+#include "spillfs/common/control_protocol.h"
 #include "spillfs/cuda/hash_kernels.h"
 #include "spillfs/cuda/runtime.h"
 
@@ -54,14 +55,17 @@ int Start(spill_file* file, const spill_segment* segments, size_t n, uintptr_t s
   if (int rc = CheckDevices(plan); rc != 0) return rc;
   std::unique_ptr<SegmentJob> job = write ? MakeWriteJob(file, std::move(plan), std::move(pool), chunk, stream)
                                           : MakeReadJob(file, std::move(plan), std::move(pool), chunk, stream);
+  if (int rc = job->Prepare(); rc != 0) return rc;
+  if (write) file->Changed();
   auto request = std::make_unique<spill_request>();
   request->file = file;
   spill_request* r = request.get();
   file->requests_in_flight.fetch_add(1);
   try {
-    request->worker = std::thread([r, job = std::move(job)] {
+    request->worker = std::thread([r, write, job = std::move(job)] {
       r->rc = job->Run(&r->stats);
       if (r->rc != 0) r->message = LastError();
+      if (write) r->file->Changed();  // a layout taken meanwhile may show the write half done
       r->file->requests_in_flight.fetch_sub(1);
     });
   } catch (const std::system_error& e) {
@@ -77,7 +81,7 @@ int FileControl(spill_file* file, ControlChannel** out) {
   std::lock_guard lock(file->control_mu);
   if (!file->control) {
     int rc = file->client ? file->client->OpenChannel(&file->control)
-                          : ControlChannel::Open(file->mountpoint + "/.spillfs/control", &file->control);
+                          : ControlChannel::Open(spillfs::control::ControlPath(file->mountpoint), &file->control);
     if (rc != 0) return rc;
   }
   *out = file->control.get();
@@ -96,6 +100,7 @@ int Dedup(spill_file* file, uint64_t file_offset, const uint64_t* hashes, size_t
   if (n_units == 0) return 0;
   if (hashes == nullptr || needed == nullptr) return Fail(EFAULT, "null hashes or needed");
   if (file->client) file->client->AdoptAfterFork();
+  file->Changed();
   ControlChannel* control = nullptr;
   if (int rc = FileControl(file, &control); rc != 0) return rc == -ENOTSUP ? -EOPNOTSUPP : rc;
   uint64_t mapped_end = 0;
@@ -241,6 +246,7 @@ int spill_file_truncate(spill_file* file, uint64_t size) {
   }
   file->size = size;
   file->padded_end = 0;
+  file->Changed();
   return 0;
 }
 

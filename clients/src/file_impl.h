@@ -27,6 +27,8 @@ struct spill_client;
 
 namespace spillfs::client {
 
+struct Layout;  // client_impl.h
+
 enum class Backend {
   kDirectPath = SPILL_BACKEND_DIRECT_PATH,  // reserve, O_DIRECT into the store, commit
   kMount = SPILL_BACKEND_MOUNT,             // O_DIRECT (or buffered) through a spillfs mount
@@ -89,6 +91,14 @@ struct spill_file {
   std::string rel;                       // "/a/b" in the mount
   std::shared_ptr<spill_client> client;  // the direct path
 
+  // Direct path: the layout the last read took (its channel holds the lease
+  // that keeps its blocks), used again while the file is unchanged: the
+  // same stat, no change by this handle since, younger than the client's
+  // lease_ms. Dropped by each change through the handle.
+  std::mutex layout_mu;
+  std::shared_ptr<spillfs::client::Layout> layout;
+  uint64_t changes = 0;  // write requests, truncates and dedups of the handle
+
   // The control channel of spill_file_dedup, opened at first use.
   std::mutex control_mu;
   std::unique_ptr<spillfs::client::ControlChannel> control;
@@ -101,6 +111,9 @@ struct spill_file {
   uint64_t padded_end = 0;  // the end of blocks written past `size`
   unsigned writes_in_flight = 0;
   std::atomic<unsigned> requests_in_flight{0};
+
+  // A change through the handle begins or ends: the kept layout goes.
+  void Changed();
 
   ~spill_file();
 };

@@ -52,7 +52,6 @@ int SegmentJob::Run(spill_io_stats* stats) {
   int rc = 0;
   if (!plan_.pieces.empty()) {
     rc = ring_.Init(settings.queue_depth.load());
-    if (rc == 0) rc = OpenStreams();
     if (rc == 0) rc = Work();
     Note(rc);
     // Whatever went wrong, nothing may be in flight (the I/O uses buffers
@@ -98,17 +97,23 @@ int SegmentJob::WaitStreams() {
 }
 
 char* SegmentJob::Acquire(size_t piece) {
+  std::optional<spillfs::cuda::PinnedBuffer> got;
   for (;;) {
-    if (auto b = pool_->TryAcquire(chunk_bytes_)) {
-      buffers_[piece] = std::move(*b);
-      return buffers_[piece]->data();
+    if ((got = pool_->TryAcquire(chunk_bytes_))) break;
+    if (ring_.in_flight() == 0) {
+      // Other requests hold the pool; they give buffers back as they go.
+      got = pool_->Acquire(chunk_bytes_);
+      break;
     }
-    if (ring_.in_flight() == 0) break;
     if (Reap(1) != 0) return nullptr;
   }
-  // Other requests hold the pool; they give buffers back as they go.
-  buffers_[piece] = pool_->Acquire(chunk_bytes_);
-  return buffers_[piece]->data();
+  if (!*got) {
+    Note(Fail(ENOMEM, "no staging buffer of " + std::to_string(chunk_bytes_) + " bytes (pinned_bytes " +
+                          std::to_string(pool_->capacity()) + ")"));
+    return nullptr;
+  }
+  buffers_[piece] = std::move(*got);
+  return static_cast<char*>(buffers_[piece]->data());
 }
 
 int SegmentJob::Submit(const AsyncIo::Op& op) {

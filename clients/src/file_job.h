@@ -23,6 +23,10 @@ class SegmentJob {
              uintptr_t stream);
   virtual ~SegmentJob() = default;
 
+  // On the caller's thread, before Run: makes the device streams, each
+  // ordered after the work enqueued on the caller's stream so far (not
+  // after what the caller enqueues once the request is under way).
+  int Prepare() { return OpenStreams(); }
   // Runs the request; 0 or -errno (message set on this thread).
   int Run(spill_io_stats* stats);
 
@@ -63,7 +67,9 @@ class SegmentJob {
   int error() const { return error_; }
 
   const Piece& piece(size_t i) const { return plan_.pieces[i]; }
-  char* Data(size_t i) { return plan_.pieces[i].direct ? plan_.pieces[i].direct : buffers_[i]->data(); }
+  char* Data(size_t i) {
+    return plan_.pieces[i].direct ? plan_.pieces[i].direct : static_cast<char*>(buffers_[i]->data());
+  }
 
   // Time of a stage, added to a stats field.
   class Timed {

@@ -16,11 +16,11 @@
 #include "file_impl.h"
 #include "file_settings.h"
 #include "fork_guard.h"
+#include "spillfs/common/control_protocol.h"
+#include "spillfs/common/mountinfo.h"
 
 namespace spillfs::client {
 namespace {
-
-constexpr const char* kFsType = "fuse.spillfs";
 
 // Direct-path clients by mountpoint, shared by the files of a process (one
 // opens the control file and the store; a stat round trip). A weak entry: the
@@ -64,6 +64,13 @@ using namespace spillfs::client;
 
 spill_file::~spill_file() {
   if (fd >= 0) close(fd);
+}
+
+void spill_file::Changed() {
+  std::shared_ptr<Layout> dropped;  // its lease closed after the lock (a FUSE round trip)
+  std::lock_guard lock(layout_mu);
+  ++changes;
+  dropped = std::move(layout);
 }
 
 namespace spillfs::client {
@@ -115,8 +122,8 @@ spill_file* OpenFile(const char* path, int flags, uint64_t size_hint) {
   free(real);
 
   FileSettings& settings = Settings();
-  auto mount = FindMountHolding(file->path);
-  if (mount && mount->fstype == kFsType) {
+  auto mount = spillfs::FindMountHolding(file->path);
+  if (mount && mount->fstype == spillfs::control::kFsType) {
     file->mountpoint = mount->mountpoint;
     file->rel = file->path.substr(mount->mountpoint.size());
     if (file->rel.empty()) file->rel = "/";

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <string>
@@ -34,6 +35,7 @@ class ReadJob : public SegmentJob {
   int CheckSize(uint64_t size);
   int ReadFile();
   int ReadDirect();
+  int TakeLayout();
   // Copies piece i to the segments; device copies leave the buffer in
   // draining_ until they have run.
   int CopyOut(size_t i);
@@ -146,15 +148,47 @@ int ReadJob::ReadFile() {
   return error();
 }
 
+// The file's layout: the one the handle keeps while the file is unchanged,
+// else a fresh one (kept for the next read).
+int ReadJob::TakeLayout() {
+  spill_client* client = file_->client.get();
+  struct stat st;
+  if (fstat(file_->fd, &st) != 0) {
+    int e = errno;
+    return Fail(e, WithErrno("cannot stat " + file_->path, e));
+  }
+  const auto max_age = std::chrono::milliseconds(std::min<uint64_t>(client->lease_ms.load(), uint64_t{1} << 40));
+  uint64_t changes = 0;
+  {
+    std::lock_guard lock(file_->layout_mu);
+    changes = file_->changes;
+    const auto& kept = file_->layout;
+    if (kept && kept->generation == changes && SameFile(kept->st, st) &&
+        (max_age.count() == 0 || std::chrono::steady_clock::now() - kept->taken < max_age)) {
+      layout_ = kept;
+      return 0;
+    }
+  }
+  Timed t(&stats_.daemon_seconds);
+  std::unique_ptr<ControlChannel> lease;  // held by the layout while it is used
+  int rc = client->OpenChannel(&lease);
+  if (rc == 0) rc = client->FetchLayout(std::move(lease), file_->rel, &layout_);
+  if (rc != 0) return rc;
+  layout_->st = st;  // taken before the layout: a change in between shows next time
+  layout_->taken = std::chrono::steady_clock::now();
+  layout_->generation = changes;
+  std::shared_ptr<Layout> replaced;  // destroyed after the lock
+  std::lock_guard lock(file_->layout_mu);
+  if (file_->changes == changes) {
+    replaced = std::move(file_->layout);
+    file_->layout = layout_;
+  }
+  return 0;
+}
+
 int ReadJob::ReadDirect() {
   spill_client* client = file_->client.get();
-  {
-    Timed t(&stats_.daemon_seconds);
-    std::unique_ptr<ControlChannel> lease;  // held by the layout for the whole request
-    int rc = client->OpenChannel(&lease);
-    if (rc == 0) rc = client->FetchLayout(std::move(lease), file_->rel, &layout_);
-    if (rc != 0) return rc;
-  }
+  if (int rc = TakeLayout(); rc != 0) return rc;
   if (int rc = CheckSize(layout_->size); rc != 0) return rc;
   const bool verify = Settings().verify.load();
   const auto& xs = layout_->extents;

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "fuzz_util.h"
-#include "spillfs/fs/control_plane.h"
+#include "control/control_plane.h"
 #include "spillfs/fs/fsck.h"
 
 namespace {

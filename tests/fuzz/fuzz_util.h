@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "spillfs/fs/filesystem.h"
+#include "core/filesystem.h"
 #include "spillfs/fs/volume.h"
 
 // A broken property is a crash: libFuzzer keeps the input that caused it.

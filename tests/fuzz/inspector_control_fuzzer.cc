@@ -1,7 +1,8 @@
-// libFuzzer target: Inspector::HandleControl, the request parser and
-// dispatcher of the control interface (MOUNTPOINT/.spillfs/control), over a
-// small real volume made once at start-up in a temporary directory and
-// opened read-only, as `spillfs stat / ls / du` open an unmounted volume.
+// libFuzzer target: ControlPlane::AnswerInspection, the request parser and
+// the dispatch of the inspection ops of the control interface
+// (MOUNTPOINT/.spillfs/control) to Inspector, over a small real volume made
+// once at start-up in a temporary directory and opened read-only, as
+// `spillfs stat / ls / du` open an unmounted volume.
 //
 // Properties: every request, however malformed, gets a reply that is a JSON
 // object with a boolean "ok"; a refusal carries a positive "errno" and an
@@ -13,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "control/control_plane.h"
 #include "fuzz_util.h"
 #include "spillfs/fs/inspector.h"
 
@@ -70,6 +72,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   runtime.mounted = size % 2 == 1;
   runtime.has_free_bytes = size % 3 == 1;
   runtime.free_bytes = size;
-  CheckReply(world->inspector->HandleControl(request, runtime));
+  CheckReply(ControlPlane::AnswerInspection(*world->inspector, request, runtime));
   return 0;
 }

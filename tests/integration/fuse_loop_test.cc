@@ -1,4 +1,4 @@
-// The daemon's /dev/fuse loop (fs/src/fuse_device_loop.h): requests as large
+// The daemon's /dev/fuse loop (fs/fuse/fuse_device_loop.h): requests as large
 // as `spillfs mount --max-request` where the kernel's fs.fuse.max_pages_limit
 // allows them, the kernel's read-ahead of one request, the kernel's limit
 // honoured where it is lower, bad values refused, and a signal ending the
@@ -135,8 +135,8 @@ MountedVolume::Options WithMaxRequest(const std::string& size) {
   return options;
 }
 
-// The default: 1 MiB requests and read-ahead. More read-ahead made buffered
-// reads slower on the CPU VM (tools/bench/RESULTS.md, fourth session).
+// The default: 1 MiB requests and read-ahead. More kernel read-ahead made
+// buffered reads slower (1e9c81e; docs/results.md, "Read path").
 TEST(FuseLoopTest, TheKernelReadsAheadOneRequestByDefault) {
   MountedVolume volume;
   EXPECT_EQ(ReadAheadKib(volume), 1024u);

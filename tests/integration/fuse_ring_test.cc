@@ -1,4 +1,4 @@
-// FUSE over io_uring (spillfs mount --fuse-uring, fs/src/fuse_ring.h): the
+// FUSE over io_uring (spillfs mount --fuse-uring, fs/fuse/fuse_ring.h): the
 // requests really travel over the ring when the kernel offers it, every kind
 // of request gets its answer (data, names, attributes, errors), a write's
 // data is not overwritten by its early answer, many threads at once are

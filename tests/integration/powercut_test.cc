@@ -4,7 +4,7 @@
 // durable.
 //
 // The daemon is mounted with two journals in its environment:
-//  - SPILLFS_POWERCUT_JOURNAL (fs/include/spillfs/fs/block_store.h): its
+//  - SPILLFS_POWERCUT_JOURNAL (fs/store/block_store.h): its
 //    BlockStore journals the pre-image of every data-area write and empties
 //    the journal at each Flush (fdatasync), so the journal holds the old bytes
 //    of exactly the writes that are not durable;
@@ -40,7 +40,7 @@
 // Every fsync or fdatasync of any file, and every fsync of a directory, is a
 // point at which everything done before it is durable: spillfs's fsync
 // flushes the file's RAM-tier data, the whole data area and the whole index
-// WAL (Filesystem::SyncAll; README "How data is kept"), and the writer has
+// WAL (Filesystem::SyncAll; docs/design.md, "Crash order"), and the writer has
 // every other file closed (close writes the RAM tier out) when it syncs.
 //
 // Environment:
@@ -96,7 +96,7 @@ constexpr const char* kRamTier = "12M";
 // Flush batches this small keep several in flight, each mapped only after a
 // data sync that covers it (Filesystem::FlushChunks), within the small tier.
 constexpr const char* kFlushBatch = "1M";
-// The journal format of fs/include/spillfs/fs/block_store.h.
+// The journal format of fs/store/block_store.h.
 constexpr const char* kJournalEnv = "SPILLFS_POWERCUT_JOURNAL";
 constexpr uint32_t kRecordMagic = 0x50434a31;
 struct RecordHeader {

@@ -361,6 +361,37 @@ TEST_P(SegmentFileTest, RequestsInFlightAtOnce) {
   EXPECT_EQ(SizeOf(path), 1000u);
 }
 
+// Reads see every change: through the handle, and made elsewhere (on the
+// direct path, a layout kept from an earlier read must not serve them).
+TEST_P(SegmentFileTest, ReadsSeeChangesMadeElsewhere) {
+  const std::string path = Path("changing");
+  FilePtr f = Open(path, kCreate);
+  ASSERT_NE(f, nullptr);
+  std::string data = RandomBytes(3 * kMiB + 17, 60);
+  ASSERT_EQ(RunRequest(f.get(), {spill_segment{data.data(), data.size(), 0, -1}}, true), 0) << spill_last_error();
+  auto read_all = [&] {
+    std::string back(data.size(), '\0');
+    EXPECT_EQ(RunRequest(f.get(), {spill_segment{back.data(), back.size(), 0, -1}}, false), 0) << spill_last_error();
+    return back;
+  };
+  EXPECT_TRUE(read_all() == data);
+  EXPECT_TRUE(read_all() == data);  // a kept layout
+  // Another writer, through the file system.
+  std::string patch = RandomBytes(100000, 61);
+  int fd = open(path.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0) << Errno();
+  ASSERT_EQ(pwrite(fd, patch.data(), patch.size(), 5000), static_cast<ssize_t>(patch.size())) << Errno();
+  ASSERT_EQ(close(fd), 0);
+  data.replace(5000, patch.size(), patch);
+  EXPECT_TRUE(read_all() == data);
+  // This handle.
+  patch = RandomBytes(kMiB, 62);
+  ASSERT_EQ(RunRequest(f.get(), {spill_segment{patch.data(), patch.size(), 2 * kMiB, -1}}, true), 0)
+      << spill_last_error();
+  data.replace(2 * kMiB, patch.size(), patch);
+  EXPECT_TRUE(read_all() == data);
+}
+
 TEST_P(SegmentFileTest, BadRequestsAreRefused) {
   const std::string path = Path("bad");
   FilePtr f = Open(path, kCreate);

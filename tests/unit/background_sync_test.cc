@@ -1,4 +1,4 @@
-#include "spillfs/fs/background_sync.h"
+#include "core/background_sync.h"
 
 #include <gtest/gtest.h>
 

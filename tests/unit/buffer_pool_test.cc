@@ -1,4 +1,4 @@
-#include "spillfs/fs/buffer_pool.h"
+#include "store/buffer_pool.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>

@@ -25,8 +25,8 @@
 
 #include "eventually.h"
 #include "read_bytes.h"
-#include "spillfs/fs/block_store.h"
-#include "spillfs/fs/filesystem.h"
+#include "store/block_store.h"
+#include "core/filesystem.h"
 #include "spillfs/fs/volume.h"
 #include "spillfs/kvindex/keys.h"
 #include "temp_dir.h"
@@ -287,9 +287,9 @@ TEST_F(FlushBeforeMappingTest, BatchesWrittenDuringASyncShareTheNextOne) {
 // someone waits: an fsync then waits for the batches in flight, not for the
 // stream. Here each data sync takes 100 ms, so a flush moves a few 1 MiB
 // batches per sync, and the writer, held back by the 32 MiB tier, keeps it
-// busy. The fsync took 1.8-3.1 s on the CPU VM. A flush that went on taking
-// chunks ran until the writer gave up (60 s); with that fixed but the flusher
-// free to take the lock again before the fsync (the lock is not fair), 19-30 s.
+// busy. The fsync takes a few seconds. A flush that went on taking chunks
+// ran until the writer gave up (60 s); with that fixed but the flusher free
+// to take the lock again before the fsync (the lock is not fair), 19-30 s.
 TEST_F(DataSyncTest, AnFsyncStopsABackgroundFlushFromTakingMore) {
   FilesystemOptions options;
   options.ram_tier_bytes = 32 << 20;
@@ -379,8 +379,8 @@ TEST_F(DataSyncTest, AttributeChangesDoNotWaitForAFlush) {
 // utimens no longer wait for a flush). Chmods of another file keep the mutex
 // busy to widen that window. Each round writes a block, fsyncs it (its data
 // sync held 5 ms) and sets the mtime to 1 s at a jittered moment around the
-// commit; in every order the mtime must end up 1 s. Before the fix, 29
-// rounds of 200 lost it on the CPU VM (one run); after it, none in 3 runs.
+// commit; in every order the mtime must end up 1 s. Before the fix, about
+// one round in seven lost it; after it, none in 600.
 TEST_F(DataSyncTest, AFlushCommitKeepsAnMtimeSetWhileItWaited) {
   FilesystemOptions options;
   options.ram_tier_bytes = 32 << 20;

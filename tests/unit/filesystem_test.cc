@@ -1,6 +1,6 @@
 // Unit tests for fs/filesystem.h and fs/volume.h: a volume made in a
 // temporary directory, driven through Filesystem directly (no FUSE).
-#include "spillfs/fs/filesystem.h"
+#include "core/filesystem.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

@@ -17,7 +17,7 @@
 
 #include "read_bytes.h"
 #include "spillfs/common/aligned_buffer.h"
-#include "spillfs/fs/filesystem.h"
+#include "core/filesystem.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
 

@@ -15,11 +15,13 @@
 
 #include <filesystem>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "spillfs/fs/filesystem.h"
+#include "control/control_plane.h"
+#include "core/filesystem.h"
 #include "spillfs/fs/volume.h"
 #include "spillfs/kvindex/keys.h"
 
@@ -239,51 +241,63 @@ TEST_F(InspectorTest, StatTakesLiveCountersFromTheDaemon) {
   rt.mounted = true;
   rt.has_free_bytes = true;
   rt.free_bytes = kCapacity - 5 * kBlock;
-  rt.ram_tier_bytes = 11;
-  rt.ram_tier_capacity_bytes = 12;
-  rt.bytes_written_ssd = 13;
-  rt.bytes_read_ssd = 14;
-  rt.bytes_cancelled = 15;
-  rt.checksum_errors = 16;
-  rt.data_syncs = 19;
-  rt.data_sync_seconds = 0.25;
   rt.data_sync_error = "EIO: fdatasync failed";
-  rt.reads = 17;
-  rt.writes = 18;
-  rt.ram_tier_stalls = 20;
-  rt.read_ahead_window_bytes = 21;
-  rt.read_ahead_windows = 22;
-  rt.read_ahead_bytes_fetched = 23;
-  rt.read_ahead_bytes_served = 24;
-  rt.read_ahead_waits = 25;
-  rt.read_ahead_wait_seconds = 0.5;
-  rt.uptime_seconds = 2.5;
+  // A value of its own for every counter kStatKeys takes from RuntimeStats.
+  uint64_t next = 11;
+  for (const StatKey& key : kStatKeys) {
+    if (key.count != nullptr) rt.*key.count = next++;
+    if (key.seconds != nullptr) rt.*key.seconds = static_cast<double>(next++) / 4;
+  }
   auto stat = in.Stat(rt);
   ASSERT_TRUE(stat.ok());
   const json& s = *stat;
   EXPECT_EQ(s["mounted"], true);
   EXPECT_EQ(s["free_bytes"], kCapacity - 5 * kBlock);
   EXPECT_EQ(s["used_bytes"], 5 * kBlock);
-  EXPECT_EQ(s["ram_tier_bytes"], 11u);
-  EXPECT_EQ(s["ram_tier_capacity_bytes"], 12u);
-  EXPECT_EQ(s["bytes_written_ssd"], 13u);
-  EXPECT_EQ(s["bytes_read_ssd"], 14u);
-  EXPECT_EQ(s["bytes_cancelled"], 15u);
-  EXPECT_EQ(s["checksum_errors"], 16u);
-  EXPECT_EQ(s["data_syncs"], 19u);
-  EXPECT_DOUBLE_EQ(s["data_sync_seconds"].get<double>(), 0.25);
   EXPECT_EQ(s["data_sync_failed"], true);
   EXPECT_EQ(s["data_sync_error"], "EIO: fdatasync failed");
-  EXPECT_EQ(s["reads"], 17u);
-  EXPECT_EQ(s["writes"], 18u);
-  EXPECT_EQ(s["ram_tier_stalls"], 20u);
-  EXPECT_EQ(s["read_ahead_window_bytes"], 21u);
-  EXPECT_EQ(s["read_ahead_windows"], 22u);
-  EXPECT_EQ(s["read_ahead_bytes_fetched"], 23u);
-  EXPECT_EQ(s["read_ahead_bytes_served"], 24u);
-  EXPECT_EQ(s["read_ahead_waits"], 25u);
-  EXPECT_DOUBLE_EQ(s["read_ahead_wait_seconds"].get<double>(), 0.5);
-  EXPECT_DOUBLE_EQ(s["uptime_seconds"].get<double>(), 2.5);
+  int counters = 0;
+  for (const StatKey& key : kStatKeys) {
+    if (key.count != nullptr) {
+      EXPECT_EQ(s[key.key], rt.*key.count) << key.key;
+    }
+    if (key.seconds != nullptr) {
+      EXPECT_DOUBLE_EQ(s[key.key].get<double>(), rt.*key.seconds) << key.key;
+    }
+    counters += key.count != nullptr || key.seconds != nullptr;
+  }
+  EXPECT_EQ(counters, 24);
+  // The rows name the members they read.
+  EXPECT_EQ(s["ram_tier_hits"], rt.ram_tier_hits);
+  EXPECT_EQ(s["reads"], rt.reads);
+  EXPECT_EQ(s["writes"], rt.writes);
+  EXPECT_EQ(s["read_ahead_bytes_fetched"], rt.read_ahead_bytes_fetched);
+  EXPECT_EQ(s["read_ahead_bytes_served"], rt.read_ahead_bytes_served);
+  EXPECT_DOUBLE_EQ(s["read_ahead_wait_seconds"].get<double>(), rt.read_ahead_wait_seconds);
+  EXPECT_DOUBLE_EQ(s["uptime_seconds"].get<double>(), rt.uptime_seconds);
+}
+
+// kStatKeys names exactly the keys of the stat object, and the Prometheus
+// text takes its types and help lines from it.
+TEST_F(InspectorTest, StatKeysTableIsTheStatObject) {
+  BuildTree();
+  Inspector& in = Open();
+  auto stat = in.Stat(RuntimeStats{});
+  ASSERT_TRUE(stat.ok());
+  std::set<std::string> keys, table;
+  for (const auto& [key, value] : stat->items()) keys.insert(key);
+  for (const StatKey& key : kStatKeys) EXPECT_TRUE(table.insert(key.key).second) << "twice: " << key.key;
+  EXPECT_EQ(keys, table);
+  std::string text = PrometheusText(*stat);
+  for (const StatKey& key : kStatKeys) {
+    const std::string name = std::string("spillfs_") + key.key;
+    bool shown = text.find("\n" + name + " ") != std::string::npos;
+    EXPECT_EQ(shown, key.type != StatType::kText) << key.key;
+    if (!shown) continue;
+    EXPECT_NE(text.find("# HELP " + name + " " + key.help + "\n"), std::string::npos) << key.key;
+    const char* type = key.type == StatType::kCounter ? "counter" : "gauge";
+    EXPECT_NE(text.find("# TYPE " + name + " " + type + "\n"), std::string::npos) << key.key;
+  }
 }
 
 // Checks that `extents` tiles [0, RoundUp(size)) from `start` without gaps.
@@ -542,7 +556,7 @@ TEST_F(InspectorTest, ControlRequests) {
   RuntimeStats rt;
   rt.mounted = true;
   auto call = [&](const std::string& request) {
-    json reply = json::parse(in.HandleControl(request, rt), nullptr, false);
+    json reply = json::parse(ControlPlane::AnswerInspection(in, request, rt), nullptr, false);
     EXPECT_FALSE(reply.is_discarded()) << request;
     EXPECT_TRUE(reply.is_object() && reply.contains("ok")) << reply;
     return reply;

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "spillfs/fs/filesystem.h"
+#include "core/filesystem.h"
 
 namespace spillfs {
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <thread>
 
-#include "spillfs/fs/uring_engine.h"
+#include "store/uring_engine.h"
 
 namespace {
 

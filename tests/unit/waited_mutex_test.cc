@@ -1,4 +1,4 @@
-#include "spillfs/fs/waited_mutex.h"
+#include "core/waited_mutex.h"
 
 #include <gtest/gtest.h>
 

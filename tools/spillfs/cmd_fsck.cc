@@ -12,8 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "mount_table.h"
 #include "sizes.h"
+#include "spillfs/common/control_protocol.h"
+#include "spillfs/common/mountinfo.h"
 #include "spillfs/fs/fsck.h"
 #include "spillfs/fs/volume.h"
 
@@ -178,7 +179,7 @@ int RunFsck(const FsckArgs& args) {
   if (!Volume::Exists(volume)) {
     return CannotRun(fmt::format("{} is not a spillfs volume (no index/CURRENT inside)", volume));
   }
-  if (auto mounted = FindVolumeMount(volume)) {
+  if (auto mounted = FindMountOfSource(control::kFsType, volume)) {
     return CannotRun(fmt::format("{} is mounted on {}; unmount it first", volume, mounted->mountpoint));
   }
   auto opened = Volume::Open(volume, Volume::OpenOptions{.read_only = !args.repair});

@@ -27,9 +27,10 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "control_client.h"
-#include "mount_table.h"
 #include "sizes.h"
+#include "spillfs/common/control_protocol.h"
+#include "spillfs/common/mountinfo.h"
+#include "spillfs/common/stat_keys.h"
 #include "spillfs/fs/inspector.h"
 #include "spillfs/fs/volume.h"
 
@@ -76,23 +77,6 @@ std::string CanonicalNoFollow(const std::string& arg) {
   return dir == "/" ? "/" + base : dir + "/" + base;
 }
 
-bool Under(const std::string& path, const std::string& mountpoint) {
-  if (mountpoint == "/") return true;
-  return path == mountpoint || (path.size() > mountpoint.size() &&
-                                path.compare(0, mountpoint.size(), mountpoint) == 0 && path[mountpoint.size()] == '/');
-}
-
-// The mount holding canonical `path`: the longest mount point above it; the
-// last one listed when mounts are stacked.
-std::optional<MountEntry> MountOf(const std::string& path) {
-  std::optional<MountEntry> found;
-  for (auto& entry : ReadMountTable()) {
-    if (!Under(path, entry.mountpoint)) continue;
-    if (!found || entry.mountpoint.size() >= found->mountpoint.size()) found = entry;
-  }
-  return found;
-}
-
 // Resolves a command-line path to a mount (and the path inside it) or an
 // unmounted volume directory.
 Result<Target> Locate(const std::string& arg) {
@@ -100,7 +84,7 @@ Result<Target> Locate(const std::string& arg) {
   if (path.empty()) {
     return Status::Error(ENOENT, fmt::format("{}: {}", arg, std::strerror(errno)));
   }
-  if (auto mount = MountOf(path); mount && mount->fstype == kFsType) {
+  if (auto mount = FindMountHolding(path); mount && mount->fstype == control::kFsType) {
     Target t;
     t.mounted = true;
     t.mountpoint = mount->mountpoint;
@@ -124,7 +108,7 @@ class Volumes {
   Result<Volume*> Open(const std::string& dir) {
     auto it = open_.find(dir);
     if (it != open_.end()) return it->second.get();
-    if (auto mount = FindVolumeMount(dir)) return Mounted(dir, mount->mountpoint);
+    if (auto mount = FindMountOfSource(control::kFsType, dir)) return Mounted(dir, mount->mountpoint);
     auto volume = Volume::Open(dir, Volume::OpenOptions{.read_only = true});
     if (!volume.ok()) {
       if (volume.status().code() == EBUSY) {
@@ -247,6 +231,11 @@ double F64(const json& o, const char* key) {
   return it != o.end() && it->is_number() ? it->get<double>() : 0.0;
 }
 
+// Numbers of the stat object: each key is checked against kStatKeys
+// (spillfs/common/stat_keys.h) when this builds.
+uint64_t StatU64(const json& stat, StatKeyName key) { return U64(stat, key.name); }
+double StatF64(const json& stat, StatKeyName key) { return F64(stat, key.name); }
+
 std::string Percent(uint64_t part, uint64_t whole) {
   return whole == 0 ? "0.0%" : fmt::format("{:.1f}%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
 }
@@ -266,7 +255,7 @@ int RunStat(const StatArgs& args) {
   Volumes volumes;
   json stat;
   if (target->mounted) {
-    auto result = ControlRequest(target->mountpoint, json{{"op", "stat"}});
+    auto result = control::Request(target->mountpoint, json{{control::key::kOp, control::op::kStat}});
     if (!result.ok()) return Fail("stat", result.status().message());
     stat = std::move(result).value();
   } else {
@@ -283,41 +272,43 @@ int RunStat(const StatArgs& args) {
     fmt::print("{}\n", Dump(stat));
     return 0;
   }
-  uint64_t capacity = U64(stat, "capacity_bytes");
+  uint64_t capacity = StatU64(stat, "capacity_bytes");
   PrintRow("volume", target->volume);
   PrintRow("mounted", target->mounted ? "at " + target->mountpoint : std::string("no"));
   PrintRow("uuid", stat.value("uuid", ""));
   PrintRow("capacity", HumanBytes(capacity));
-  PrintRow("used",
-           fmt::format("{} ({})", HumanBytes(U64(stat, "used_bytes")), Percent(U64(stat, "used_bytes"), capacity)));
-  PrintRow("free", HumanBytes(U64(stat, "free_bytes")));
-  PrintRow("files", std::to_string(U64(stat, "files")));
-  PrintRow("directories", std::to_string(U64(stat, "directories")));
-  PrintRow("logical", HumanBytes(U64(stat, "logical_bytes")));
-  PrintRow("physical", HumanBytes(U64(stat, "physical_bytes")));
-  PrintRow("dedup ratio", fmt::format("{:.2f}", F64(stat, "dedup_ratio")));
-  uint64_t tier_capacity = U64(stat, "ram_tier_capacity_bytes");
-  PrintRow("ram tier", tier_capacity == 0 ? HumanBytes(U64(stat, "ram_tier_bytes"))
-                                          : fmt::format("{} of {} ({})", HumanBytes(U64(stat, "ram_tier_bytes")),
+  PrintRow("used", fmt::format("{} ({})", HumanBytes(StatU64(stat, "used_bytes")),
+                               Percent(StatU64(stat, "used_bytes"), capacity)));
+  PrintRow("free", HumanBytes(StatU64(stat, "free_bytes")));
+  PrintRow("files", std::to_string(StatU64(stat, "files")));
+  PrintRow("directories", std::to_string(StatU64(stat, "directories")));
+  PrintRow("logical", HumanBytes(StatU64(stat, "logical_bytes")));
+  PrintRow("physical", HumanBytes(StatU64(stat, "physical_bytes")));
+  PrintRow("dedup ratio", fmt::format("{:.2f}", StatF64(stat, "dedup_ratio")));
+  uint64_t tier_capacity = StatU64(stat, "ram_tier_capacity_bytes");
+  PrintRow("ram tier", tier_capacity == 0 ? HumanBytes(StatU64(stat, "ram_tier_bytes"))
+                                          : fmt::format("{} of {} ({})", HumanBytes(StatU64(stat, "ram_tier_bytes")),
                                                         HumanBytes(tier_capacity),
-                                                        Percent(U64(stat, "ram_tier_bytes"), tier_capacity)));
-  PrintRow("ssd written", HumanBytes(U64(stat, "bytes_written_ssd")));
-  PrintRow("ssd read", HumanBytes(U64(stat, "bytes_read_ssd")));
-  std::string syncs = std::to_string(U64(stat, "data_syncs"));
-  if (U64(stat, "data_syncs") > 0) syncs += fmt::format(", {:.0f} ms in all", F64(stat, "data_sync_seconds") * 1e3);
+                                                        Percent(StatU64(stat, "ram_tier_bytes"), tier_capacity)));
+  PrintRow("ssd written", HumanBytes(StatU64(stat, "bytes_written_ssd")));
+  PrintRow("ssd read", HumanBytes(StatU64(stat, "bytes_read_ssd")));
+  std::string syncs = std::to_string(StatU64(stat, "data_syncs"));
+  if (StatU64(stat, "data_syncs") > 0)
+    syncs += fmt::format(", {:.0f} ms in all", StatF64(stat, "data_sync_seconds") * 1e3);
   if (stat.contains("data_sync_error") && stat["data_sync_error"].is_string()) {
     syncs += fmt::format(", then FAILED: {}", stat["data_sync_error"].get<std::string>());
   }
   PrintRow("data syncs", syncs);
-  PrintRow("cancelled", HumanBytes(U64(stat, "bytes_cancelled")));
-  if (U64(stat, "read_ahead_window_bytes") > 0) {
-    PrintRow("read-ahead", fmt::format("{} fetched, {} served (windows of {}); {} reads waited {:.0f} ms",
-                                       HumanBytes(U64(stat, "read_ahead_bytes_fetched")),
-                                       HumanBytes(U64(stat, "read_ahead_bytes_served")),
-                                       HumanBytes(U64(stat, "read_ahead_window_bytes")), U64(stat, "read_ahead_waits"),
-                                       F64(stat, "read_ahead_wait_seconds") * 1e3));
+  PrintRow("cancelled", HumanBytes(StatU64(stat, "bytes_cancelled")));
+  if (StatU64(stat, "read_ahead_window_bytes") > 0) {
+    PrintRow("read-ahead",
+             fmt::format("{} fetched, {} served (windows of {}); {} reads waited {:.0f} ms",
+                         HumanBytes(StatU64(stat, "read_ahead_bytes_fetched")),
+                         HumanBytes(StatU64(stat, "read_ahead_bytes_served")),
+                         HumanBytes(StatU64(stat, "read_ahead_window_bytes")), StatU64(stat, "read_ahead_waits"),
+                         StatF64(stat, "read_ahead_wait_seconds") * 1e3));
   }
-  PrintRow("checksum errors", std::to_string(U64(stat, "checksum_errors")));
+  PrintRow("checksum errors", std::to_string(StatU64(stat, "checksum_errors")));
   return 0;
 }
 
@@ -379,11 +370,11 @@ int RunLs(const LsArgs& args) {
     }
     Result<json> result = json::array();
     if (target.mounted) {
-      result = ControlRequest(target.mountpoint, json{{"op", "ls"},
-                                                      {"paths", json::array({target.rel})},
-                                                      {"long", args.long_format},
-                                                      {"extents", args.extents},
-                                                      {"directory", args.directory}});
+      result = control::Request(target.mountpoint, json{{control::key::kOp, control::op::kLs},
+                                                        {"paths", json::array({target.rel})},
+                                                        {"long", args.long_format},
+                                                        {"extents", args.extents},
+                                                        {"directory", args.directory}});
     } else {
       auto volume = volumes.Open(target.volume);
       if (!volume.ok()) {
@@ -439,7 +430,7 @@ int RunDu(const DuArgs& args) {
   }
   Result<json> result = json::object();
   if (target.mounted) {
-    result = ControlRequest(target.mountpoint, json{{"op", "du"}, {"path", target.rel}});
+    result = control::Request(target.mountpoint, json{{control::key::kOp, control::op::kDu}, {"path", target.rel}});
   } else {
     auto volume = volumes.Open(target.volume);
     if (!volume.ok()) return Fail("du", volume.status().message());
@@ -478,8 +469,8 @@ struct TopArgs {
   int64_t count = 0;  // 0: until interrupted
 };
 
-uint64_t Delta(const json& now, const json& before, const char* key) {
-  uint64_t a = U64(now, key), b = U64(before, key);
+uint64_t Delta(const json& now, const json& before, StatKeyName key) {
+  uint64_t a = StatU64(now, key), b = StatU64(before, key);
   return a >= b ? a - b : 0;  // a restarted daemon starts from zero
 }
 
@@ -499,7 +490,7 @@ int RunTop(const TopArgs& args) {
   }
   const std::string mountpoint = target->mountpoint;
   const bool tty = isatty(STDOUT_FILENO) == 1;
-  auto sample = [&]() { return ControlRequest(mountpoint, json{{"op", "stat"}}); };
+  auto sample = [&]() { return control::Request(mountpoint, json{{control::key::kOp, control::op::kStat}}); };
   auto before = sample();
   if (!before.ok()) return Fail("top", before.status().message());
   auto before_time = std::chrono::steady_clock::now();
@@ -519,7 +510,7 @@ int RunTop(const TopArgs& args) {
     uint64_t ops = Delta(a, b, "reads") + Delta(a, b, "writes");
     uint64_t hits = Delta(a, b, "ram_tier_hits"), misses = Delta(a, b, "ram_tier_misses");
     std::string hit = hits + misses == 0 ? "-" : Percent(hits, hits + misses);
-    uint64_t tier = U64(a, "ram_tier_bytes"), tier_capacity = U64(a, "ram_tier_capacity_bytes");
+    uint64_t tier = StatU64(a, "ram_tier_bytes"), tier_capacity = StatU64(a, "ram_tier_capacity_bytes");
     std::string fill = tier_capacity == 0 ? "-" : Percent(tier, tier_capacity);
     std::string clock = LocalTime(static_cast<int64_t>(std::time(nullptr)) * 1000000000, "%H:%M:%S");
     if (tty) {
@@ -536,15 +527,16 @@ int RunTop(const TopArgs& args) {
                                : fmt::format("{} of {} ({})", HumanBytes(tier), HumanBytes(tier_capacity), fill));
       PrintRow("ram tier hits", hits + misses == 0 ? "0" : fmt::format("{} ({} of reads)", hits, hit));
       PrintRow("cancelled", Rate(Delta(a, b, "bytes_cancelled"), seconds));
-      PrintRow("queue depth", std::to_string(U64(a, "queue_depth")));
-      PrintRow("used", fmt::format("{} of {}", HumanBytes(U64(a, "used_bytes")), HumanBytes(U64(a, "capacity_bytes"))));
-      PrintRow("checksum errors", std::to_string(U64(a, "checksum_errors")));
+      PrintRow("queue depth", std::to_string(StatU64(a, "queue_depth")));
+      PrintRow("used",
+               fmt::format("{} of {}", HumanBytes(StatU64(a, "used_bytes")), HumanBytes(StatU64(a, "capacity_bytes"))));
+      PrintRow("checksum errors", std::to_string(StatU64(a, "checksum_errors")));
     } else {
       fmt::print("{:<8} {:>12} {:>12} {:>12} {:>12} {:>8.0f} {:>10} {:>6} {:>6} {:>12} {:>4}\n", clock,
                  Rate(Delta(a, b, "bytes_written"), seconds), Rate(Delta(a, b, "bytes_read"), seconds),
                  Rate(Delta(a, b, "bytes_written_ssd"), seconds), Rate(Delta(a, b, "bytes_read_ssd"), seconds),
                  static_cast<double>(ops) / seconds, HumanBytes(tier), fill, hit,
-                 Rate(Delta(a, b, "bytes_cancelled"), seconds), U64(a, "queue_depth"));
+                 Rate(Delta(a, b, "bytes_cancelled"), seconds), StatU64(a, "queue_depth"));
     }
     std::fflush(stdout);
     before = std::move(now);

@@ -19,8 +19,9 @@
 #include <thread>
 
 #include "commands.h"
-#include "mount_table.h"
 #include "sizes.h"
+#include "spillfs/common/control_protocol.h"
+#include "spillfs/common/mountinfo.h"
 #include "spillfs/fs/fuse_daemon.h"
 #include "spillfs/fs/volume.h"
 
@@ -91,7 +92,7 @@ Result<int> WaitForVolumeLock(const std::string& volume, unsigned wait_s) {
   bool said = false;
   bool mounted_elsewhere = false;
   auto lock = PollVolumeLock(volume, wait_s, std::chrono::milliseconds(20), [&](const Status& busy) {
-    if (auto mounted = FindVolumeMount(volume)) {  // mounted meanwhile, by someone else
+    if (auto mounted = FindMountOfSource(control::kFsType, volume)) {  // mounted meanwhile, by someone else
       mounted_elsewhere = true;
       return Status::Error(EBUSY, fmt::format("volume {} is already mounted on {}", volume, mounted->mountpoint));
     }
@@ -123,10 +124,10 @@ Status Validate(MountArgs* args) {
   if (!Volume::Exists(args->volume)) {
     return Status::Error(EINVAL, fmt::format("{} is not a spillfs volume (make one with spillfs mkfs)", args->volume));
   }
-  if (auto mounted = FindVolumeMount(args->volume)) {
+  if (auto mounted = FindMountOfSource(control::kFsType, args->volume)) {
     return Status::Error(EBUSY, fmt::format("volume {} is already mounted on {}", args->volume, mounted->mountpoint));
   }
-  if (auto busy = FindMount(args->mountpoint)) {
+  if (auto busy = FindMountAt(args->mountpoint)) {
     return Status::Error(
         EBUSY, fmt::format("{} is already a mount point ({} from {})", args->mountpoint, busy->fstype, busy->source));
   }
@@ -292,8 +293,8 @@ int RunMount(MountArgs args) {
 int RunUmount(const std::string& path) {
   std::error_code ec;
   std::string mountpoint = stdfs::weakly_canonical(path, ec).string();
-  auto entry = FindMount(mountpoint);
-  if (!entry || entry->fstype != kFsType) {
+  auto entry = FindMountAt(mountpoint);
+  if (!entry || entry->fstype != control::kFsType) {
     return Fail("umount", fmt::format("{} is not a spillfs mount point", path));
   }
   if (umount2(mountpoint.c_str(), 0) != 0) {

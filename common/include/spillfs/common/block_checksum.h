@@ -8,9 +8,9 @@
 //
 // On x86 the calls go through libxxhash's runtime-dispatched entry points, which
 // pick AVX-512, AVX2 or SSE2 as the CPU offers; the values are the same as the
-// portable build's. Measured on the 2-core VM (4 KiB blocks, in cache):
-// 17 GB/s against 11-12 GB/s, and block verification was the read-ahead
-// threads' largest cost once their memset was gone (tools/bench/RESULTS.md).
+// portable build's, and faster: block verification was the read-ahead
+// threads' largest cost once their memset was gone (75af92f; docs/results.md,
+// "Read path").
 #pragma once
 
 #include <xxhash.h>

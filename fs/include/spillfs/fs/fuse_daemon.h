@@ -1,7 +1,7 @@
 // FuseDaemon: serves a Filesystem to the kernel through libfuse's low-level
-// API, with its own pool of /dev/fuse workers (fs/src/fuse_device_loop.h:
+// API, with its own pool of /dev/fuse workers (fs/fuse/fuse_device_loop.h:
 // requests larger than libfuse's loop takes) or, asked for, FUSE over
-// io_uring (fs/src/fuse_ring.h). It only translates: every decision about
+// io_uring (fs/fuse/fuse_ring.h). It only translates: every decision about
 // names, permissions of created inodes, sizes and errors is made by
 // Filesystem; FUSE types never leave fuse_daemon.cc, fuse_ops.cc (the
 // operations), fuse_device_loop.cc and fuse_ring.cc.
@@ -12,8 +12,8 @@
 #include <memory>
 #include <string>
 
-#include "spillfs/fs/control_plane.h"
-#include "spillfs/fs/filesystem.h"
+#include "control/control_plane.h"
+#include "core/filesystem.h"
 #include "spillfs/common/status.h"
 
 struct fuse_session;
@@ -43,12 +43,12 @@ struct FuseOptions {
   // and the kernel's read-ahead for the mount (one request: the daemon reads
   // further ahead itself). Above 1 MiB it needs Linux 6.12+ with
   // fs.fuse.max_pages_limit raised to match (Mount lowers it to the kernel's
-  // limit and says so); not with fuse_uring. 1 MiB by default: on the CPU VM
-  // a 4-8 MiB read-ahead made streams of 1 MiB reads slower (1.9 -> 1.1-1.5
-  // GB/s), and on the H200 4 MiB requests measured level with 1 MiB within
-  // the rounds' spread, and 8 MiB slower for reads until a read straddling
-  // two read-ahead windows was answered from both (then level with 1 MiB on
-  // the H100; tools/bench/RESULTS.md).
+  // limit and says so); not with fuse_uring. 1 MiB by default: larger
+  // requests need the kernel's limit raised and measured no faster (4 MiB
+  // level with 1 MiB; 8 MiB level once a read straddling two read-ahead
+  // windows was answered from both, 0627fd0), and a kernel read-ahead above
+  // one request made streams of 1 MiB reads slower (docs/results.md, "FUSE
+  // transport" and "Read path").
   size_t max_request_bytes = size_t{1} << 20;
   bool debug = false;
 };

@@ -1,6 +1,7 @@
 // Inspector: read-only answers about what a volume holds, for the `spillfs
-// stat / ls / du / top` tools and for the control interface of a mount
-// (MOUNTPOINT/.spillfs/control, MOUNTPOINT/.spillfs/stats).
+// stat / ls / du / top` tools and for the control plane of a mount
+// (fs/control/control_plane.h), which routes the stat, ls and du requests of
+// MOUNTPOINT/.spillfs/control here and serves MOUNTPOINT/.spillfs/stats.
 //
 // It reads only the index (never the data area) and knows nothing of FUSE: the
 // tools run it over a volume opened read-only, the daemon over its live index
@@ -34,64 +35,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "spillfs/common/stat_keys.h"
+#include "spillfs/common/status.h"
 #include "spillfs/kvindex/index.h"
 #include "spillfs/kvindex/records.h"
-#include "spillfs/common/status.h"
 
 namespace spillfs {
-
-// Counters only a running daemon knows. A default-constructed RuntimeStats
-// (mounted == false) is what an unmounted volume reports: zeros, and free
-// space read from the index's `free` family.
-struct RuntimeStats {
-  bool mounted = false;
-  // Free space as the allocator sees it (persisted free list); when unset,
-  // Stat() sums the `free` family.
-  bool has_free_bytes = false;
-  uint64_t free_bytes = 0;
-
-  // Write-back RAM tier.
-  uint64_t ram_tier_bytes = 0;           // dirty bytes held in host memory now
-  uint64_t ram_tier_capacity_bytes = 0;  // its bound (0: no RAM tier)
-  uint64_t ram_tier_hits = 0;            // reads served from the RAM tier
-  uint64_t ram_tier_misses = 0;          // reads that went to the SSD
-  // Writes that waited for room in the tier in vain and went to the SSD.
-  uint64_t ram_tier_stalls = 0;
-
-  // Data area I/O (bytes that reached or came from the SSD).
-  uint64_t bytes_written_ssd = 0;
-  uint64_t bytes_read_ssd = 0;
-  // Bytes that never reached the SSD because their file was unlinked or
-  // truncated while they waited in the RAM tier.
-  uint64_t bytes_cancelled = 0;
-  uint64_t checksum_errors = 0;
-  // fdatasync calls on the data area that succeeded (before each mapping of
-  // fresh data, fsync, unmount; callers that shared one count once).
-  uint64_t data_syncs = 0;
-  double data_sync_seconds = 0;  // spent in those syncs (and in a failed one)
-  // The failed fdatasync that every later sync reports until a remount
-  // (block_store.h, Flush); empty while none has failed.
-  std::string data_sync_error;
-
-  // Client-visible traffic (FUSE read/write and the direct path).
-  uint64_t bytes_written = 0;  // logical bytes accepted by write()
-  uint64_t bytes_read = 0;     // logical bytes returned by read()
-  uint64_t writes = 0;         // write operations
-  uint64_t reads = 0;          // read operations
-  uint64_t queue_depth = 0;    // SSD I/Os in flight now
-  // FUSE requests answered over io_uring (mount --fuse-uring) since mount.
-  uint64_t fuse_ring_requests = 0;
-
-  // The daemon's read-ahead for sequential readers (read_ahead.h).
-  uint64_t read_ahead_window_bytes = 0;   // one window (0: read-ahead off, or not mounted)
-  uint64_t read_ahead_windows = 0;        // windows started since mount
-  uint64_t read_ahead_bytes_fetched = 0;  // read from the SSD into windows
-  uint64_t read_ahead_bytes_served = 0;   // read requests answered from windows
-  uint64_t read_ahead_waits = 0;          // of those, reads that waited for a window's fetch
-  double read_ahead_wait_seconds = 0;     // and the time they waited
-
-  double uptime_seconds = 0;  // since mount
-};
 
 // A read-only view over an index. Cheap to construct; keeps a reference to
 // the index (which must outlive it) and a copy of the superblock. Const and
@@ -108,23 +57,13 @@ class Inspector {
   // ENOTDIR, ELOOP, with the path in the message.
   Result<InodeNumber> ResolvePath(std::string_view path) const;
 
-  // Volume-wide numbers: an object with the keys
-  //   uuid (string), format_version, block_size, checksums (bool), dedup
-  //   (bool), mounted (bool),
-  //   capacity_bytes, used_bytes, free_bytes (used + free == capacity),
-  //   logical_bytes, referenced_bytes, physical_bytes, dedup_ratio (double),
-  //   inodes, files (regular), directories, symlinks, special_files, orphans,
-  //   extents, index_bytes,
-  //   ram_tier_bytes, ram_tier_capacity_bytes, ram_tier_hits, ram_tier_misses,
-  //   ram_tier_stalls,
-  //   bytes_written_ssd, bytes_read_ssd, bytes_cancelled, checksum_errors, data_syncs,
-  //   data_sync_seconds (double), data_sync_failed (bool), data_sync_error
-  //   (string or null),
-  //   bytes_written, bytes_read, writes, reads, queue_depth, fuse_ring_requests,
-  //   read_ahead_window_bytes, read_ahead_windows, read_ahead_bytes_fetched,
-  //   read_ahead_bytes_served, read_ahead_waits, read_ahead_wait_seconds (double),
-  //   uptime_seconds (double).
-  // The daemon's counters (RuntimeStats) are 0 where the volume is not mounted.
+  // Volume-wide numbers: an object with every key of kStatKeys
+  // (spillfs/common/stat_keys.h, where each is explained): uuid (string),
+  // the superblock's settings, space (used + free == capacity) and contents
+  // counted in the index, and the daemon's counters (RuntimeStats), which are
+  // 0 where the volume is not mounted. dedup_ratio and the *_seconds keys are doubles; checksums,
+  // dedup, mounted and data_sync_failed booleans; data_sync_error a string
+  // or null.
   Result<nlohmann::json> Stat(const RuntimeStats& runtime) const;
 
   // The extents of one inode in file order: a list of
@@ -163,19 +102,6 @@ class Inspector {
   // Hard-linked inodes count once; physical bytes are the union of the
   // tree's extents (shared bytes once). A directory counts itself.
   Result<nlohmann::json> Du(std::string_view path) const;
-
-  // The control interface in one call: parses `request` (JSON text), runs it
-  // and returns the reply text, {"ok":true,"result":...} or
-  // {"ok":false,"errno":N,"error":"message"}. Requests:
-  //   {"op":"stat"}
-  //   {"op":"ls","paths":[...],"long":bool,"extents":bool,"directory":bool}
-  //   {"op":"du","path":"/rel"}
-  // (booleans are optional and default to false).
-  std::string HandleControl(std::string_view request, const RuntimeStats& runtime) const;
-
-  // The reply objects of the control interface.
-  static nlohmann::json OkReply(nlohmann::json result);
-  static nlohmann::json ErrorReply(const Status& status);
 
  private:
   Result<std::unordered_map<uint64_t, uint64_t>> BlobReferences() const;

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "spillfs/fs/block_store.h"
+#include "store/block_store.h"
 #include "spillfs/kvindex/index.h"
 #include "spillfs/common/status.h"
 

@@ -12,7 +12,7 @@
 // opens the index at the last durable batch (or later, never earlier).
 //
 // The rules, kept simple on purpose (what they leave out is listed in
-// tests/RELIABILITY.md):
+// docs/reliability.md):
 //  - A file's durable length is its length when a Sync or Fsync of it last
 //    returned. Appends after that are lost. RangeSync (sync_file_range) makes
 //    nothing durable: it flushes neither the device cache nor metadata.

@@ -1,0 +1,403 @@
+#include "control/control_plane.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <xxhash.h>
+
+#include <exception>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+namespace spillfs {
+
+using control::ErrorReply;
+using control::OkReply;
+using control::ReplyText;
+
+ControlPlane::ControlPlane(Filesystem* fs) : fs_(fs), started_(std::chrono::steady_clock::now()) {}
+
+Entry ControlPlane::MakeEntry(InodeNumber ino) const {
+  Entry entry;
+  entry.ino = ino;
+  entry.generation = 1;
+  struct stat& st = entry.attr;
+  st.st_ino = ino;
+  st.st_mode = ino == kDirIno ? (S_IFDIR | 0755) : ino == kControlIno ? (S_IFREG | 0600) : (S_IFREG | 0444);
+  st.st_nlink = ino == kDirIno ? 2 : 1;
+  st.st_blksize = 4096;
+  return entry;
+}
+
+std::optional<Entry> ControlPlane::Lookup(InodeNumber parent, std::string_view name) const {
+  if (parent == kRootInode && name == kDirName) return MakeEntry(kDirIno);
+  if (parent != kDirIno) return std::nullopt;
+  if (name == control::kControlName) return MakeEntry(kControlIno);
+  if (name == control::kStatsName) return MakeEntry(kStatsIno);
+  if (name == ".") return MakeEntry(kDirIno);
+  return std::nullopt;
+}
+
+Result<Entry> ControlPlane::GetAttr(InodeNumber ino) const {
+  if (!Owns(ino)) return Status::NotFound();
+  return MakeEntry(ino);
+}
+
+Result<std::vector<DirEntry>> ControlPlane::ReadDir(InodeNumber ino) const {
+  if (ino != kDirIno) return Status::Error(ENOTDIR, "not a directory");
+  return std::vector<DirEntry>{{".", kDirIno, S_IFDIR},
+                               {"..", kRootInode, S_IFDIR},
+                               {control::kControlName, kControlIno, S_IFREG},
+                               {control::kStatsName, kStatsIno, S_IFREG}};
+}
+
+Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uint32_t uid) {
+  if (ino == kDirIno) return Status::Error(EISDIR, "is a directory");
+  if (ino == kStatsIno && (flags & O_ACCMODE) != O_RDONLY) return Status::Error(EACCES, "stats is read-only");
+  if (ino == kControlIno && uid != 0) return Status::Error(EACCES, "the control file is for root");
+  return new Handle{ino, {}, nullptr, nullptr, {}, std::nullopt, {}};
+}
+
+Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_view data) {
+  if (handle->ino != kControlIno) return Status::Error(EBADF, "not writable");
+  if (offset + data.size() > control::kMaxRequestBytes) return Status::Error(EFBIG, "control request too large");
+  std::lock_guard lock(handle->mu);
+  if (handle->request.size() < offset + data.size()) handle->request.resize(offset + data.size());
+  handle->request.replace(offset, data.size(), data);
+  handle->reply.reset();  // a new request gets a new answer
+  return data.size();
+}
+
+namespace {
+
+// JSON numbers arrive as any type; converting a float or a negative number
+// to an unsigned integer is undefined, so every field is checked first.
+Result<uint64_t> UnsignedField(const nlohmann::json& request, const char* key, std::optional<uint64_t> fallback) {
+  if (!request.contains(key)) {
+    if (fallback) return *fallback;
+    return Status::Error(EINVAL, fmt::format("request lacks \"{}\"", key));
+  }
+  const nlohmann::json& value = request[key];
+  if (!value.is_number_unsigned()) {
+    return Status::Error(EINVAL, fmt::format("\"{}\" must be a non-negative integer", key));
+  }
+  return value.get<uint64_t>();
+}
+
+Result<std::vector<uint32_t>> ChecksumsField(const nlohmann::json& request) {
+  std::vector<uint32_t> out;
+  if (!request.contains("block_checksums")) return out;
+  const nlohmann::json& value = request["block_checksums"];
+  if (!value.is_array()) return Status::Error(EINVAL, "\"block_checksums\" must be an array");
+  out.reserve(value.size());
+  for (const nlohmann::json& sum : value) {
+    if (!sum.is_number_unsigned() || sum.get<uint64_t>() > UINT32_MAX) {
+      return Status::Error(EINVAL, "\"block_checksums\" holds a value that is not a 32-bit checksum");
+    }
+    out.push_back(static_cast<uint32_t>(sum.get<uint64_t>()));
+  }
+  return out;
+}
+
+// A flat array of unsigned 64-bit numbers ("hashes": low, high, ...; "units":
+// offset, low, high, ...), whose length is a multiple of `group`.
+Result<std::vector<uint64_t>> NumbersField(const nlohmann::json& request, const char* key, size_t group) {
+  std::vector<uint64_t> out;
+  if (!request.contains(key)) return out;
+  const nlohmann::json& value = request[key];
+  if (!value.is_array() || value.size() % group != 0) {
+    return Status::Error(EINVAL, fmt::format("\"{}\" must be an array of {}-tuples of numbers", key, group));
+  }
+  out.reserve(value.size());
+  for (const nlohmann::json& v : value) {
+    if (!v.is_number_unsigned())
+      return Status::Error(EINVAL, fmt::format("\"{}\" holds a value that is not a u64", key));
+    out.push_back(v.get<uint64_t>());
+  }
+  return out;
+}
+
+// The 16 bytes of an XXH3-128 hash given as (low, high), as Filesystem::DedupHash lays them out.
+std::string HashBytes(uint64_t low, uint64_t high) {
+  XXH128_hash_t h{low, high};
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+// The layout reply, written directly: a big file's layout holds one checksum
+// per block (262,144 a GiB), and building it as a json document and then
+// serialising it took ~17 ms a GiB, ~4% of a direct read of the file.
+std::string LayoutReply(const DirectLayout& layout, const Superblock& sb, const std::string& data_path) {
+  std::string out = fmt::format(R"({{"ok":true,"result":{{"ino":{},"size":{},"block_size":{},"data_path":{},)"
+                                R"("checksums":{},"extents":[)",
+                                layout.ino, layout.size, sb.block_size, nlohmann::json(data_path).dump(),
+                                sb.checksums ? "true" : "false");
+  auto back = std::back_inserter(out);
+  bool first = true;
+  for (const auto& [offset, e] : layout.extents) {
+    fmt::format_to(back,
+                   R"({}{{"file_offset":{},"physical_offset":{},"length":{},"unwritten":{},)"
+                   R"("block_checksums":[{}]}})",
+                   first ? "" : ",", offset, e.physical, e.length, e.unwritten() ? "true" : "false",
+                   fmt::join(e.block_checksums, ","));
+    first = false;
+  }
+  out += "]}}";
+  return out;
+}
+
+}  // namespace
+
+std::string ControlPlane::AnswerDirect(Handle& handle, const nlohmann::json& request, const Inspector& inspector) {
+  using nlohmann::json;
+  const std::string op = request[control::key::kOp].get<std::string>();
+  auto fail = [](const Status& s) { return ReplyText(ErrorReply(s)); };
+  const Superblock& sb = fs_->volume().superblock();
+  std::string data_path = fs_->volume().store().path();
+  try {
+    if (op == control::op::kReserve) {
+      auto length = UnsignedField(request, "length", std::nullopt);
+      if (!length.ok()) return fail(length.status());
+      auto space = fs_->DirectReserve(*length);
+      if (!space.ok()) return fail(space.status());
+      json extents = json::array();
+      for (const PhysicalExtent& e : *space) extents.push_back({{"physical_offset", e.offset}, {"length", e.length}});
+      handle.reserved.insert(handle.reserved.end(), space->begin(), space->end());
+      return ReplyText(OkReply({{"extents", extents}, {"data_path", data_path}, {"block_size", sb.block_size}}));
+    }
+    auto ino = inspector.ResolvePath(request.at("path").get<std::string>());
+    if (!ino.ok()) return fail(ino.status());
+    if (op == control::op::kLayout) {
+      if (!handle.pin) handle.pin = fs_->PinBlocks();  // before the lookup: no block of it can be reused
+      auto layout = fs_->GetDirectLayout(*ino);
+      if (!layout.ok()) return fail(layout.status());
+      return LayoutReply(*layout, sb, data_path);
+    }
+    if (op == control::op::kDedup) {
+      // {"op":"dedup","path":P,"file_offset":N,"hashes":[low0,high0,low1,high1,...]}: the XXH3-128 of
+      // consecutive dedup units from N. Reply: "needed" (1: the client must write the unit; 0: mapped
+      // by reference), "unit_bytes", "mapped_bytes".
+      auto file_offset = UnsignedField(request, "file_offset", std::nullopt);
+      if (!file_offset.ok()) return fail(file_offset.status());
+      auto numbers = NumbersField(request, "hashes", 2);
+      if (!numbers.ok()) return fail(numbers.status());
+      std::vector<std::string> hashes;
+      hashes.reserve(numbers->size() / 2);
+      for (size_t i = 0; i < numbers->size(); i += 2) hashes.push_back(HashBytes((*numbers)[i], (*numbers)[i + 1]));
+      auto mapped = fs_->DirectDedup(*ino, *file_offset, hashes);
+      if (!mapped.ok()) return fail(mapped.status());
+      std::string needed;
+      needed.reserve(mapped->size() * 2);
+      uint64_t mapped_bytes = 0;
+      for (size_t i = 0; i < mapped->size(); ++i) {
+        if (i > 0) needed.push_back(',');
+        needed.push_back((*mapped)[i] ? '0' : '1');
+        if ((*mapped)[i]) mapped_bytes += Filesystem::dedup_unit();
+      }
+      if (mapped_bytes > 0) handle.invalidate = *ino;  // by Read, once no lock is held
+      return fmt::format(R"({{"ok":true,"result":{{"ino":{},"unit_bytes":{},"mapped_bytes":{},"needed":[{}]}}}})", *ino,
+                         Filesystem::dedup_unit(), mapped_bytes, needed);
+    }
+    auto length_field = UnsignedField(request, "length", std::nullopt);
+    auto file_offset = UnsignedField(request, "file_offset", std::nullopt);
+    auto size = UnsignedField(request, "size", uint64_t{0});
+    auto checksums = ChecksumsField(request);
+    // Optional "units": [file_offset, low, high, ...]: whole dedup units of the range and the
+    // XXH3-128 of the bytes written there, which may become blobs (Filesystem::DirectCommit).
+    auto unit_numbers = NumbersField(request, "units", 3);
+    for (const Status& s :
+         {length_field.status(), file_offset.status(), size.status(), checksums.status(), unit_numbers.status()}) {
+      if (!s.ok()) return fail(s);
+    }
+    std::vector<DirectUnit> units;
+    units.reserve(unit_numbers->size() / 3);
+    for (size_t i = 0; i < unit_numbers->size(); i += 3) {
+      units.push_back(DirectUnit{(*unit_numbers)[i], HashBytes((*unit_numbers)[i + 1], (*unit_numbers)[i + 2])});
+    }
+    uint64_t length = *length_field;
+    uint64_t reserved = 0;
+    for (const PhysicalExtent& e : handle.reserved) reserved += e.length;
+    if (length != reserved) {
+      return fail(Status::Error(EINVAL, fmt::format("commit length {} != reserved {}", length, reserved)));
+    }
+    Status committed = fs_->DirectCommit(*ino, *file_offset, handle.reserved, *checksums, *size, units);
+    if (!committed.ok()) return fail(committed);
+    handle.reserved.clear();
+    handle.invalidate = *ino;  // by Read, once no lock is held
+    return ReplyText(OkReply({{"ino", *ino}}));
+  } catch (const json::exception& e) {
+    return fail(Status::Error(EINVAL, std::string("malformed request: ") + e.what()));
+  }
+}
+
+namespace {
+
+// Where the dispatcher sends each op.
+enum class Route {
+  kQuery,    // Inspector
+  kListing,  // Inspector, once the RAM tier is flushed (listings show extents)
+  kDirect,   // Filesystem, through the handle (the lease)
+};
+struct OpRoute {
+  const char* op;
+  Route route;
+};
+constexpr OpRoute kRoutes[] = {
+    {control::op::kStat, Route::kQuery},     {control::op::kLs, Route::kListing},
+    {control::op::kDu, Route::kListing},     {control::op::kLayout, Route::kDirect},
+    {control::op::kReserve, Route::kDirect}, {control::op::kCommit, Route::kDirect},
+    {control::op::kDedup, Route::kDirect},
+};
+
+// kQuery for an op that is none of them: AnswerQuery refuses it as unknown.
+Route RouteOf(const std::string& op) {
+  for (const OpRoute& r : kRoutes) {
+    if (op == r.op) return r.route;
+  }
+  return Route::kQuery;
+}
+
+// The request as an object with a string op, or why not.
+Result<nlohmann::json> ParseRequest(std::string_view text) {
+  nlohmann::json request = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (request.is_discarded() || !request.is_object()) return Status::Invalid("the request is not a JSON object");
+  if (!request.contains(control::key::kOp) || !request[control::key::kOp].is_string()) {
+    return Status::Invalid("the request has no \"op\"");
+  }
+  return request;
+}
+
+// The inspection ops; any other op is unknown.
+nlohmann::json AnswerQuery(const Inspector& inspector, const nlohmann::json& request, const RuntimeStats& runtime) {
+  using nlohmann::json;
+  const std::string op = request[control::key::kOp].get<std::string>();
+  auto flag = [&](const char* name) { return request.value(name, false); };
+  Result<json> result = Status::Invalid(fmt::format("unknown op '{}'", op));
+  if (op == control::op::kStat) {
+    result = inspector.Stat(runtime);
+  } else if (op == control::op::kLs) {
+    if (!request.contains("paths") || !request["paths"].is_array()) {
+      result = Status::Invalid("ls needs \"paths\": a list of paths");
+    } else {
+      auto paths = request["paths"].get<std::vector<std::string>>();
+      result = inspector.Ls(
+          paths, Inspector::LsOptions{
+                     .long_format = flag("long"), .extents = flag("extents"), .directory = flag("directory")});
+    }
+  } else if (op == control::op::kDu) {
+    if (!request.contains("path") || !request["path"].is_string()) {
+      result = Status::Invalid("du needs \"path\"");
+    } else {
+      result = inspector.Du(request["path"].get<std::string>());
+    }
+  }
+  return result.ok() ? OkReply(std::move(result).value()) : ErrorReply(result.status());
+}
+
+// Runs `answer`; a request must never stop the daemon, so what it throws
+// becomes a refusal.
+template <typename Fn>
+std::string Guarded(Fn&& answer) {
+  try {
+    return answer();
+  } catch (const nlohmann::json::exception& e) {
+    return ReplyText(ErrorReply(Status::Invalid(fmt::format("bad request: {}", e.what()))));
+  } catch (const std::exception& e) {
+    return ReplyText(ErrorReply(Status::IOError(e.what())));
+  }
+}
+
+}  // namespace
+
+std::string ControlPlane::AnswerInspection(const Inspector& inspector, std::string_view text,
+                                           const RuntimeStats& runtime) {
+  return Guarded([&] {
+    auto request = ParseRequest(text);
+    if (!request.ok()) return ReplyText(ErrorReply(request.status()));
+    return ReplyText(AnswerQuery(inspector, *request, runtime));
+  });
+}
+
+std::string ControlPlane::Answer(Handle& handle) {
+  std::lock_guard lock(mu_);
+  Volume& volume = fs_->volume();
+  Inspector inspector(volume.index(), volume.superblock());
+  if (handle.ino == kStatsIno) {
+    auto stat = inspector.Stat(Runtime());
+    return stat.ok() ? PrometheusText(*stat) : fmt::format("# error: {}\n", stat.status().ToString());
+  }
+  return Guarded([&] {
+    auto request = ParseRequest(handle.request);
+    if (!request.ok()) return ReplyText(ErrorReply(request.status()));
+    switch (RouteOf((*request)[control::key::kOp].get<std::string>())) {
+      case Route::kDirect:
+        return AnswerDirect(handle, *request, inspector);
+      case Route::kListing:
+        if (Status flushed = fs_->FlushAll(); !flushed.ok()) return ReplyText(ErrorReply(flushed));
+        break;
+      case Route::kQuery:
+        break;
+    }
+    return ReplyText(AnswerQuery(inspector, *request, Runtime()));
+  });
+}
+
+ControlPlane::ReplyBytes ControlPlane::Read(Handle* handle, uint64_t offset, size_t size) {
+  std::shared_ptr<const std::string> reply;
+  std::optional<InodeNumber> invalidate;
+  {
+    std::lock_guard lock(handle->mu);
+    if (!handle->reply) handle->reply = std::make_shared<const std::string>(Answer(*handle));
+    reply = handle->reply;
+    invalidate = std::exchange(handle->invalidate, std::nullopt);
+  }
+  // Before the reply goes out, so the client finds the kernel's cache of the
+  // file dropped; with no lock held, as the kernel may have to write dirty
+  // pages back through other FUSE threads first (--writeback-cache).
+  if (invalidate && invalidate_) invalidate_(*invalidate);
+  if (offset >= reply->size()) return {std::move(reply), {}};
+  std::string_view bytes = std::string_view(*reply).substr(offset, size);
+  return {std::move(reply), bytes};
+}
+
+void ControlPlane::Release(Handle* handle) {
+  if (!handle->reserved.empty()) fs_->DirectUnreserve(handle->reserved);
+  delete handle;
+}
+
+RuntimeStats ControlPlane::Runtime() const {
+  RuntimeStats r;
+  r.mounted = true;
+  r.has_free_bytes = true;
+  r.free_bytes = fs_->free_bytes();
+  WriteBackCache::Stats tier = fs_->ram_tier_stats();
+  r.ram_tier_bytes = tier.dirty_bytes;
+  r.ram_tier_capacity_bytes = tier.capacity_bytes;
+  const FsCounters& c = fs_->counters();
+  r.ram_tier_hits = c.ram_tier_hits.load();
+  r.ram_tier_misses = c.ram_tier_misses.load();
+  r.bytes_written_ssd = fs_->volume().store().bytes_written();
+  r.bytes_read_ssd = fs_->volume().store().bytes_read();
+  r.bytes_cancelled = tier.cancelled_bytes;
+  r.ram_tier_stalls = tier.room_wait_timeouts;
+  r.data_syncs = fs_->volume().store().syncs();
+  r.data_sync_seconds = static_cast<double>(fs_->volume().store().sync_ns()) / 1e9;
+  if (Status failed = fs_->volume().store().sync_error(); !failed.ok()) r.data_sync_error = failed.ToString();
+  r.checksum_errors = c.checksum_errors.load();
+  r.bytes_written = c.bytes_written.load();
+  r.bytes_read = c.bytes_read.load();
+  r.writes = c.writes.load();
+  r.reads = c.reads.load();
+  const ReadAhead::Stats ahead = fs_->read_ahead_stats();
+  r.read_ahead_window_bytes = ahead.window_bytes;
+  r.read_ahead_windows = ahead.windows_started;
+  r.read_ahead_bytes_fetched = ahead.bytes_fetched;
+  r.read_ahead_bytes_served = ahead.bytes_served;
+  r.read_ahead_waits = ahead.waits;
+  r.read_ahead_wait_seconds = static_cast<double>(ahead.wait_ns) / 1e9;
+  if (fuse_ring_requests_ != nullptr) r.fuse_ring_requests = fuse_ring_requests_->load(std::memory_order_relaxed);
+  r.uptime_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  return r;
+}
+
+}  // namespace spillfs

@@ -1,0 +1,109 @@
+// ControlPlane: the hidden `.spillfs` directory in the mount root, and the
+// one dispatcher of the control protocol (spillfs/common/control_protocol.h).
+//
+//   .spillfs/control  write one JSON request (at offset 0), then read the JSON
+//                     reply; root only (mode 0600), like the backing store.
+//   .spillfs/stats    Prometheus text of the live volume statistics.
+//
+// These are virtual inodes with reserved numbers at the top of the inode
+// space; they never touch the index. Replies are computed at the first read
+// of a handle and served by offset, so `cat` and pread both work.
+//
+// Dispatch: a request is parsed once here and routed by its op: the
+// inspection ops (stat, ls, du) to Inspector's read-only queries (ls and du
+// after the RAM tier is flushed, as listings show extents), the direct-path
+// ops (layout, reserve, commit) to Filesystem, with the handle as the lease.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/filesystem.h"
+#include "spillfs/common/control_protocol.h"
+#include "spillfs/fs/inspector.h"
+#include "store/reclaim_gate.h"
+
+namespace spillfs {
+
+class ControlPlane {
+ public:
+  static constexpr InodeNumber kDirIno = UINT64_MAX - 16;
+  static constexpr InodeNumber kControlIno = UINT64_MAX - 15;
+  static constexpr InodeNumber kStatsIno = UINT64_MAX - 14;
+  static constexpr const char* kDirName = control::kDirName;
+
+  explicit ControlPlane(Filesystem* fs);
+
+  static bool Owns(InodeNumber ino) { return ino >= kDirIno && ino <= kStatsIno; }
+
+  // Lookup of `name` in `parent`; nullopt when the name is not ours.
+  std::optional<Entry> Lookup(InodeNumber parent, std::string_view name) const;
+  Result<Entry> GetAttr(InodeNumber ino) const;
+  Result<std::vector<DirEntry>> ReadDir(InodeNumber ino) const;
+
+  // One open handle of a virtual file. For the direct path it is also the
+  // lease: blocks of layouts given through it stay unreused (pin), and space
+  // reserved through it is returned at close unless committed.
+  struct Handle {
+    InodeNumber ino;
+    std::string request;
+    // Shared with reads still sending it: the client may close the handle or
+    // write its next request as soon as the kernel has copied the bytes, on
+    // another thread, before the sending thread is done with them.
+    std::shared_ptr<const std::string> reply;
+    std::unique_ptr<ReclaimGate::Reader> pin;
+    std::vector<PhysicalExtent> reserved;
+    std::optional<InodeNumber> invalidate;  // a direct commit changed it: drop the kernel's cache
+    std::mutex mu;                          // request, reply and invalidate
+  };
+  // Part of a reply, with what keeps it alive while it is sent.
+  struct ReplyBytes {
+    std::shared_ptr<const std::string> owner;
+    std::string_view bytes;
+  };
+  // Called after a direct commit changed a file behind the kernel's back.
+  void SetInvalidator(std::function<void(InodeNumber)> invalidate) { invalidate_ = std::move(invalidate); }
+  // Counts FUSE requests answered over io_uring (shown by stat); must outlive this.
+  void SetFuseRingRequests(const std::atomic<uint64_t>* requests) { fuse_ring_requests_ = requests; }
+  Result<Handle*> Open(InodeNumber ino, int flags, uint32_t uid);
+  Result<size_t> Write(Handle* handle, uint64_t offset, std::string_view data);
+  // Bytes of the reply at [offset, offset + size) (the reply is worked out at
+  // the first read after a request).
+  ReplyBytes Read(Handle* handle, uint64_t offset, size_t size);
+  void Release(Handle* handle);
+
+  RuntimeStats Runtime() const;
+
+  // The dispatch of the inspection ops alone, which needs no Filesystem: the
+  // reply text to `request` (JSON text) over `inspector` and `runtime`, as a
+  // mount answers it, with a direct-path op refused as unknown (an unmounted
+  // volume has no direct path). For tests and fuzzers over a volume opened
+  // read-only.
+  static std::string AnswerInspection(const Inspector& inspector, std::string_view request,
+                                      const RuntimeStats& runtime);
+
+ private:
+  Entry MakeEntry(InodeNumber ino) const;
+  // The reply to the handle's request (the dispatcher).
+  std::string Answer(Handle& handle);
+  // The direct-path ops; `request` has one of them as its op.
+  std::string AnswerDirect(Handle& handle, const nlohmann::json& request, const Inspector& inspector);
+
+  std::function<void(InodeNumber)> invalidate_;
+  const std::atomic<uint64_t>* fuse_ring_requests_ = nullptr;
+
+  Filesystem* fs_;
+  std::chrono::steady_clock::time_point started_;
+  std::mutex mu_;  // the index read by Inspector is shared; replies are built one at a time
+};
+
+}  // namespace spillfs

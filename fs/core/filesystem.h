@@ -1,0 +1,473 @@
+// Filesystem: POSIX semantics over a Volume, independent of FUSE.
+//
+// Every method is one filesystem operation with the errors ext4 gives, carried
+// as Status codes (errno values). Namespace changes run under one commit lock
+// and commit one index batch each; file data is written to newly allocated
+// blocks (redirect-on-write) before the batch that maps them. The FUSE daemon
+// (fuse_daemon.h) is a thin adapter over this class, and unit tests drive it
+// directly.
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/uio.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "spillfs/common/aligned_buffer.h"
+#include "store/allocator.h"
+#include "core/background_sync.h"
+#include "core/read_ahead.h"
+#include "store/reclaim_gate.h"
+#include "spillfs/fs/volume.h"
+#include "core/waited_mutex.h"
+#include "core/write_back_cache.h"
+#include "spillfs/kvindex/records.h"
+#include "spillfs/common/status.h"
+
+namespace spillfs {
+
+// Who is asking: owner of created inodes.
+struct Caller {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+};
+
+// An inode and its attributes, as returned to lookups.
+struct Entry {
+  InodeNumber ino = 0;
+  uint64_t generation = 0;
+  struct stat attr {};
+};
+
+struct DirEntry {
+  std::string name;
+  InodeNumber ino = 0;
+  uint32_t type = 0;  // S_IFMT bits
+};
+
+// The attribute changes of one setattr call; unset fields stay as they are.
+struct SetAttrRequest {
+  std::optional<uint32_t> mode;  // permission bits (and suid/sgid/sticky)
+  std::optional<uint32_t> uid;
+  std::optional<uint32_t> gid;
+  std::optional<uint64_t> size;
+  std::optional<int64_t> atime_ns;  // kTimeNow for "now"
+  std::optional<int64_t> mtime_ns;
+  std::optional<int64_t> ctime_ns;
+  static constexpr int64_t kTimeNow = INT64_MIN;
+};
+
+struct FilesystemOptions {
+  // Size of the write-back RAM tier; 0 writes every request straight through.
+  uint64_t ram_tier_bytes = DefaultRamTierBytes();
+  // Non-ephemeral dirty data older than this is flushed by the background flusher.
+  int64_t flush_age_ms = 2000;
+  // Deduplicate flushed data (only where the volume was made with dedup on).
+  bool dedup = true;
+  // Bytes fetched ahead of each sequential reader (ReadAhead); 0: none.
+  uint64_t read_ahead_bytes = kDefaultReadAheadBytes;
+  static constexpr uint64_t kDefaultReadAheadBytes = 16ull << 20;
+  // The largest read request a reader sends (the mount's --max-request, as
+  // lowered to the kernel's limit: FuseDaemon::RequestBytesFor):
+  // read-ahead windows are whole multiples of it (ReadAhead::Options).
+  uint64_t read_request_bytes = 1ull << 20;
+  // RAM-tier memory faulted in at open (at most ram_tier_bytes), so the first
+  // writes after a mount do not pay for fresh pages.
+  uint64_t ram_tier_warm_bytes = kDefaultRamTierWarmBytes;
+  static constexpr uint64_t kDefaultRamTierWarmBytes = 256ull << 20;
+  // RAM-tier data flushed per batch (rounded down to whole chunks, at least
+  // one). Each batch is mapped only after a sync of the data area; several
+  // are in flight at once. Big enough for the SSD's queue depth; tests make
+  // it small to have many batches.
+  uint64_t flush_batch_bytes = kDefaultFlushBatchBytes;
+  static constexpr uint64_t kDefaultFlushBatchBytes = 64ull << 20;
+  // A quarter of physical memory, at most 8 GiB.
+  static uint64_t DefaultRamTierBytes();
+};
+
+// A file's committed mapping, handed to direct-path clients.
+struct DirectLayout {
+  InodeNumber ino = 0;
+  uint64_t size = 0;
+  std::vector<std::pair<uint64_t, ExtentRecord>> extents;  // file offset -> extent
+};
+
+// A whole dedup unit of a direct-path write, with the content hash the client
+// took of the bytes it wrote (XXH3-128, 16 bytes laid out as DedupHash's).
+struct DirectUnit {
+  uint64_t file_offset = 0;
+  std::string hash;
+};
+
+// The xattr that marks a directory (and what is created under it) ephemeral.
+inline constexpr const char* kEphemeralXattr = "user.spillfs.ephemeral";
+
+// Counters shown by tools (issue: admin tools); monotonic since mount.
+struct FsCounters {
+  std::atomic<uint64_t> bytes_written{0};  // logical bytes accepted by write()
+  std::atomic<uint64_t> bytes_read{0};     // logical bytes returned by read()
+  std::atomic<uint64_t> checksum_errors{0};
+  std::atomic<uint64_t> writes{0};              // write() calls
+  std::atomic<uint64_t> reads{0};               // read() calls
+  std::atomic<uint64_t> ram_tier_hits{0};       // blocks read from the RAM tier
+  std::atomic<uint64_t> ram_tier_misses{0};     // blocks read from the SSD
+  std::atomic<uint64_t> bytes_deduplicated{0};  // flushed bytes stored as references
+};
+
+class Filesystem {
+ public:
+  static constexpr size_t kNameMax = 255;
+  static constexpr size_t kSymlinkMax = 4095;
+  static constexpr uint32_t kLinkMax = 65000;
+
+  // Takes over an open volume; reclaims orphans (and, after a crash,
+  // ephemeral files) and starts the background flusher.
+  static Result<std::unique_ptr<Filesystem>> Open(std::unique_ptr<Volume> volume,
+                                                  const FilesystemOptions& options = {});
+  ~Filesystem();
+
+  // --- namespace ---
+  // Lookup, MakeNode, MakeDir, Symlink, Link and Create-style calls count a
+  // kernel lookup reference on the returned inode; Forget drops them.
+  Result<Entry> Lookup(InodeNumber parent, std::string_view name);
+  void Forget(InodeNumber ino, uint64_t count);
+  Result<Entry> GetAttr(InodeNumber ino);
+  Result<Entry> SetAttr(InodeNumber ino, const SetAttrRequest& request);
+  // Advanced after every change of an inode's mode or owner and of a
+  // security.* attribute: a writer that found nothing to strip (set-id bits,
+  // file capabilities) at epoch E need not look again while it is still E.
+  uint64_t privilege_epoch() const { return privilege_epoch_.load(std::memory_order_acquire); }
+  Result<Entry> MakeNode(InodeNumber parent, std::string_view name, uint32_t mode, uint64_t rdev, const Caller& caller);
+  Result<Entry> MakeDir(InodeNumber parent, std::string_view name, uint32_t mode, const Caller& caller);
+  Result<Entry> Symlink(InodeNumber parent, std::string_view name, std::string_view target, const Caller& caller);
+  Result<Entry> Link(InodeNumber ino, InodeNumber new_parent, std::string_view new_name);
+  Result<std::string> ReadLink(InodeNumber ino);
+  Status Unlink(InodeNumber parent, std::string_view name);
+  Status Rmdir(InodeNumber parent, std::string_view name);
+  // flags: 0, RENAME_NOREPLACE or RENAME_EXCHANGE.
+  Status Rename(InodeNumber parent, std::string_view name, InodeNumber new_parent, std::string_view new_name,
+                unsigned flags);
+  // Entries of a directory, "." and ".." first.
+  Result<std::vector<DirEntry>> ReadDir(InodeNumber ino);
+  struct statvfs StatFs();
+
+  // --- open files ---
+  // Counts an open handle; the inode outlives its last link until Release.
+  Status Open(InodeNumber ino);
+  Status Release(InodeNumber ino);
+  // The bytes of a read, in order, valid only during the call. They may be
+  // RAM-tier chunks, under the file's I/O lock (shared) meanwhile: a sink
+  // must not call back into this Filesystem.
+  using ReadSink = std::function<void(const iovec* pieces, int count)>;
+  // Reads up to `size` bytes at `offset` and hands them to `sink`: once, and
+  // only when the read succeeds. Bytes in the RAM tier or in a read-ahead
+  // window reach the sink without a copy; others are read into `scratch`.
+  Result<size_t> Read(InodeNumber ino, uint64_t offset, size_t size, AlignedBuffer* scratch, const ReadSink& sink);
+  // Called at most once, by Write, with the byte count, as soon as the write
+  // can no longer fail and before `data` has been copied: the caller may
+  // answer its client then, but must keep `data` valid until Write returns.
+  using WriteAccepted = std::function<void(size_t)>;
+  Result<size_t> Write(InodeNumber ino, uint64_t offset, const char* data, size_t size,
+                       const WriteAccepted* accepted = nullptr);
+  // Writes the file's cached data and makes it and the index durable.
+  Status Fsync(InodeNumber ino, bool datasync);
+  // Close of a handle: writes the file's cached data unless it is ephemeral.
+  Status Flush(InodeNumber ino);
+  // Writes every cached file (ephemeral ones too).
+  Status FlushAll();
+  // mode: 0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE.
+  Status Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_t length);
+  // SEEK_DATA / SEEK_HOLE.
+  Result<uint64_t> Lseek(InodeNumber ino, uint64_t offset, int whence);
+
+  // --- extended attributes ---
+  Status SetXattr(InodeNumber ino, std::string_view name, std::string_view value, int flags);
+  Result<std::string> GetXattr(InodeNumber ino, std::string_view name);
+  Result<std::vector<std::string>> ListXattr(InodeNumber ino);
+  Status RemoveXattr(InodeNumber ino, std::string_view name);
+
+  // Makes every committed change durable (data flush, then index sync). The
+  // data flush also reports a write-back lost since the last one (block_store.h).
+  // Slow: not under mu_.
+  Status SyncAll();
+
+  // --- direct data path (direct_path.cc) ---
+  // The committed layout after flushing the file's RAM-tier data. Hold a
+  // pin (PinBlocks) for as long as the client reads those blocks.
+  Result<DirectLayout> GetDirectLayout(InodeNumber ino);
+  std::unique_ptr<ReclaimGate::Reader> PinBlocks() { return std::make_unique<ReclaimGate::Reader>(&gate_); }
+  // Space for a client to write; unmapped until DirectCommit.
+  Result<std::vector<PhysicalExtent>> DirectReserve(uint64_t length);
+  void DirectUnreserve(const std::vector<PhysicalExtent>& space);
+  // Maps reserved `space` (in order) at `file_offset`; size = max(size, `size`).
+  // Each of `units` (whole dedup units of the range, with the hash of their
+  // bytes) that lies in one piece of `space` and whose hash no blob holds yet
+  // becomes a blob, in the same batch, so later writes of the same bytes can
+  // share it (DirectDedup, the flush path). The hashes are trusted as the
+  // checksums are: the control file is root's. Ignored where dedup is off.
+  Status DirectCommit(InodeNumber ino, uint64_t file_offset, const std::vector<PhysicalExtent>& space,
+                      const std::vector<uint32_t>& checksums, uint64_t size, const std::vector<DirectUnit>& units = {});
+  // The dedup control op: `hashes` are those of consecutive dedup units of
+  // the file from `file_offset` (a multiple of dedup_unit()). Every unit whose
+  // hash a blob of the volume holds is mapped into the file by reference (in
+  // one index batch with the blobs' reference counts, after the file's cached
+  // data is flushed), and the size grows to cover the units mapped. Returns
+  // which units were mapped; the caller writes the others. EOPNOTSUPP where
+  // dedup is off, EINVAL for a misaligned offset or a hash not of 16 bytes.
+  Result<std::vector<bool>> DirectDedup(InodeNumber ino, uint64_t file_offset, const std::vector<std::string>& hashes);
+  static constexpr uint64_t dedup_unit() { return kDedupUnit; }
+
+  Volume& volume() { return *volume_; }
+  const FsCounters& counters() const { return counters_; }
+  WriteBackCache::Stats ram_tier_stats() const { return cache_.stats(); }
+  ReadAhead::Stats read_ahead_stats() const { return read_ahead_.stats(); }
+  // Space that new data can still use (free minus RAM-tier promises).
+  uint64_t free_bytes() const { return allocator_.available_bytes(); }
+  uint64_t block_size() const { return block_size_; }
+
+ private:
+  // In-memory state of an inode the kernel knows about.
+  struct InodeState {
+    uint64_t lookups = 0;
+    uint32_t opens = 0;
+  };
+  // Contiguous file bytes in memory, to be written as one or more extents.
+  struct Segment {
+    uint64_t file_offset;
+    const char* data;
+    uint64_t length;
+    std::string blob_hash;  // non-empty: write as one dedup blob with this hash
+    // Worked out ahead by HashSegments (empty: not yet): the checksum of each
+    // block, and the dedup hash of a whole dedup unit.
+    std::vector<uint32_t> block_sums;
+    std::string content_hash;
+  };
+  // A dedup hit: this file range will reference an existing blob.
+  struct SharedRef {
+    uint64_t file_offset;
+    uint64_t blob;  // physical offset
+    std::string hash;
+    const char* data;
+  };
+  static constexpr size_t kIoLockStripes = 256;
+  // Dedup works on whole, aligned units of this size (one RAM-tier chunk).
+  static constexpr uint64_t kDedupUnit = WriteBackCache::kChunkBytes;
+  // A commit in progress: one index batch and the space it frees.
+  struct Txn {
+    explicit Txn(const Index& index) : batch(index) {}
+    Index::Batch batch;
+    std::vector<PhysicalExtent> freed;
+    std::map<uint64_t, int64_t> blob_refs;  // blob physical offset -> reference delta
+    // Blobs first written by this txn, and blobs whose record it rewrites
+    // (DirectDedup adds checksums): the record that ApplyBlobRefs updates.
+    std::map<uint64_t, BlobRecord> new_blobs;
+  };
+
+  Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& options);
+  Status Recover();
+  Status ReclaimEphemeral();
+
+  // Helpers called with mu_ held.
+  Result<InodeRecord> LoadInode(InodeNumber ino);
+  Result<InodeRecord> LoadDir(InodeNumber ino);
+  void PutInode(Txn* txn, InodeNumber ino, const InodeRecord& record);
+  Result<Entry> CreateInode(InodeNumber parent, std::string_view name, InodeRecord record);
+  Result<DirentRecord> FindDirent(InodeNumber parent, std::string_view name);
+  Result<bool> DirIsEmpty(InodeNumber ino);
+  // Drops one link of `ino` (its dirent is removed by the caller); frees it
+  // when no link and no open handle remain, else records an orphan.
+  Status DropLink(Txn* txn, InodeNumber ino, InodeRecord* record);
+  void DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& record);
+  Status CommitTxn(Txn* txn);
+  void CountLookup(InodeNumber ino);
+  // The attributes of `ino`: `record` with the RAM tier's overlay (the size
+  // and mtime of cached data) on top. A flush commits a file's size and then
+  // drops its overlay, both under mu_ and the flush lock: the caller holds
+  // one of them from loading `record` on, or takes the overlay first
+  // (GetAttr). (DeleteInode drops the overlay of an inode it deletes first:
+  // a getattr meanwhile may show its older committed size.) Taken in that
+  // order, st_blocks may count a batch being flushed twice for a moment.
+  Entry MakeEntry(InodeNumber ino, const InodeRecord& record) const;
+  Entry MakeEntry(InodeNumber ino, const InodeRecord& record,
+                  const std::optional<WriteBackCache::Overlay>& overlay) const;
+  // Serializes data changes of an inode (exclusive) against reads (shared).
+  std::shared_mutex& IoLock(InodeNumber ino) { return io_locks_[ino % kIoLockStripes]; }
+  // Held for the whole of a flush of the inode, by every operation that
+  // drops or rewrites cached chunks other than by write() or maps data, and
+  // by a change of the ephemeral flag (FlushForEphemeralChange). Taken before
+  // the I/O lock, never while holding it. A background flush gives it up
+  // early when someone waits for it (WaitedMutex).
+  WaitedMutex& FlushLock(InodeNumber ino) { return flush_locks_[ino % kIoLockStripes]; }
+  // Declared after the exclusive I/O lock of an operation that changes a
+  // file's bytes or size: drops the file's read-ahead windows when the
+  // operation ends, before the I/O lock lets readers in again.
+  class ContentChange {
+   public:
+    ContentChange(ReadAhead* read_ahead, InodeNumber ino) : read_ahead_(read_ahead), ino_(ino) {}
+    ~ContentChange() { read_ahead_->Invalidate(ino_); }
+    ContentChange(const ContentChange&) = delete;
+    ContentChange& operator=(const ContentChange&) = delete;
+
+   private:
+    ReadAhead* read_ahead_;
+    InodeNumber ino_;
+  };
+  // Background fetch of a read-ahead window: from the SSD only, no lock (Read
+  // does not use a window over RAM-tier data; CommitBatch invalidates).
+  Status FetchAhead(InodeNumber ino, uint64_t offset, uint64_t length, char* out);
+
+  // Data-path helpers (file_data.cc).
+  // Reads blocks [first, first + count) of `ino` into `out` (holes as zeros).
+  // A `speculative` read (read-ahead) neither counts nor logs a checksum
+  // mismatch: the reader's own read will, if it comes.
+  Status ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t count, char* out, bool speculative = false);
+  // Writes whole blocks of the file `record` at block-aligned `file_offset`,
+  // redirect-on-write, and makes them ready to map (FlushBeforeMapping);
+  // returns the new extents for the caller to map in its txn. The space is
+  // given back on failure.
+  Result<std::vector<std::pair<uint64_t, ExtentRecord>>> WriteBlocks(const InodeRecord& record, const char* data,
+                                                                     uint64_t file_offset, uint64_t length);
+  // Where segments will go: reserved space, the extents to map (with block
+  // checksums) and the I/O slices to write.
+  struct SegmentPlan {
+    std::vector<PhysicalExtent> space;
+    std::vector<std::pair<uint64_t, ExtentRecord>> extents;
+    std::vector<IoSlice> slices;
+  };
+  Result<SegmentPlan> PlanSegments(const std::vector<Segment>& segments, uint64_t from_hold);
+  // Write paths: through the RAM tier, or straight to new blocks.
+  Result<size_t> WriteCached(InodeNumber ino, uint64_t offset, const char* data, size_t size,
+                             const WriteAccepted* accepted);
+  // True when a cached chunk (with `flushing_only`: one being flushed) holds
+  // a block of [first_block, last_block); I/O lock held.
+  bool FindCachedChunk(InodeNumber ino, uint64_t first_block, uint64_t last_block, bool flushing_only) const;
+  Result<size_t> WriteThrough(InodeNumber ino, uint64_t offset, const char* data, size_t size);
+  // Reads blocks, preferring cached ones; caller holds the I/O lock shared.
+  Status ReadBlocksCached(InodeNumber ino, uint64_t first_block, uint64_t count, char* out);
+  // [offset, end) as pieces of RAM-tier chunks when every block of it is
+  // cached; false otherwise. The caller holds the I/O lock while it uses them.
+  bool CachedPieces(InodeNumber ino, uint64_t offset, uint64_t end, std::vector<iovec>* pieces);
+  // How much of a file a flush takes.
+  enum class FlushScope {
+    kAll,         // every cached block present when the flush starts (fsync, close)
+    kBackground,  // all but a partly filled last chunk, which a writer is likely filling;
+                  // and, for a durable file, chunks filled while the flush runs
+  };
+  // A batch of cached chunks on its way to the SSD (write_back.cc).
+  struct FlushBatch;
+  // Flushes the file's cached data. The I/O lock is held only to pick chunks
+  // and to commit their mapping; the SSD writes run without it, so writers of
+  // other chunks go on, and batches are pipelined (the next ones are written
+  // while the oldest waits for its sync and is mapped). Takes FlushLock(ino).
+  Status FlushFile(InodeNumber ino, FlushScope scope = FlushScope::kAll);
+  // The same, for a caller that holds FlushLock(ino) and the I/O lock
+  // exclusively (runs every step under them).
+  Status FlushLocked(InodeNumber ino);
+  Status FlushChunks(InodeNumber ino, FlushScope scope, bool locked);
+  // Takes FlushLock(ino) for a background flush, or says to skip the file
+  // (false): see write_back.cc.
+  bool BackgroundFlushLock(InodeNumber ino, std::unique_lock<WaitedMutex>* flush_lock);
+  // The I/O lock, exclusive, unless the caller holds it (`held`).
+  std::unique_lock<std::shared_mutex> IoLockUnlessHeld(InodeNumber ino, bool held);
+  // The file's chunks that a flush of `scope` takes now, in file order; for
+  // a `refill`, none already on its way to the SSD (I/O lock held by the
+  // caller).
+  std::vector<uint64_t> ChunksToFlush(const WriteBackCache::File& file, FlushScope scope, bool refill) const;
+  // Starts a planned batch's SSD writes and the flush after them (on their
+  // own thread, or deferred to the wait when the caller holds the locks).
+  void StartBatchWrites(InodeNumber ino, FlushBatch* batch, bool locked);
+  // Waits for a started batch's writes and maps them; a batch that cannot be
+  // mapped is given back (AbandonBatch). Retries once without dedup.
+  Status MapWrittenBatch(InodeNumber ino, std::unique_ptr<FlushBatch> batch, bool locked);
+  // Marks the chunks flushing and collects their valid blocks (I/O lock
+  // exclusive held by the caller).
+  void GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* batch);
+  // Deduplicates and reserves space; fills the batch's I/O slices and extents.
+  Status PlanBatch(FlushBatch* batch, bool dedup);
+  // Maps the written batch; EAGAIN when a dedup hit vanished meanwhile (the
+  // batch is then undone for a retry without dedup). I/O lock exclusive held.
+  // The batch's writes must have passed FlushBeforeMapping.
+  Status CommitBatch(InodeNumber ino, FlushBatch* batch);
+  // Gives back what a batch that will not commit took (I/O lock held).
+  void AbandonBatch(FlushBatch* batch);
+  // Splits whole dedup units (the segments HashSegments gave a content hash)
+  // whose content is already stored out of `segments` into `shared`, and tags
+  // the other whole units as new blobs.
+  void Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* shared);
+  // Hashes the segments (block checksums, and dedup hashes with `dedup`) on
+  // several threads: one thread hashing a flush kept up with only ~2 GB/s.
+  void HashSegments(std::vector<Segment>* segments, bool dedup) const;
+  // The dedup hash of one dedup unit.
+  static std::string DedupHash(const char* data);
+  // Crash order rule 2 (docs/design.md): makes the data area durable before a
+  // batch that maps data just written to it is committed. Whatever reaches
+  // RocksDB's WAL may reach the media at any moment (kernel write-back of
+  // the WAL, a memtable flush, another thread's sync), so the data must be
+  // durable first, on an image file as on a device of its own. Callers
+  // sharing the moment share one fdatasync (BlockStore::Flush). Ephemeral
+  // files promise nothing across a crash (reclaimed at mount): no flush.
+  // Call it after the data writes completed and before taking mu_, holding
+  // FlushLock(ino) (which SetXattr takes to change the ephemeral flag).
+  Status FlushBeforeMapping(const InodeRecord& record);
+  Status FlushBeforeMapping(InodeNumber ino);
+  // A flush batch's writes, then FlushBeforeMapping (write_back.cc).
+  Status WriteForMapping(InodeNumber ino, const std::vector<IoSlice>& slices);
+  // Before a change of the ephemeral flag: takes `flush_lock` (the file's
+  // FlushLock), and flushes the data area when an ephemeral regular file
+  // stops being one (`clears`) (xattr.cc).
+  Status FlushForEphemeralChange(InodeNumber ino, bool clears, std::unique_lock<WaitedMutex>* flush_lock);
+  Status ApplyBlobRefs(Txn* txn);
+  void FlusherLoop();
+  static void ApplyOverlay(const WriteBackCache::Overlay& overlay, Entry* entry);
+  // Unmaps [start, end) (block aligned; end may be UINT64_MAX) into txn.
+  Status UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_t end, uint64_t* unmapped_bytes);
+  // Unmaps several sorted, disjoint ranges in one pass.
+  Status UnmapRanges(Txn* txn, InodeNumber ino, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                     uint64_t* unmapped_bytes);
+  void MapExtents(Txn* txn, InodeNumber ino, const std::vector<std::pair<uint64_t, ExtentRecord>>& extents);
+  std::vector<uint32_t> Checksums(const char* data, uint64_t length) const;
+  bool VerifyBlocks(const ExtentRecord& extent, uint64_t first_block, uint64_t count, const char* data);
+
+  std::unique_ptr<Volume> volume_;
+  Index& index_;
+  BlockStore& store_;
+  const uint64_t block_size_;
+  const bool checksums_;
+  bool dedup_ = false;
+  const FilesystemOptions options_;
+  Allocator allocator_;
+  ReclaimGate gate_;
+  FsCounters counters_;
+  WriteBackCache cache_;
+  std::array<std::shared_mutex, kIoLockStripes> io_locks_;
+  std::array<WaitedMutex, kIoLockStripes> flush_locks_;
+  ReadAhead read_ahead_;  // after what its fetches use: destroyed (joined) first
+  std::atomic<bool> stopping_{false};
+  // SyncAll on its own thread, asked for by CommitTxn when freed space has
+  // been parked too long (CommitTxn runs under mu_, where a sync would stall
+  // every metadata operation). Null once the destructor is done with it.
+  std::unique_ptr<BackgroundSync> parked_sync_;
+  std::thread flusher_;
+  bool opened_ = false;  // Open finished (recovery included): a close may be marked clean
+  std::atomic<uint64_t> privilege_epoch_{1};
+
+  std::mutex mu_;  // commit lock: namespace changes, inode table, next_ino
+  InodeNumber next_ino_ = 0;
+  std::unordered_map<InodeNumber, InodeState> inodes_;
+};
+
+}  // namespace spillfs

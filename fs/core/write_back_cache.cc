@@ -1,0 +1,265 @@
+#include "core/write_back_cache.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "spillfs/common/clock.h"
+
+namespace spillfs {
+namespace {
+
+constexpr uint64_t kSlabBytes = 32 << 20;
+
+}  // namespace
+
+WriteBackCache::WriteBackCache(uint64_t capacity_bytes, uint64_t block_size)
+    : capacity_(capacity_bytes), block_size_(block_size), pool_(kChunkBytes, kSlabBytes) {}
+
+void WriteBackCache::WarmUp(uint64_t bytes) { pool_.Warm(std::min(bytes, capacity_)); }
+
+std::shared_ptr<WriteBackCache::File> WriteBackCache::Find(InodeNumber ino) const {
+  std::lock_guard lock(mu_);
+  auto it = files_.find(ino);
+  return it == files_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<WriteBackCache::File> WriteBackCache::GetOrCreate(InodeNumber ino, uint64_t size, int64_t mtime_ns,
+                                                                  bool ephemeral) {
+  std::lock_guard lock(mu_);
+  auto& file = files_[ino];
+  if (!file) {
+    file = std::make_shared<File>();
+    file->size = size;
+    file->mtime_ns = mtime_ns;
+    file->ephemeral = ephemeral;
+    file->id = ++files_made_;
+  }
+  return file;
+}
+
+std::optional<WriteBackCache::Overlay> WriteBackCache::GetOverlay(InodeNumber ino) const {
+  std::lock_guard lock(mu_);
+  auto it = files_.find(ino);
+  if (it == files_.end()) return std::nullopt;
+  const File& file = *it->second;
+  return Overlay{file.size, file.mtime_ns, file.dirty_bytes, {file.id, file.commit_seq}};
+}
+
+std::optional<std::pair<uint64_t, uint64_t>> WriteBackCache::CommitMark(InodeNumber ino) const {
+  std::lock_guard lock(mu_);
+  auto it = files_.find(ino);
+  if (it == files_.end()) return std::nullopt;
+  return std::make_pair(it->second->id, it->second->commit_seq);
+}
+
+void WriteBackCache::BeginCommit(File& file) {
+  std::lock_guard lock(mu_);
+  ++file.commit_seq;
+}
+
+void WriteBackCache::EndCommit(File& file) {
+  std::lock_guard lock(mu_);
+  ++file.commit_seq;
+}
+
+WriteBackCache::Chunk& WriteBackCache::ChunkFor(File& file, uint64_t block) {
+  uint64_t index = block / blocks_per_chunk();
+  auto it = file.chunks.find(index);
+  if (it != file.chunks.end()) return it->second;
+  Chunk& chunk = file.chunks.try_emplace(index, &pool_).first->second;
+  chunk.valid.assign(blocks_per_chunk(), false);
+  std::lock_guard lock(mu_);
+  used_bytes_ += kChunkBytes;
+  ++file.chunk_count;
+  return chunk;
+}
+
+char* WriteBackCache::CachedBlock(File& file, uint64_t block) const {
+  auto it = file.chunks.find(block / blocks_per_chunk());
+  if (it == file.chunks.end() || !it->second.valid[block % blocks_per_chunk()]) return nullptr;
+  return it->second.data.data() + (block % blocks_per_chunk()) * block_size_;
+}
+
+void WriteBackCache::MarkValid(File& file, uint64_t block, uint64_t count) {
+  uint64_t added = 0;
+  for (uint64_t b = block; b < block + count; ++b) {
+    Chunk& chunk = file.chunks.at(b / blocks_per_chunk());
+    auto bit = chunk.valid[b % blocks_per_chunk()];
+    if (!bit) {
+      chunk.valid[b % blocks_per_chunk()] = true;
+      ++chunk.valid_blocks;
+      ++added;
+    }
+  }
+  std::lock_guard lock(mu_);
+  file.dirty_bytes += added * block_size_;
+  dirty_bytes_ += added * block_size_;
+}
+
+void WriteBackCache::NoteWrite(File& file, uint64_t end_offset, int64_t mtime_ns) {
+  std::lock_guard lock(mu_);
+  file.size = std::max(file.size, end_offset);
+  file.mtime_ns = mtime_ns;
+  file.last_write_ns = SteadyNowNs();
+  if (file.first_dirty_ns == 0) file.first_dirty_ns = mtime_ns;
+}
+
+void WriteBackCache::SetAttrs(File& file, std::optional<uint64_t> size, std::optional<int64_t> mtime_ns) {
+  std::lock_guard lock(mu_);
+  if (size) file.size = *size;
+  if (mtime_ns) file.mtime_ns = *mtime_ns;
+}
+
+void WriteBackCache::AddHold(File& file, uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  file.held_bytes += bytes;
+}
+
+uint64_t WriteBackCache::TakeHold(File& file, uint64_t max_bytes) {
+  std::lock_guard lock(mu_);
+  uint64_t taken = std::min(file.held_bytes, max_bytes);
+  file.held_bytes -= taken;
+  return taken;
+}
+
+uint64_t WriteBackCache::DropFrom(InodeNumber ino, File& file, uint64_t block, bool cancelled) {
+  uint64_t dropped_blocks = 0;
+  uint64_t freed_chunks = 0;
+  for (auto it = file.chunks.lower_bound(block / blocks_per_chunk()); it != file.chunks.end();) {
+    Chunk& chunk = it->second;
+    uint64_t base = it->first * blocks_per_chunk();
+    for (uint64_t i = block > base ? block - base : 0; i < blocks_per_chunk(); ++i) {
+      if (chunk.valid[i]) {
+        chunk.valid[i] = false;
+        --chunk.valid_blocks;
+        ++dropped_blocks;
+      }
+    }
+    if (chunk.valid_blocks == 0) {
+      it = file.chunks.erase(it);
+      ++freed_chunks;
+    } else {
+      ++it;
+    }
+  }
+  std::lock_guard lock(mu_);
+  uint64_t bytes = dropped_blocks * block_size_;
+  file.dirty_bytes -= bytes;
+  dirty_bytes_ -= bytes;
+  used_bytes_ -= freed_chunks * kChunkBytes;
+  file.chunk_count -= freed_chunks;
+  if (cancelled) cancelled_bytes_ += bytes;
+  if (file.chunk_count == 0) file.first_dirty_ns = 0;
+  if (freed_chunks > 0) room_.notify_all();
+  uint64_t hold = std::min(file.held_bytes, bytes);
+  file.held_bytes -= hold;
+  return hold;
+}
+
+uint64_t WriteBackCache::Remove(InodeNumber ino, bool cancelled) {
+  std::lock_guard lock(mu_);
+  auto it = files_.find(ino);
+  if (it == files_.end()) return 0;
+  File& file = *it->second;
+  uint64_t bytes = file.dirty_bytes;
+  uint64_t hold = std::exchange(file.held_bytes, 0);
+  dirty_bytes_ -= bytes;
+  used_bytes_ -= file.chunk_count * kChunkBytes;
+  if (cancelled) cancelled_bytes_ += bytes;
+  file.dirty_bytes = 0;
+  file.chunk_count = 0;
+  files_.erase(it);  // a flush in progress keeps the buffers alive through its shared_ptr
+  room_.notify_all();
+  return hold;
+}
+
+void WriteBackCache::FinishFlush(InodeNumber ino, File& file, const std::vector<uint64_t>& flushed_chunks) {
+  uint64_t bytes = 0, erased = 0;
+  for (uint64_t index : flushed_chunks) {
+    auto it = file.chunks.find(index);
+    if (it == file.chunks.end()) continue;
+    bytes += it->second.valid_blocks * block_size_;
+    file.chunks.erase(it);
+    ++erased;
+  }
+  std::lock_guard lock(mu_);
+  auto entry = files_.find(ino);
+  bool live = entry != files_.end() && entry->second.get() == &file;
+  if (live) {
+    file.dirty_bytes -= bytes;
+    dirty_bytes_ -= bytes;
+    used_bytes_ -= erased * kChunkBytes;
+    file.chunk_count -= erased;
+    if (file.chunk_count == 0) files_.erase(entry);  // size and mtime are committed now
+  }
+  room_.notify_all();
+}
+
+std::vector<InodeNumber> WriteBackCache::PickVictims(int64_t now_ns, int64_t max_age_ns, bool all) const {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<int64_t, InodeNumber>> candidates;
+  // A waiting writer is pressure too: below the watermark, nothing would be
+  // flushed for it until files grew old.
+  bool pressure = PressedLocked();
+  for (const auto& [ino, file] : files_) {
+    if (file->chunk_count == 0) continue;
+    bool old =
+        !file->ephemeral && (now_ns - file->first_dirty_ns > max_age_ns || file->dirty_bytes >= kWriteBehindBytes);
+    if (all || old || pressure) candidates.emplace_back(file->first_dirty_ns, ino);
+  }
+  std::sort(candidates.begin(), candidates.end());
+  std::vector<InodeNumber> out;
+  uint64_t target = std::min(capacity_ / 2, capacity_ - std::min(capacity_, room_wanted_bytes_));
+  uint64_t projected = used_bytes_;
+  for (auto& [when, ino] : candidates) {
+    const File& file = *files_.at(ino);
+    bool old = !file.ephemeral && (now_ns - file.first_dirty_ns > max_age_ns || file.dirty_bytes >= kWriteBehindBytes);
+    if (!all && !old && projected <= target) continue;
+    out.push_back(ino);
+    projected -= std::min(projected, file.chunk_count * kChunkBytes);
+  }
+  return out;
+}
+
+bool WriteBackCache::WantsFlush(const File& file) const {
+  std::lock_guard lock(mu_);
+  return OverHighWatermarkLocked() || (!file.ephemeral && file.dirty_bytes >= kWriteBehindBytes);
+}
+
+bool WriteBackCache::WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  if (used_bytes_ + bytes <= capacity_) return true;
+  if (bytes > capacity_) return false;
+  work_pending_ = true;
+  work_.notify_all();
+  room_wanted_bytes_ += bytes;
+  bool room = room_.wait_for(lock, timeout, [&] { return used_bytes_ + bytes <= capacity_; });
+  room_wanted_bytes_ -= bytes;
+  if (!room) ++room_wait_timeouts_;
+  return room;
+}
+
+bool WriteBackCache::Pressed() const {
+  std::lock_guard lock(mu_);
+  return PressedLocked();
+}
+
+void WriteBackCache::WakeFlusher() {
+  std::lock_guard lock(mu_);
+  work_pending_ = true;
+  work_.notify_all();
+}
+
+bool WriteBackCache::WaitForWork(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  bool woken = work_.wait_for(lock, timeout, [&] { return work_pending_; });
+  work_pending_ = false;
+  return woken;
+}
+
+WriteBackCache::Stats WriteBackCache::stats() const {
+  std::lock_guard lock(mu_);
+  return Stats{capacity_, used_bytes_, dirty_bytes_, cancelled_bytes_, files_.size(), room_wait_timeouts_};
+}
+
+}  // namespace spillfs

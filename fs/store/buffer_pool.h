@@ -1,0 +1,77 @@
+// BufferPool: fixed-size, 4 KiB-aligned buffers carved from large slabs.
+//
+// The RAM tier takes and returns buffers at memory speed. Fresh memory costs
+// a page fault and the zeroing of the page on first touch, so slabs are asked
+// for transparent huge pages, and buffers are recycled (most recently
+// released first, still in cache) instead of being given back to the OS: a
+// sequential writer whose data the flusher keeps writing out runs in a
+// bounded, warm set of buffers.
+//
+// Warm() faults in a bounded part of the pool at mount, before any writer
+// runs, so the first file written into a fresh mount is as fast as the
+// second, for a slightly longer mount (784bf34).
+// There is deliberately no thread that faults slabs in ahead of demand. One
+// did (d220ff7) and was removed (f042b4d): it zeroed pages faster than they
+// were needed, took CPU from the writers and the flusher, and let the pool
+// run away on a fresh mount; ingest into a fresh mount was faster without it
+// (docs/results.md, "RAM tier memory").
+#pragma once
+
+#include <cstddef>
+#include <mutex>
+#include <vector>
+
+namespace spillfs {
+
+class BufferPool {
+ public:
+  // `buffer_bytes` must divide `slab_bytes`; both multiples of 4 KiB.
+  BufferPool(size_t buffer_bytes, size_t slab_bytes);
+  ~BufferPool();
+  BufferPool(const BufferPool&) = delete;
+  BufferPool& operator=(const BufferPool&) = delete;
+
+  // A buffer of buffer_bytes(); never null (throws std::bad_alloc).
+  char* Acquire();
+  void Release(char* buffer);
+  // Maps and faults in whole slabs while the pool would still hold at most
+  // `bytes` (best effort: MADV_POPULATE_WRITE, Linux 5.14+; a failed mapping
+  // stops it). Warmed memory stays with the pool, as all its memory does. For the start, before any
+  // writer runs: unlike a thread that faults in ahead of demand, it takes no
+  // CPU from writers.
+  void Warm(size_t bytes);
+
+  size_t buffer_bytes() const { return buffer_bytes_; }
+  size_t reserved_bytes() const;  // memory taken from the OS
+
+ private:
+  void AddSlabLocked(bool populate);
+
+  const size_t buffer_bytes_;
+  const size_t slab_bytes_;
+  mutable std::mutex mu_;
+  std::vector<void*> slabs_;
+  std::vector<char*> free_;
+};
+
+// Owns one buffer of a pool for its lifetime.
+class PooledBuffer {
+ public:
+  explicit PooledBuffer(BufferPool* pool) : pool_(pool), data_(pool->Acquire()) {}
+  ~PooledBuffer() {
+    if (data_) pool_->Release(data_);
+  }
+  PooledBuffer(PooledBuffer&& other) noexcept : pool_(other.pool_), data_(other.data_) { other.data_ = nullptr; }
+  PooledBuffer& operator=(PooledBuffer&&) = delete;
+  PooledBuffer(const PooledBuffer&) = delete;
+  PooledBuffer& operator=(const PooledBuffer&) = delete;
+
+  char* data() { return data_; }
+  const char* data() const { return data_; }
+
+ private:
+  BufferPool* pool_;
+  char* data_;
+};
+
+}  // namespace spillfs

@@ -1,0 +1,329 @@
+// Unit tests for the control protocol as written once: the envelope and the
+// request loop of spillfs/common/control_protocol.h, the mountinfo reader of
+// spillfs/common/mountinfo.h, and ControlPlane, the one dispatcher of the
+// daemon, driven through its handles on a Filesystem over a fresh volume
+// (what the FUSE adapter does for MOUNT/.spillfs/control and .../stats).
+#include "control/control_plane.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "spillfs/common/control_protocol.h"
+#include "spillfs/common/mountinfo.h"
+#include "spillfs/fs/volume.h"
+#include "temp_dir.h"
+
+namespace spillfs {
+namespace {
+
+using nlohmann::json;
+
+// ---- the envelope and the request loop ----
+
+TEST(ControlProtocolTest, Names) {
+  EXPECT_EQ(control::ControlPath("/mnt/x"), "/mnt/x/.spillfs/control");
+  EXPECT_EQ(control::ControlPath("/mnt/x/"), "/mnt/x/.spillfs/control");
+  EXPECT_EQ(control::StatsPath("/"), "/.spillfs/stats");
+  EXPECT_EQ(control::OpOf(json{{"op", "du"}}), "du");
+  EXPECT_EQ(control::OpOf(json{{"op", 1}}), "?");
+}
+
+TEST(ControlProtocolTest, RepliesRoundTrip) {
+  auto ok = control::ParseReply(control::ReplyText(control::OkReply(json{{"ino", 7}})), "c");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(*ok, (json{{"ino", 7}}));
+  auto refused = control::ParseReply(control::ReplyText(control::ErrorReply(Status::Error(ENOENT, "/x: gone"))), "c");
+  EXPECT_EQ(refused.status().code(), ENOENT);
+  EXPECT_EQ(refused.status().message(), "/x: gone");
+  EXPECT_EQ(control::ReplyText(control::ErrorReply(Status::Invalid("bad"))),
+            R"({"errno":22,"error":"bad","ok":false})");
+  // Names are bytes: what is not UTF-8 is replaced, never thrown on.
+  std::string text = control::ReplyText(control::OkReply(std::string("a\xff")));
+  EXPECT_EQ(text, "{\"ok\":true,\"result\":\"a\xef\xbf\xbd\"}");
+}
+
+TEST(ControlProtocolTest, MalformedReplies) {
+  struct Case {
+    const char* reply;
+    int code;
+  };
+  for (const Case& c :
+       {Case{"", EPROTO}, Case{"[1]", EPROTO}, Case{R"({"result":1})", EPROTO}, Case{R"({"ok":true})", EPROTO},
+        Case{R"({"ok":false})", EIO}, Case{R"({"ok":false,"errno":0,"error":"x"})", EIO},
+        Case{R"({"ok":false,"errno":"2","error":"x"})", EIO}, Case{R"({"ok":false,"errno":28})", ENOSPC}}) {
+    auto parsed = control::ParseReply(c.reply, "/m/.spillfs/control");
+    EXPECT_FALSE(parsed.ok()) << c.reply;
+    EXPECT_EQ(parsed.status().code(), c.code) << c.reply;
+    EXPECT_FALSE(parsed.status().message().empty()) << c.reply;
+  }
+}
+
+// Over a plain file the "reply" is the request read back: a shorter request
+// on the same handle covers the longer one before it with blanks.
+TEST(ControlProtocolTest, ChannelPadsShorterRequests) {
+  TempDir dir("spillfs-control");
+  const std::string path = dir.path() + "/control";
+  std::ofstream(path).close();
+  auto channel = control::Channel::Open(path);
+  ASSERT_TRUE(channel.ok()) << channel.status().ToString();
+  auto first = channel->RequestText(R"({"op":"ls","paths":["/a/long/path"]})", "ls");
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(*first, R"({"op":"ls","paths":["/a/long/path"]})");
+  auto second = channel->RequestText(R"({"op":"stat"})", "stat");
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->size(), first->size());
+  EXPECT_EQ(second->substr(0, 13), R"({"op":"stat"})");
+  EXPECT_EQ(second->find_first_not_of(' ', 13), std::string::npos);
+  EXPECT_TRUE(json::parse(*second, nullptr, false).is_object());
+  // More than one read's worth comes back whole.
+  std::string big = "\"" + std::string(3 << 20, 'x') + "\"";
+  auto whole = channel->RequestText(big, "big");
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(*whole, big);
+}
+
+TEST(ControlProtocolTest, ChannelOpenErrors) {
+  TempDir dir("spillfs-control");
+  auto missing = control::Channel::Open(dir.path() + "/none");
+  EXPECT_EQ(missing.status().code(), ENOTSUP);
+  EXPECT_NE(missing.status().message().find("no control file " + dir.path() + "/none"), std::string::npos);
+  auto request = control::Request(dir.path(), json{{"op", "stat"}});
+  EXPECT_EQ(request.status().code(), ENOTSUP);
+}
+
+// ---- mountinfo ----
+
+TEST(MountInfoTest, ParsesEntries) {
+  std::istringstream text(
+      "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+      "36 22 0:52 / /mnt/with\\040space rw,nosuid master:3 shared:9 - fuse.spillfs /vols/v\\0401 rw,user_id=0\n"
+      "37 22 0:53 / /mnt/a rw - fuse.spillfs /vols/a rw\n"
+      "38 37 0:54 / /mnt/a rw - tmpfs tmpfs rw\n"
+      "39 22 0:55 /sub /mnt/a/b rw - fuse.spillfs /vols/b rw\n"
+      "garbage line\n"
+      "40 22 0:56 / /mnt/c rw no-dash-here\n");
+  std::vector<MountEntry> table = ParseMountInfo(text);
+  ASSERT_EQ(table.size(), 5u);
+  EXPECT_EQ(table[1].device, "0:52");
+  EXPECT_EQ(table[1].mountpoint, "/mnt/with space");
+  EXPECT_EQ(table[1].fstype, "fuse.spillfs");
+  EXPECT_EQ(table[1].source, "/vols/v 1");
+  EXPECT_EQ(table[4].root, "/sub");
+
+  EXPECT_EQ(FindMountAt(table, "/mnt/a")->fstype, "tmpfs");  // stacked: the last one
+  EXPECT_FALSE(FindMountAt(table, "/mnt"));
+  EXPECT_EQ(FindMountHolding(table, "/mnt/a/b/c")->mountpoint, "/mnt/a/b");
+  EXPECT_EQ(FindMountHolding(table, "/mnt/a/bc")->device, "0:54");
+  EXPECT_EQ(FindMountHolding(table, "/mnt/a")->device, "0:54");
+  EXPECT_EQ(FindMountHolding(table, "/etc")->mountpoint, "/");
+  EXPECT_EQ(FindMountOfSource(table, control::kFsType, "/vols/b")->mountpoint, "/mnt/a/b");
+  EXPECT_FALSE(FindMountOfSource(table, control::kFsType, "/dev/sda1"));
+
+  EXPECT_EQ(UnescapeMountField("a\\134b\\011c\\0"), "a\\b\tc\\0");
+  EXPECT_EQ(UnescapeMountField("\\08x\\"), "\\08x\\");
+}
+
+TEST(MountInfoTest, ReadsThisProcess) {
+  auto root = FindMountHolding("/");
+  ASSERT_TRUE(root.has_value());
+  EXPECT_EQ(root->mountpoint, "/");
+  EXPECT_NE(root->device.find(':'), std::string::npos);
+}
+
+// ---- ControlPlane, the dispatcher ----
+
+class ControlPlaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string vol = dir_.path() + "/vol";
+    Volume::CreateOptions create;
+    create.size = 64 << 20;
+    ASSERT_TRUE(Volume::Create(vol, create).ok());
+    auto volume = Volume::Open(vol, Volume::OpenOptions{});
+    ASSERT_TRUE(volume.ok()) << volume.status().ToString();
+    FilesystemOptions options;
+    options.ram_tier_bytes = 8 << 20;  // writes stay in memory until flushed
+    auto fs = Filesystem::Open(std::move(volume).value(), options);
+    ASSERT_TRUE(fs.ok()) << fs.status().ToString();
+    fs_ = std::move(fs).value();
+    control_ = std::make_unique<ControlPlane>(fs_.get());
+  }
+  void TearDown() override {
+    control_.reset();
+    fs_.reset();
+  }
+
+  // Writes `request` on `handle` at offset 0, padded over the handle's
+  // longest request unless `pad` is false, and reads the whole reply.
+  std::string Send(ControlPlane::Handle* handle, std::string request, bool pad = true) {
+    size_t& longest = longest_[handle];
+    if (pad && request.size() < longest) request.append(longest - request.size(), ' ');
+    longest = std::max(longest, request.size());
+    auto written = control_->Write(handle, 0, request);
+    EXPECT_TRUE(written.ok()) << written.status().ToString();
+    std::string reply;
+    for (;;) {
+      ControlPlane::ReplyBytes part = control_->Read(handle, reply.size(), 4096);
+      reply.append(part.bytes);
+      if (part.bytes.size() < 4096) return reply;
+    }
+  }
+  // One request on a handle of its own; the reply parsed.
+  json Ask(const std::string& request) {
+    auto handle = control_->Open(ControlPlane::kControlIno, O_RDWR, 0);
+    EXPECT_TRUE(handle.ok());
+    json reply = json::parse(Send(*handle, request), nullptr, false);
+    control_->Release(*handle);
+    longest_.erase(*handle);
+    EXPECT_TRUE(reply.is_object()) << request;
+    return reply;
+  }
+
+  InodeNumber MakeFile(const std::string& name, const std::string& bytes) {
+    auto e = fs_->MakeNode(kRootInode, name, S_IFREG | 0644, 0, Caller{});
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    auto n = fs_->Write(e->ino, 0, bytes.data(), bytes.size());
+    EXPECT_TRUE(n.ok());
+    return e->ino;
+  }
+
+  std::map<ControlPlane::Handle*, size_t> longest_;
+  TempDir dir_{"spillfs-control-plane"};
+  std::unique_ptr<Filesystem> fs_;
+  std::unique_ptr<ControlPlane> control_;
+};
+
+TEST_F(ControlPlaneTest, Names) {
+  auto dir = control_->Lookup(kRootInode, control::kDirName);
+  ASSERT_TRUE(dir.has_value());
+  EXPECT_EQ(dir->ino, ControlPlane::kDirIno);
+  EXPECT_EQ(control_->Lookup(ControlPlane::kDirIno, "control")->ino, ControlPlane::kControlIno);
+  EXPECT_EQ(control_->Lookup(ControlPlane::kDirIno, "stats")->ino, ControlPlane::kStatsIno);
+  EXPECT_FALSE(control_->Lookup(ControlPlane::kDirIno, "other"));
+  auto listing = control_->ReadDir(ControlPlane::kDirIno);
+  ASSERT_TRUE(listing.ok());
+  ASSERT_EQ(listing->size(), 4u);
+  EXPECT_EQ((*listing)[2].name, "control");
+  EXPECT_EQ((*listing)[3].name, "stats");
+  EXPECT_EQ(control_->Open(ControlPlane::kControlIno, O_RDWR, 1000).status().code(), EACCES);
+  EXPECT_EQ(control_->Open(ControlPlane::kStatsIno, O_RDWR, 0).status().code(), EACCES);
+}
+
+TEST_F(ControlPlaneTest, RoutesEveryOp) {
+  const std::string bytes(3 * 4096, 'x');
+  MakeFile("f", bytes);
+  json stat = Ask(R"({"op":"stat"})");
+  ASSERT_EQ(stat["ok"], true) << stat;
+  EXPECT_EQ(stat["result"]["mounted"], true);
+  EXPECT_EQ(stat["result"]["files"], 1u);
+  EXPECT_GT(stat["result"]["ram_tier_capacity_bytes"], 0u);
+  // ls and du flush the RAM tier first: the listing shows the extents.
+  json ls = Ask(R"({"op":"ls","paths":["/f"],"extents":true})");
+  ASSERT_EQ(ls["ok"], true) << ls;
+  ASSERT_EQ(ls["result"][0]["extents"].size(), 1u);
+  EXPECT_EQ(ls["result"][0]["extents"][0]["length"], bytes.size());
+  json du = Ask(R"({"op":"du","path":"/"})");
+  ASSERT_EQ(du["ok"], true) << du;
+  EXPECT_EQ(du["result"]["physical_bytes"], bytes.size());
+  json layout = Ask(R"({"op":"layout","path":"/f"})");
+  ASSERT_EQ(layout["ok"], true) << layout;
+  EXPECT_EQ(layout["result"]["size"], bytes.size());
+  EXPECT_EQ(layout["result"]["extents"][0]["block_checksums"].size(), 3u);
+}
+
+TEST_F(ControlPlaneTest, ReserveAndCommitOnOneHandle) {
+  MakeFile("g", "");
+  auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR, 0);
+  ASSERT_TRUE(opened.ok());
+  ControlPlane::Handle* handle = *opened;
+  const uint64_t free_before = fs_->free_bytes();
+  const std::string listing = R"({"op":"ls","paths":["/g","/g","/g","/g","/g","/g","/g","/g"]})";
+  EXPECT_EQ(json::parse(Send(handle, listing))["ok"], true);
+  // The handle keeps the bytes past a shorter request: unpadded, it is not JSON.
+  const std::string reserve = R"({"op":"reserve","length":8192})";
+  EXPECT_EQ(json::parse(Send(handle, reserve, /*pad=*/false))["error"], "the request is not a JSON object");
+  json reserved = json::parse(Send(handle, reserve));
+  ASSERT_EQ(reserved["ok"], true) << reserved;
+  EXPECT_EQ(fs_->free_bytes(), free_before - 8192);
+  json refused = json::parse(Send(handle, R"({"op":"commit","path":"/g","file_offset":0,"length":8192})"));
+  EXPECT_EQ(refused["errno"], EINVAL) << refused;  // the volume keeps checksums: one per block
+  EXPECT_EQ(refused["error"], "expected 2 block checksums, got 0");
+  json committed = json::parse(
+      Send(handle, R"({"op":"commit","path":"/g","file_offset":0,"length":8192,"size":8000,"block_checksums":[1,2]})"));
+  ASSERT_EQ(committed["ok"], true) << committed;
+  control_->Release(handle);
+  longest_.erase(handle);
+  EXPECT_EQ(fs_->free_bytes(), free_before - 8192);  // committed: the file holds it
+  json ls = Ask(R"({"op":"ls","paths":["/g"]})");
+  EXPECT_EQ(ls["result"][0]["size"], 8000u);
+}
+
+// The refusals, exactly: the envelope, the inspection ops and the direct path.
+TEST_F(ControlPlaneTest, Refusals) {
+  struct Bad {
+    const char* request;
+    int code;
+    const char* message;
+  };
+  for (const Bad& bad : {
+           Bad{"not json", EINVAL, "the request is not a JSON object"},
+           Bad{"", EINVAL, "the request is not a JSON object"},
+           Bad{"[1,2]", EINVAL, "the request is not a JSON object"},
+           Bad{R"({"nop":1})", EINVAL, "the request has no \"op\""},
+           Bad{R"({"op":7})", EINVAL, "the request has no \"op\""},
+           Bad{R"({"op":"frob"})", EINVAL, "unknown op 'frob'"},
+           Bad{R"({"op":"du"})", EINVAL, "du needs \"path\""},
+           Bad{R"({"op":"ls","paths":"/"})", EINVAL, "ls needs \"paths\": a list of paths"},
+           Bad{R"({"op":"ls","paths":["/nope"]})", ENOENT, "/nope: no such file or directory"},
+           Bad{R"({"op":"reserve"})", EINVAL, "request lacks \"length\""},
+           Bad{R"({"op":"reserve","length":-1})", EINVAL, "\"length\" must be a non-negative integer"},
+           Bad{R"({"op":"layout","path":"/nope"})", ENOENT, "/nope: no such file or directory"},
+           Bad{R"({"op":"commit","path":"/","file_offset":0,"length":4096})", EINVAL,
+               "commit length 4096 != reserved 0"},
+       }) {
+    json reply = Ask(bad.request);
+    EXPECT_EQ(reply["ok"], false) << bad.request;
+    EXPECT_EQ(reply["errno"], bad.code) << bad.request << " -> " << reply;
+    EXPECT_EQ(reply["error"], bad.message) << bad.request;
+  }
+  // A malformed field the JSON library trips over.
+  json reply = Ask(R"({"op":"ls","paths":[1]})");
+  EXPECT_EQ(reply["errno"], EINVAL);
+  EXPECT_EQ(reply["error"].get<std::string>().rfind("bad request: ", 0), 0u) << reply;
+  reply = Ask(R"({"op":"layout"})");
+  EXPECT_EQ(reply["errno"], EINVAL);
+  EXPECT_EQ(reply["error"].get<std::string>().rfind("malformed request: ", 0), 0u) << reply;
+}
+
+// Without a Filesystem (an unmounted volume) the direct-path ops are unknown.
+TEST_F(ControlPlaneTest, InspectionAloneRefusesTheDirectPath) {
+  Inspector inspector(fs_->volume().index(), fs_->volume().superblock());
+  json reply = json::parse(ControlPlane::AnswerInspection(inspector, R"({"op":"layout","path":"/"})", {}));
+  EXPECT_EQ(reply["errno"], EINVAL);
+  EXPECT_EQ(reply["error"], "unknown op 'layout'");
+  reply = json::parse(ControlPlane::AnswerInspection(inspector, R"({"op":"stat"})", {}));
+  EXPECT_EQ(reply["ok"], true);
+  EXPECT_EQ(reply["result"]["mounted"], false);
+}
+
+TEST_F(ControlPlaneTest, StatsFileIsPrometheusText) {
+  auto opened = control_->Open(ControlPlane::kStatsIno, O_RDONLY, 1000);
+  ASSERT_TRUE(opened.ok());
+  EXPECT_EQ(control_->Write(*opened, 0, "x").status().code(), EBADF);
+  std::string text(control_->Read(*opened, 0, 1 << 20).bytes);
+  control_->Release(*opened);
+  EXPECT_NE(text.find("# HELP spillfs_info Identity of the volume.\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nspillfs_mounted 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE spillfs_read_ahead_windows counter\n"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace spillfs
