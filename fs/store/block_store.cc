@@ -88,7 +88,7 @@ Status BlockStore::JournalPreImages(const std::vector<IoSlice>& slices) {
     for (uint64_t done = 0; done < slice.length; done += kChunkBytes) {
       uint64_t length = std::min<uint64_t>(kChunkBytes, slice.length - done);
       uint64_t offset = slice.offset + done;
-      old.Resize(length);
+      SPILLFS_RETURN_IF_ERROR(old.Resize(length));
       for (uint64_t got = 0; got < length;) {
         ssize_t n = pread(fd_, old.data() + got, length - got, static_cast<off_t>(offset + got));
         if (n < 0 && errno == EINTR) continue;
