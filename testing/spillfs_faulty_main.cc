@@ -1,0 +1,29 @@
+// spillfs-faulty: the spillfs command with its test seams filled in, for the
+// mounted tests that inject faults (test-only; built with the tests, never
+// installed). Same sources as spillfs (tools/spillfs); only this main
+// differs, and only it reads the environment:
+//   SPILLFS_POWERCUT_JOURNAL=PATH        the data area journals its pre-images
+//                                        to PATH (spillfs/testing/powercut.h)
+//   SPILLFS_POWERCUT_INDEX_JOURNAL=PATH  the index journals what is durable
+// Unset, it behaves as spillfs.
+#include <cstdlib>
+#include <string>
+
+#include "commands.h"
+#include "spillfs/testing/powercut.h"
+
+namespace {
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spillfs::cli::DaemonHooks hooks;
+  hooks.volume =
+      spillfs::powercut::Wrappers(Env(spillfs::powercut::kDataJournalEnv), Env(spillfs::powercut::kIndexJournalEnv));
+  return spillfs::cli::Main(argc, argv, hooks);
+}
