@@ -5,11 +5,14 @@
 //   SPILLFS_POWERCUT_JOURNAL=PATH        the data area journals its pre-images
 //                                        to PATH (spillfs/testing/powercut.h)
 //   SPILLFS_POWERCUT_INDEX_JOURNAL=PATH  the index journals what is durable
+//   SPILLFS_FAULTY_RAM_TIER_SLABS=N      the RAM tier runs out of memory after
+//                                        N slabs (spillfs/testing/memory.h)
 // Unset, it behaves as spillfs.
 #include <cstdlib>
 #include <string>
 
 #include "commands.h"
+#include "spillfs/testing/memory.h"
 #include "spillfs/testing/powercut.h"
 
 namespace {
@@ -25,5 +28,8 @@ int main(int argc, char** argv) {
   spillfs::cli::DaemonHooks hooks;
   hooks.volume =
       spillfs::powercut::Wrappers(Env(spillfs::powercut::kDataJournalEnv), Env(spillfs::powercut::kIndexJournalEnv));
+  if (std::string slabs = Env(spillfs::memory::kRamTierSlabsEnv); !slabs.empty()) {
+    hooks.ram_tier_slab_fault = spillfs::memory::FailSlabsAfter(std::strtoull(slabs.c_str(), nullptr, 10));
+  }
   return spillfs::cli::Main(argc, argv, hooks);
 }

@@ -151,6 +151,7 @@ int Serve(const MountArgs& args, const std::function<void(const Status&)>& repor
     return 1;
   }
   FilesystemOptions fs_options = args.fs_options;
+  fs_options.ram_tier_slab_fault = args.hooks.ram_tier_slab_fault;
   // Read-ahead windows of whole requests, as the kernel will send them.
   fs_options.read_request_bytes = FuseDaemon::RequestBytesFor(options, nullptr);
   auto fs = Filesystem::Open(std::move(*volume), fs_options);

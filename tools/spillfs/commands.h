@@ -12,9 +12,11 @@ namespace spillfs::cli {
 
 // Test seams of the mounted daemon. The spillfs binary leaves them empty; the
 // test-only spillfs-faulty (testing/spillfs_faulty_main.cc), built from these
-// same sources, fills them in: the power-cut journals around the volume.
+// same sources, fills them in: the power-cut journals around the volume, a
+// RAM tier that runs out of memory.
 struct DaemonHooks {
   Volume::Wrappers volume = {};
+  BufferPool::SlabFault ram_tier_slab_fault = nullptr;
 };
 
 // The whole command line: parses argv and runs the subcommand; the exit
