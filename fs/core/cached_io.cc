@@ -66,14 +66,23 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
   // block that is only partly written and touched for the first time.
   const uint64_t first_chunk = first_block / per_chunk;
   const uint64_t last_chunk = (last_block - 1) / per_chunk;
-  for (uint64_t chunk = first_chunk; chunk <= last_chunk; ++chunk) cache_.ChunkFor(*file, chunk * per_chunk);
-  // The old bytes of a block past both the committed and the cached size are
-  // zeros: no index lookup (an unaligned sequential writer, such as a direct_io
-  // handle under torch.save, has such a block at the end of every write).
+  for (uint64_t chunk = first_chunk; chunk <= last_chunk; ++chunk) {
+    if (auto made = cache_.ChunkFor(*file, chunk * per_chunk); !made.ok()) {  // ENOMEM: no memory for it
+      // Nothing was written: the chunks made for it and the space it was
+      // promised go back.
+      cache_.DropEmptyChunks(*file, first_block, last_block);
+      allocator_.ReleaseHold(cache_.TakeHold(*file, new_blocks * block_size_));
+      return made.status();
+    }
+  }
+  // Edge blocks (their chunks made above): the old bytes of a block past
+  // both the committed and the cached size are zeros: no index lookup (an
+  // unaligned sequential writer, such as a direct_io handle under
+  // torch.save, has such a block at the end of every write).
   const uint64_t size_before = std::max(record.size, file->size);
   auto prime_edge = [&](uint64_t block) -> Status {
     uint64_t block_start = block * block_size_;
-    WriteBackCache::Chunk& chunk = cache_.ChunkFor(*file, block);
+    WriteBackCache::Chunk& chunk = file->chunks.at(block / per_chunk);
     if (offset <= block_start && end >= block_start + block_size_) return Status::OK();  // wholly written
     if (chunk.valid[block % per_chunk]) return Status::OK();
     char* old_bytes = chunk.data.data() + (block % per_chunk) * block_size_;
@@ -97,7 +106,7 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
     uint64_t chunk_start = chunk * WriteBackCache::kChunkBytes;
     uint64_t from = std::max(offset, chunk_start);
     uint64_t to = std::min(end, chunk_start + WriteBackCache::kChunkBytes);
-    char* dst = cache_.ChunkFor(*file, chunk * per_chunk).data.data();
+    char* dst = file->chunks.at(chunk).data.data();
     std::memcpy(dst + (from - chunk_start), data + (from - offset), to - from);
   }
   counters_.bytes_written.fetch_add(size, std::memory_order_relaxed);

@@ -234,7 +234,7 @@ Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, A
       skip = 0;
     }
   } else {
-    scratch->Resize(last - first);
+    SPILLFS_RETURN_IF_ERROR(scratch->Resize(last - first));
     SPILLFS_RETURN_IF_ERROR(ReadBlocksCached(ino, first / block_size_, (last - first) / block_size_, scratch->data()));
     pieces.push_back(iovec{scratch->data() + (offset - first), end - offset});
   }
@@ -285,7 +285,7 @@ Result<size_t> Filesystem::WriteThrough(InodeNumber ino, uint64_t offset, const 
   uint64_t first = RoundDown(offset, block_size_);
   uint64_t last = RoundUp(offset + size, block_size_);
   AlignedBuffer& buffer = WriteScratch();
-  buffer.Resize(last - first);
+  SPILLFS_RETURN_IF_ERROR(buffer.Resize(last - first));
   // Edge blocks keep their old bytes (zeros past EOF, by invariant).
   if (offset != first) {
     SPILLFS_RETURN_IF_ERROR(ReadBlocks(ino, first / block_size_, 1, buffer.data()));

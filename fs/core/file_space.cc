@@ -66,7 +66,7 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
       }));
       if (mapped) {
         AlignedBuffer& buffer = WriteScratch();
-        buffer.Resize(block_size_);
+        SPILLFS_RETURN_IF_ERROR(buffer.Resize(block_size_));
         SPILLFS_RETURN_IF_ERROR(ReadBlocks(ino, block / block_size_, 1, buffer.data()));
         std::memset(buffer.data() + (size - block), 0, block_size_ - (size - block));
         SPILLFS_ASSIGN_OR_RETURN(auto extents, WriteBlocks(record, buffer.data(), block, block_size_));

@@ -53,7 +53,7 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
       allocator_(block_size_),
       gate_(
           [this](const std::vector<PhysicalExtent>& extents, uint64_t commit) { allocator_.Release(extents, commit); }),
-      cache_(options.ram_tier_bytes, block_size_),
+      cache_(options.ram_tier_bytes, block_size_, options.ram_tier_slab_fault),
       read_ahead_(ReadAhead::Options::ForBytesAhead(options.read_ahead_bytes, options.read_request_bytes),
                   [this](InodeNumber ino, uint64_t offset, uint64_t length, char* out) {
                     return FetchAhead(ino, offset, length, out);

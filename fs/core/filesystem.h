@@ -97,6 +97,9 @@ struct FilesystemOptions {
   static constexpr uint64_t kDefaultFlushBatchBytes = 64ull << 20;
   // A quarter of physical memory, at most 8 GiB.
   static uint64_t DefaultRamTierBytes();
+  // A test seam: fails RAM-tier memory as if the system had none left
+  // (BufferPool::SlabFault; spillfs/testing/memory.h). The product sets none.
+  BufferPool::SlabFault ram_tier_slab_fault = nullptr;
 };
 
 // A file's committed mapping, handed to direct-path clients.

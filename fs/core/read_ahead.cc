@@ -147,12 +147,16 @@ void ReadAhead::StartWindowsLocked(InodeNumber ino, Stream* stream, uint64_t fil
   stream->fetched_to = std::max(stream->fetched_to, stream->next);
   const uint64_t horizon = std::min(file_end, stream->next + options_.windows_ahead * options_.window_bytes);
   while (stream->fetched_to < horizon && stream->windows.size() < options_.windows_ahead + 2) {
+    // Read-ahead is an offer: with no memory for a window, readers read for
+    // themselves.
+    AlignedBuffer buffer = TakeBufferLocked();
+    if (!buffer.Resize(options_.window_bytes).ok()) break;
     auto window = std::make_shared<Window>();
     window->offset = stream->fetched_to;
     window->length = std::min(options_.window_bytes, horizon - stream->fetched_to);
     window->generation = stream->generation;
-    window->data = TakeBufferLocked();
-    window->data.Resize(window->length);
+    window->data = std::move(buffer);
+    (void)window->data.Resize(window->length);  // no larger: cannot fail
     stream->fetched_to += window->length;
     stream->windows.push_back(window);
     tasks_.push_back(Task{ino, std::move(window)});
@@ -202,7 +206,7 @@ void ReadAhead::Forget(InodeNumber ino) {
 }
 
 AlignedBuffer ReadAhead::TakeBufferLocked() {
-  if (spare_.empty()) return AlignedBuffer(options_.window_bytes);
+  if (spare_.empty()) return AlignedBuffer();
   AlignedBuffer buffer = std::move(spare_.back());
   spare_.pop_back();
   return buffer;

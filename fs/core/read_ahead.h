@@ -126,6 +126,7 @@ class ReadAhead {
   Stream& StreamFor(InodeNumber ino, bool* fresh);
   void StartWindowsLocked(InodeNumber ino, Stream* stream, uint64_t file_end);
   void TrimLocked(Stream* stream);
+  // A spare window buffer, or an empty one (the caller sizes it).
   AlignedBuffer TakeBufferLocked();
   void ReturnBufferLocked(std::shared_ptr<Window> window);
   void WorkerLoop();

@@ -12,8 +12,8 @@ constexpr uint64_t kSlabBytes = 32 << 20;
 
 }  // namespace
 
-WriteBackCache::WriteBackCache(uint64_t capacity_bytes, uint64_t block_size)
-    : capacity_(capacity_bytes), block_size_(block_size), pool_(kChunkBytes, kSlabBytes) {}
+WriteBackCache::WriteBackCache(uint64_t capacity_bytes, uint64_t block_size, BufferPool::SlabFault slab_fault)
+    : capacity_(capacity_bytes), block_size_(block_size), pool_(kChunkBytes, kSlabBytes, std::move(slab_fault)) {}
 
 void WriteBackCache::WarmUp(uint64_t bytes) { pool_.Warm(std::min(bytes, capacity_)); }
 
@@ -62,16 +62,18 @@ void WriteBackCache::EndCommit(File& file) {
   ++file.commit_seq;
 }
 
-WriteBackCache::Chunk& WriteBackCache::ChunkFor(File& file, uint64_t block) {
+Result<WriteBackCache::Chunk*> WriteBackCache::ChunkFor(File& file, uint64_t block) {
   uint64_t index = block / blocks_per_chunk();
   auto it = file.chunks.find(index);
-  if (it != file.chunks.end()) return it->second;
-  Chunk& chunk = file.chunks.try_emplace(index, &pool_).first->second;
-  chunk.valid.assign(blocks_per_chunk(), false);
+  if (it != file.chunks.end()) return &it->second;
+  SPILLFS_ASSIGN_OR_RETURN(PooledBuffer buffer, PooledBuffer::Take(&pool_));
+  Chunk fresh(std::move(buffer));
+  fresh.valid.assign(blocks_per_chunk(), false);  // whole before it is in the table
+  Chunk& chunk = file.chunks.try_emplace(index, std::move(fresh)).first->second;
   std::lock_guard lock(mu_);
   used_bytes_ += kChunkBytes;
   ++file.chunk_count;
-  return chunk;
+  return &chunk;
 }
 
 char* WriteBackCache::CachedBlock(File& file, uint64_t block) const {
@@ -120,6 +122,24 @@ uint64_t WriteBackCache::TakeHold(File& file, uint64_t max_bytes) {
   uint64_t taken = std::min(file.held_bytes, max_bytes);
   file.held_bytes -= taken;
   return taken;
+}
+
+void WriteBackCache::DropEmptyChunks(File& file, uint64_t first_block, uint64_t last_block) {
+  uint64_t freed_chunks = 0;
+  auto end = file.chunks.lower_bound((last_block + blocks_per_chunk() - 1) / blocks_per_chunk());
+  for (auto it = file.chunks.lower_bound(first_block / blocks_per_chunk()); it != end;) {
+    if (it->second.valid_blocks == 0 && !it->second.flushing) {
+      it = file.chunks.erase(it);
+      ++freed_chunks;
+    } else {
+      ++it;
+    }
+  }
+  if (freed_chunks == 0) return;
+  std::lock_guard lock(mu_);
+  used_bytes_ -= freed_chunks * kChunkBytes;
+  file.chunk_count -= freed_chunks;
+  room_.notify_all();
 }
 
 uint64_t WriteBackCache::DropFrom(InodeNumber ino, File& file, uint64_t block, bool cancelled) {

@@ -37,7 +37,7 @@ class WriteBackCache {
   // A fixed, chunk-aligned window of a file; `valid` marks blocks whose bytes
   // here are the file's current contents.
   struct Chunk {
-    explicit Chunk(BufferPool* pool) : data(pool) {}
+    explicit Chunk(PooledBuffer buffer) : data(std::move(buffer)) {}
     PooledBuffer data;
     std::vector<bool> valid;
     uint64_t valid_blocks = 0;
@@ -76,7 +76,8 @@ class WriteBackCache {
     uint64_t room_wait_timeouts = 0;
   };
 
-  WriteBackCache(uint64_t capacity_bytes, uint64_t block_size);
+  // `slab_fault`: the test seam of BufferPool (none in the product).
+  WriteBackCache(uint64_t capacity_bytes, uint64_t block_size, BufferPool::SlabFault slab_fault = nullptr);
 
   uint64_t capacity() const { return capacity_; }
   // Faults in `bytes` (at most the capacity) of chunk memory now, so the
@@ -105,9 +106,10 @@ class WriteBackCache {
   void BeginCommit(File& file);
   void EndCommit(File& file);
 
-  // Chunk for block `block` of `file`, created (all blocks invalid) if absent.
-  // Caller holds the inode's I/O lock exclusively.
-  Chunk& ChunkFor(File& file, uint64_t block);
+  // Chunk for block `block` of `file`, created (all blocks invalid) if absent;
+  // ENOMEM when there is no memory for a new one. Caller holds the inode's
+  // I/O lock exclusively.
+  Result<Chunk*> ChunkFor(File& file, uint64_t block);
   // The bytes of `block` when `file` holds them (valid), else null. Caller
   // holds the inode's I/O lock (shared is enough).
   char* CachedBlock(File& file, uint64_t block) const;
@@ -123,6 +125,10 @@ class WriteBackCache {
   void AddHold(File& file, uint64_t bytes);
   // Takes at most `max_bytes` of the file's hold.
   uint64_t TakeHold(File& file, uint64_t max_bytes = UINT64_MAX);
+  // Removes the chunks of blocks [first_block, last_block) that hold no
+  // valid block (a write that failed after making them). Caller holds the
+  // inode's I/O lock exclusively.
+  void DropEmptyChunks(File& file, uint64_t first_block, uint64_t last_block);
   // Drops cached blocks at or past `block` (truncate). Returns the hold to
   // give back to the allocator.
   uint64_t DropFrom(InodeNumber ino, File& file, uint64_t block, bool cancelled);

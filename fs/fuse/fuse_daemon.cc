@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fuse/fuse_device_loop.h"
+#include "fuse/fuse_guard.h"
 #include "fuse/fuse_ops.h"
 #include "fuse/fuse_ring.h"
 #include "spillfs/common/mountinfo.h"
@@ -104,6 +105,7 @@ ssize_t RingRead(int fd, void* buf, size_t len, void* userdata) {
 }
 
 ssize_t RingWritev(int fd, iovec* iov, int count, void* userdata) {
+  NoteFuseWrite(iov, count);
   return static_cast<FuseDaemon*>(userdata)->ring()->Writev(fd, iov, count);
 }
 
@@ -112,6 +114,7 @@ ssize_t LoopRead(int fd, void* buf, size_t len, void* userdata) {
 }
 
 ssize_t LoopWritev(int fd, iovec* iov, int count, void* userdata) {
+  NoteFuseWrite(iov, count);
   return static_cast<FuseDaemon*>(userdata)->device_loop()->Writev(fd, iov, count);
 }
 

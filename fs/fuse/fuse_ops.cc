@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "fuse/fuse_guard.h"
 #include "spillfs/fs/fuse_daemon.h"
 
 namespace spillfs {
@@ -483,41 +484,43 @@ void OnLseek(fuse_req_t req, fuse_ino_t ino, off_t offset, int whence, fuse_file
 }  // namespace
 
 fuse_lowlevel_ops MakeFuseOps() {
+  // Every request's handler runs guarded: no exception reaches libfuse
+  // (fuse_guard.h).
   fuse_lowlevel_ops ops{};
   ops.init = OnInit;
   ops.destroy = OnDestroy;
-  ops.lookup = OnLookup;
-  ops.forget = OnForget;
-  ops.forget_multi = OnForgetMulti;
-  ops.getattr = OnGetattr;
-  ops.setattr = OnSetattr;
-  ops.readlink = OnReadlink;
-  ops.mknod = OnMknod;
-  ops.mkdir = OnMkdir;
-  ops.unlink = OnUnlink;
-  ops.rmdir = OnRmdir;
-  ops.symlink = OnSymlink;
-  ops.rename = OnRename;
-  ops.link = OnLink;
-  ops.open = OnOpen;
-  ops.create = OnCreate;
-  ops.read = OnRead;
-  ops.write = OnWrite;
-  ops.flush = OnFlush;
-  ops.release = OnRelease;
-  ops.fsync = OnFsync;
-  ops.opendir = OnOpendir;
-  ops.readdir = OnReaddir;
-  ops.readdirplus = OnReaddirplus;
-  ops.releasedir = OnReleasedir;
-  ops.fsyncdir = OnFsyncdir;
-  ops.statfs = OnStatfs;
-  ops.setxattr = OnSetxattr;
-  ops.getxattr = OnGetxattr;
-  ops.listxattr = OnListxattr;
-  ops.removexattr = OnRemovexattr;
-  ops.fallocate = OnFallocate;
-  ops.lseek = OnLseek;
+  ops.lookup = kGuarded<OnLookup>;
+  ops.forget = kGuarded<OnForget, ReplyNone>;
+  ops.forget_multi = kGuarded<OnForgetMulti, ReplyNone>;
+  ops.getattr = kGuarded<OnGetattr>;
+  ops.setattr = kGuarded<OnSetattr>;
+  ops.readlink = kGuarded<OnReadlink>;
+  ops.mknod = kGuarded<OnMknod>;
+  ops.mkdir = kGuarded<OnMkdir>;
+  ops.unlink = kGuarded<OnUnlink>;
+  ops.rmdir = kGuarded<OnRmdir>;
+  ops.symlink = kGuarded<OnSymlink>;
+  ops.rename = kGuarded<OnRename>;
+  ops.link = kGuarded<OnLink>;
+  ops.open = kGuarded<OnOpen>;
+  ops.create = kGuarded<OnCreate>;
+  ops.read = kGuarded<OnRead>;
+  ops.write = kGuarded<OnWrite>;
+  ops.flush = kGuarded<OnFlush>;
+  ops.release = kGuarded<OnRelease>;
+  ops.fsync = kGuarded<OnFsync>;
+  ops.opendir = kGuarded<OnOpendir>;
+  ops.readdir = kGuarded<OnReaddir>;
+  ops.readdirplus = kGuarded<OnReaddirplus>;
+  ops.releasedir = kGuarded<OnReleasedir>;
+  ops.fsyncdir = kGuarded<OnFsyncdir>;
+  ops.statfs = kGuarded<OnStatfs>;
+  ops.setxattr = kGuarded<OnSetxattr>;
+  ops.getxattr = kGuarded<OnGetxattr>;
+  ops.listxattr = kGuarded<OnListxattr>;
+  ops.removexattr = kGuarded<OnRemovexattr>;
+  ops.fallocate = kGuarded<OnFallocate>;
+  ops.lseek = kGuarded<OnLseek>;
   return ops;
 }
 

@@ -124,7 +124,7 @@ class Pass {
   void CheckSpace();
   void CheckNamespace();
   Status Scrub();
-  void ScrubBatch(std::vector<std::pair<ExtentInfo, std::vector<uint32_t>>>* batch, AlignedBuffer* buffer);
+  Status ScrubBatch(std::vector<std::pair<ExtentInfo, std::vector<uint32_t>>>* batch, AlignedBuffer* buffer);
   void VerifyExtent(const ExtentInfo& e, const std::vector<uint32_t>& sums, const char* data);
 
   std::unordered_map<InodeNumber, std::string> dir_paths_;

@@ -39,11 +39,11 @@ void Pass::VerifyExtent(const ExtentInfo& e, const std::vector<uint32_t>& sums, 
   flush();
 }
 
-void Pass::ScrubBatch(std::vector<std::pair<ExtentInfo, std::vector<uint32_t>>>* batch, AlignedBuffer* buffer) {
-  if (batch->empty()) return;
+Status Pass::ScrubBatch(std::vector<std::pair<ExtentInfo, std::vector<uint32_t>>>* batch, AlignedBuffer* buffer) {
+  if (batch->empty()) return Status::OK();
   uint64_t total = 0;
   for (const auto& [e, sums] : *batch) total += e.length;
-  buffer->Resize(total);
+  SPILLFS_RETURN_IF_ERROR(buffer->Resize(total));
   std::vector<IoSlice> slices;
   uint64_t at = 0;
   for (const auto& [e, sums] : *batch) {
@@ -70,6 +70,7 @@ void Pass::ScrubBatch(std::vector<std::pair<ExtentInfo, std::vector<uint32_t>>>*
     at += e.length;
   }
   batch->clear();
+  return Status::OK();
 }
 
 Status Pass::Scrub() {
@@ -110,7 +111,7 @@ Status Pass::Scrub() {
                           sums.begin() + static_cast<long>((done + piece.length) / bs_));
       }
       if (batch_bytes + piece.length > kScrubBatchBytes && !batch.empty()) {
-        ScrubBatch(&batch, &buffer);
+        SPILLFS_RETURN_IF_ERROR(ScrubBatch(&batch, &buffer));
         batch_bytes = 0;
         Progress("scrub", report_.bytes_scrubbed, total);
       }
@@ -119,7 +120,7 @@ Status Pass::Scrub() {
     }
   }
   SPILLFS_RETURN_IF_ERROR(cursor->status());
-  ScrubBatch(&batch, &buffer);
+  SPILLFS_RETURN_IF_ERROR(ScrubBatch(&batch, &buffer));
   Progress("scrub", report_.bytes_scrubbed, total);
   return Status::OK();
 }

@@ -8,12 +8,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
-#include <cstdlib>
+#include <condition_variable>
 #include <cstring>
-#include <optional>
+#include <mutex>
 
-#include "spillfs/common/aligned_buffer.h"
 #include "store/uring_engine.h"
 
 namespace spillfs {
@@ -23,12 +23,50 @@ Status Errno(const std::string& what) {
   return Status::Error(errno, fmt::format("{}: {}", what, std::strerror(errno)));
 }
 
-}  // namespace
+// The data area over one file descriptor: O_DIRECT where the file system
+// takes it, io_uring for the transfers, fdatasync shared by concurrent
+// callers (group commit).
+class FileBlockStore final : public BlockStore {
+ public:
+  FileBlockStore(int fd, std::string path, uint64_t size) : fd_(fd), path_(std::move(path)), size_(size) {}
+  ~FileBlockStore() override { close(fd_); }
 
-BlockStore::~BlockStore() {
-  if (journal_ != nullptr) fclose(journal_);
-  close(fd_);
-}
+  Status WriteSlices(const std::vector<IoSlice>& slices) override { return Transfer(slices, true); }
+  Status ReadSlices(const std::vector<IoSlice>& slices) override { return Transfer(slices, false); }
+  Status Flush() override { return SyncData(); }
+  uint64_t syncs() const override { return syncs_.load(std::memory_order_relaxed); }
+  uint64_t sync_ns() const override { return sync_ns_.load(std::memory_order_relaxed); }
+  Status sync_error() const override {
+    std::lock_guard lock(sync_mu_);
+    return sync_error_;
+  }
+  uint64_t size() const override { return size_; }
+  const std::string& path() const override { return path_; }
+  uint64_t bytes_written() const override { return bytes_written_.load(std::memory_order_relaxed); }
+  uint64_t bytes_read() const override { return bytes_read_.load(std::memory_order_relaxed); }
+
+ private:
+  Status Transfer(const std::vector<IoSlice>& slices, bool write);
+  // fdatasync, with the sticky error of Flush.
+  Status SyncData();
+
+  const int fd_;
+  const std::string path_;
+  const uint64_t size_;
+  std::atomic<uint64_t> bytes_written_{0};
+  std::atomic<uint64_t> bytes_read_{0};
+  // Group commit of fdatasync (SyncData), all guarded by sync_mu_.
+  mutable std::mutex sync_mu_;
+  std::condition_variable sync_done_;
+  bool sync_running_ = false;
+  uint64_t sync_tickets_ = 0;  // callers so far, numbered from 1
+  uint64_t sync_covered_ = 0;  // callers up to this one are durable
+  Status sync_error_;          // the first failed fdatasync, returned ever after
+  std::atomic<uint64_t> syncs_{0};
+  std::atomic<uint64_t> sync_ns_{0};
+};
+
+}  // namespace
 
 Status BlockStore::CreateImage(const std::string& path, uint64_t size) {
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -72,47 +110,10 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Open(const std::string& path, bo
     fd = open(path.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
   }
   if (fd < 0) return Errno("cannot open " + path);
-  std::unique_ptr<BlockStore> store(new BlockStore(fd, path, size));
-  const char* journal = getenv(kPowercutJournalEnv);
-  if (!read_only && journal != nullptr && *journal != '\0') {
-    // Power-cut simulation: nothing written before this open is in doubt.
-    store->journal_ = fopen(journal, "we");
-    if (store->journal_ == nullptr) return Errno(fmt::format("cannot create the power-cut journal {}", journal));
-  }
-  return store;
+  return std::unique_ptr<BlockStore>(std::make_unique<FileBlockStore>(fd, path, size));
 }
 
-Status BlockStore::JournalPreImages(const std::vector<IoSlice>& slices) {
-  AlignedBuffer old;
-  for (const IoSlice& slice : slices) {
-    for (uint64_t done = 0; done < slice.length; done += kChunkBytes) {
-      uint64_t length = std::min<uint64_t>(kChunkBytes, slice.length - done);
-      uint64_t offset = slice.offset + done;
-      old.Resize(length);
-      for (uint64_t got = 0; got < length;) {
-        ssize_t n = pread(fd_, old.data() + got, length - got, static_cast<off_t>(offset + got));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return Errno(fmt::format("power-cut journal: pre-image read at {}", offset + got));
-        if (n == 0) {  // past the end of the file: reads as zeros
-          std::memset(old.data() + got, 0, length - got);
-          break;
-        }
-        got += static_cast<uint64_t>(n);
-      }
-      PowercutRecordHeader header;
-      header.offset = offset;
-      header.length = length;
-      std::lock_guard lock(journal_mu_);
-      if (fwrite(&header, sizeof(header), 1, journal_) != 1 || fwrite(old.data(), 1, length, journal_) != length ||
-          fflush(journal_) != 0) {
-        return Errno("power-cut journal: append");
-      }
-    }
-  }
-  return Status::OK();
-}
-
-Status BlockStore::Transfer(const std::vector<IoSlice>& slices, bool write) {
+Status FileBlockStore::Transfer(const std::vector<IoSlice>& slices, bool write) {
   std::vector<IoRequest> requests;
   uint64_t total = 0;
   for (const IoSlice& slice : slices) {
@@ -125,11 +126,6 @@ Status BlockStore::Transfer(const std::vector<IoSlice>& slices, bool write) {
       requests.push_back(IoRequest{fd_, write, slice.offset + done, slice.buffer + done, length});
     }
     total += slice.length;
-  }
-  std::optional<std::shared_lock<std::shared_mutex>> not_flushing;
-  if (write && journal_ != nullptr) {
-    not_flushing.emplace(durability_mu_);
-    SPILLFS_RETURN_IF_ERROR(JournalPreImages(slices));
   }
   SPILLFS_RETURN_IF_ERROR(UringEngine::Submit(requests));
   (write ? bytes_written_ : bytes_read_).fetch_add(total, std::memory_order_relaxed);
@@ -151,11 +147,11 @@ std::vector<IoSlice> Slices(const std::vector<PhysicalExtent>& extents, char* bu
 }  // namespace
 
 Status BlockStore::Write(const std::vector<PhysicalExtent>& extents, const char* buffer) {
-  return Transfer(Slices(extents, const_cast<char*>(buffer)), true);
+  return WriteSlices(Slices(extents, const_cast<char*>(buffer)));
 }
 
 Status BlockStore::Read(const std::vector<PhysicalExtent>& extents, char* buffer) {
-  return Transfer(Slices(extents, buffer), false);
+  return ReadSlices(Slices(extents, buffer));
 }
 
 Status BlockStore::WriteAt(uint64_t offset, const char* buffer, uint64_t length) {
@@ -166,24 +162,7 @@ Status BlockStore::ReadAt(uint64_t offset, char* buffer, uint64_t length) {
   return Read({PhysicalExtent{offset, length}}, buffer);
 }
 
-Status BlockStore::sync_error() const {
-  std::lock_guard lock(sync_mu_);
-  return sync_error_;
-}
-
-Status BlockStore::Flush() {
-  if (journal_ == nullptr) return SyncData();
-  // No write runs between the fdatasync and the truncation of the journal.
-  std::unique_lock durable(durability_mu_);
-  SPILLFS_RETURN_IF_ERROR(SyncData());
-  std::lock_guard lock(journal_mu_);
-  if (fflush(journal_) != 0 || ftruncate(fileno(journal_), 0) != 0 || fseek(journal_, 0, SEEK_SET) != 0) {
-    return Errno("power-cut journal: truncate");
-  }
-  return Status::OK();
-}
-
-Status BlockStore::SyncData() {
+Status FileBlockStore::SyncData() {
   // Group commit: one fdatasync runs at a time, and callers that arrive while
   // it runs share the next one (it covers every write completed before it
   // started, theirs included). One at a time also means no caller can see

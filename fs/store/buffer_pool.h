@@ -18,21 +18,30 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <mutex>
 #include <vector>
+
+#include "spillfs/common/status.h"
 
 namespace spillfs {
 
 class BufferPool {
  public:
+  // A test seam (spillfs_testing's memory faults, spillfs/testing/memory.h):
+  // asked before each slab is mapped; true fails that mapping as if the
+  // system had no memory left. The product sets none.
+  using SlabFault = std::function<bool()>;
+
   // `buffer_bytes` must divide `slab_bytes`; both multiples of 4 KiB.
-  BufferPool(size_t buffer_bytes, size_t slab_bytes);
+  BufferPool(size_t buffer_bytes, size_t slab_bytes, SlabFault slab_fault = nullptr);
   ~BufferPool();
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
-  // A buffer of buffer_bytes(); never null (throws std::bad_alloc).
-  char* Acquire();
+  // A buffer of buffer_bytes(); ENOMEM when none is free and no slab can be
+  // mapped (the write that wanted it fails with ENOMEM; the mount goes on).
+  Result<char*> Acquire();
   void Release(char* buffer);
   // Maps and faults in whole slabs while the pool would still hold at most
   // `bytes` (best effort: MADV_POPULATE_WRITE, Linux 5.14+; a failed mapping
@@ -45,10 +54,12 @@ class BufferPool {
   size_t reserved_bytes() const;  // memory taken from the OS
 
  private:
-  void AddSlabLocked(bool populate);
+  // False when the slab cannot be mapped.
+  bool AddSlabLocked(bool populate);
 
   const size_t buffer_bytes_;
   const size_t slab_bytes_;
+  const SlabFault slab_fault_;
   mutable std::mutex mu_;
   std::vector<void*> slabs_;
   std::vector<char*> free_;
@@ -57,7 +68,11 @@ class BufferPool {
 // Owns one buffer of a pool for its lifetime.
 class PooledBuffer {
  public:
-  explicit PooledBuffer(BufferPool* pool) : pool_(pool), data_(pool->Acquire()) {}
+  // A buffer of `pool`; ENOMEM as BufferPool::Acquire.
+  static Result<PooledBuffer> Take(BufferPool* pool) {
+    SPILLFS_ASSIGN_OR_RETURN(char* data, pool->Acquire());
+    return PooledBuffer(pool, data);
+  }
   ~PooledBuffer() {
     if (data_) pool_->Release(data_);
   }
@@ -70,6 +85,8 @@ class PooledBuffer {
   const char* data() const { return data_; }
 
  private:
+  PooledBuffer(BufferPool* pool, char* data) : pool_(pool), data_(data) {}
+
   BufferPool* pool_;
   char* data_;
 };

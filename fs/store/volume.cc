@@ -191,11 +191,20 @@ Result<std::unique_ptr<Volume>> Volume::Open(const std::string& dir, const OpenO
   } else {
     SPILLFS_RETURN_IF_ERROR(NoteLockHolder(volume->lock_fd_, LockPath(dir)));  // a forked daemon: its own pid
   }
-  SPILLFS_ASSIGN_OR_RETURN(volume->index_, Index::Open(IndexPath(dir), Index::Options{.read_only = options.read_only}));
+  const Wrappers& wrap = options.wrappers;
+  const bool wrapped = !options.read_only;
+  Index::Options index_options{.read_only = options.read_only};
+  if (wrapped && wrap.index_file_system) {
+    SPILLFS_ASSIGN_OR_RETURN(index_options.file_system, wrap.index_file_system(IndexPath(dir)));
+  }
+  SPILLFS_ASSIGN_OR_RETURN(volume->index_, Index::Open(IndexPath(dir), index_options));
   SPILLFS_ASSIGN_OR_RETURN(volume->superblock_, volume->index_->GetSuperblock());
   const Superblock& sb = volume->superblock_;
   std::string data_path = sb.backing == BackingKind::kBlockDevice ? sb.device_path : ImagePath(dir);
   SPILLFS_ASSIGN_OR_RETURN(volume->store_, BlockStore::Open(data_path, options.read_only));
+  if (wrapped && wrap.data_area) {
+    SPILLFS_ASSIGN_OR_RETURN(volume->store_, wrap.data_area(std::move(volume->store_)));
+  }
   if (volume->store_->size() < sb.data_size) {
     return Status::Corruption(fmt::format("data area {} has {} bytes, the superblock expects {}", data_path,
                                           volume->store_->size(), sb.data_size));

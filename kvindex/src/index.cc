@@ -9,16 +9,13 @@
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <mutex>
 
-#include "powercut_fs.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
-#include "spillfs/kvindex/powercut.h"
 
 namespace spillfs {
 namespace {
@@ -170,18 +167,14 @@ Result<std::unique_ptr<Index>> Index::Open(const std::string& path, const Option
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* db = nullptr;
   rocksdb::Status s;
+  rocksdb::Options db_options = DatabaseOptions(options.create && !options.read_only);
+  if (options.file_system) {
+    index->env_ = rocksdb::NewCompositeEnv(options.file_system);
+    db_options.env = index->env_.get();
+  }
   if (options.read_only) {
-    s = rocksdb::DB::OpenForReadOnly(DatabaseOptions(false), path, families, &handles, &db);
+    s = rocksdb::DB::OpenForReadOnly(db_options, path, families, &handles, &db);
   } else {
-    rocksdb::Options db_options = DatabaseOptions(options.create);
-    const char* journal = getenv(powercut::kIndexJournalEnv);
-    if (journal != nullptr && *journal != '\0') {
-      // Power-cut simulation: nothing written before this open is in doubt.
-      SPILLFS_ASSIGN_OR_RETURN(auto fs,
-                               powercut::NewJournalingFileSystem(rocksdb::FileSystem::Default(), path, journal));
-      index->env_ = rocksdb::NewCompositeEnv(fs);
-      db_options.env = index->env_.get();
-    }
     s = rocksdb::DB::Open(db_options, path, families, &handles, &db);
   }
   if (!s.ok()) {

@@ -121,12 +121,13 @@ bool MountedVolume::Mount(std::string* error) {
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
+  const std::string binary = options_.daemon_binary.empty() ? SpillfsBinary() : options_.daemon_binary;
   pid_t pid = fork();
   if (pid < 0) return false;
   if (pid == 0) {
     int devnull = open("/dev/null", O_RDONLY);
     dup2(devnull, STDIN_FILENO);
-    execv(SpillfsBinary(), argv.data());
+    execv(binary.c_str(), argv.data());
     _exit(127);
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);

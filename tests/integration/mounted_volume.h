@@ -33,6 +33,9 @@ class MountedVolume {
     std::string mkfs_args;                // extra mkfs arguments
     std::string mount_options;            // passed as -o when not empty
     std::vector<std::string> mount_args;  // more `spillfs mount` arguments
+    // The binary that runs `mount` (the daemon); empty: the spillfs binary.
+    // Fault-injection tests name the test-only spillfs-faulty (testing/).
+    std::string daemon_binary;
   };
 
   MountedVolume() : MountedVolume(Options()) {}

@@ -3,13 +3,13 @@
 // index alike; the volume must come back consistent, with every byte that was
 // durable.
 //
-// The daemon is mounted with two journals in its environment:
-//  - SPILLFS_POWERCUT_JOURNAL (fs/store/block_store.h): its
-//    BlockStore journals the pre-image of every data-area write and empties
-//    the journal at each Flush (fdatasync), so the journal holds the old bytes
-//    of exactly the writes that are not durable;
-//  - SPILLFS_POWERCUT_INDEX_JOURNAL (kvindex/include/spillfs/kvindex/powercut.h):
-//    RocksDB's files journal their durable lengths (what a Sync covered).
+// The daemon is the test-only spillfs-faulty (testing/), mounted with two
+// journals in its environment (testing/include/spillfs/testing/powercut.h):
+//  - SPILLFS_POWERCUT_JOURNAL: its data area journals the pre-image of every
+//    write and empties the journal at each Flush (fdatasync), so the journal
+//    holds the old bytes of exactly the writes that are not durable;
+//  - SPILLFS_POWERCUT_INDEX_JOURNAL: RocksDB's files journal their durable
+//    lengths (what a Sync covered).
 // A seeded writer workload (creates, writes, overwrites at random offsets,
 // truncates, renames, unlinks, mkdirs, fsync / fdatasync of files, fsync of
 // files written earlier and of directories, and phases without any fsync)
@@ -18,9 +18,9 @@
 // loses what was not synced (powercut::ApplyIndexCut: files truncated to
 // their durable length, never-synced files removed; RocksDB's point-in-time
 // recovery opens it at a batch no older than the last sync), and the data
-// area loses the writes since the last fdatasync: all of them
-// (LosingEvery...), or a seeded random subset of them (a device may have
-// written any of its cached writes: RandomSubset...).
+// area loses the writes since the last fdatasync (powercut::ApplyDataCut):
+// all of them (LosingEvery...), or a seeded random subset of them (a device
+// may have written any of its cached writes: RandomSubset...).
 //
 // A third test keeps the whole index instead (WalWrittenBack...): the kernel
 // may write RocksDB's WAL back to the media at any moment, before any sync,
@@ -64,6 +64,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -72,11 +73,10 @@
 #include <set>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "mounted_volume.h"
-#include "spillfs/kvindex/powercut.h"
+#include "spillfs/testing/powercut.h"
 
 namespace spillfs::testing {
 namespace {
@@ -96,15 +96,6 @@ constexpr const char* kRamTier = "12M";
 // Flush batches this small keep several in flight, each mapped only after a
 // data sync that covers it (Filesystem::FlushChunks), within the small tier.
 constexpr const char* kFlushBatch = "1M";
-// The journal format of fs/store/block_store.h.
-constexpr const char* kJournalEnv = "SPILLFS_POWERCUT_JOURNAL";
-constexpr uint32_t kRecordMagic = 0x50434a31;
-struct RecordHeader {
-  uint32_t magic;
-  uint32_t reserved;
-  uint64_t offset;
-  uint64_t length;
-};
 
 uint64_t EnvU64(const char* name, uint64_t fallback) {
   const char* value = getenv(name);
@@ -129,27 +120,6 @@ bool WriteAll(int fd, const char* data, size_t size, off_t offset) {
     if (n <= 0) return false;
     done += static_cast<size_t>(n);
   }
-  return true;
-}
-
-// Reads a whole file; false (errno set) when it cannot be opened or read.
-bool ReadWhole(const std::string& path, std::string* out) {
-  int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) return false;
-  out->clear();
-  std::string buf(1 << 20, '\0');
-  for (;;) {
-    ssize_t n = read(fd, buf.data(), buf.size());
-    if (n < 0) {
-      int error = errno;
-      close(fd);
-      errno = error;
-      return false;
-    }
-    if (n == 0) break;
-    out->append(buf.data(), static_cast<size_t>(n));
-  }
-  close(fd);
   return true;
 }
 
@@ -469,97 +439,6 @@ class Writer {
   std::string early_failure_;
 };
 
-// What the cut did to the data area.
-struct DataCut {
-  uint64_t undone = 0;  // writes whose bytes were (at least partly) rolled back
-  uint64_t undone_bytes = 0;
-  uint64_t survived = 0;  // writes kept as the daemon issued them
-  uint64_t survived_bytes = 0;
-  bool torn_tail = false;  // a record cut short by the kill (its write was never issued)
-};
-
-// The power cut in the data area. The journal holds, oldest first, the
-// pre-image of every write that was not durable. Without `survive`, every one
-// is lost; with it, each write survives with probability 1/2 and the others
-// are lost. Each 4 KiB unit ends up holding what the newest surviving write
-// to it wrote (the pre-image of the next journaled write to it, or the
-// image's current bytes when there is none), or, when no write to it
-// survived, the pre-image of the oldest one (what was durable).
-DataCut ApplyDataCut(const std::string& journal, const std::string& image, std::mt19937_64* survive,
-                     std::string* error) {
-  DataCut cut;
-  std::string bytes;
-  if (!ReadWhole(journal, &bytes)) {
-    *error = "cannot read the journal " + journal + ": " + strerror(errno);
-    return cut;
-  }
-  struct Record {
-    uint64_t offset;
-    uint64_t length;
-    size_t at;  // pre-image in `bytes`
-    bool survives;
-  };
-  std::vector<Record> records;
-  for (size_t at = 0; at < bytes.size();) {
-    RecordHeader header;
-    if (bytes.size() - at < sizeof(header)) {
-      cut.torn_tail = true;
-      break;
-    }
-    std::memcpy(&header, bytes.data() + at, sizeof(header));
-    if (header.magic != kRecordMagic) {
-      *error = "journal record at " + std::to_string(at) + " has a bad magic";
-      return cut;
-    }
-    if (bytes.size() - at - sizeof(header) < header.length) {
-      cut.torn_tail = true;
-      break;
-    }
-    if (header.offset % kBlock != 0 || header.length % kBlock != 0) {
-      *error = "journal record at " + std::to_string(at) + " is not 4 KiB aligned";
-      return cut;
-    }
-    bool survives = survive != nullptr && (*survive)() % 2 == 0;
-    records.push_back({header.offset, header.length, at + sizeof(header), survives});
-    (survives ? cut.survived : cut.undone) += 1;
-    (survives ? cut.survived_bytes : cut.undone_bytes) += header.length;
-    at += sizeof(header) + header.length;
-  }
-  // Unit -> the records that wrote it, oldest first.
-  std::unordered_map<uint64_t, std::vector<uint32_t>> writers;
-  for (uint32_t i = 0; i < records.size(); ++i) {
-    for (uint64_t u = records[i].offset / kBlock; u < (records[i].offset + records[i].length) / kBlock; ++u) {
-      writers[u].push_back(i);
-    }
-  }
-  int fd = open(image.c_str(), O_WRONLY);
-  if (fd < 0) {
-    *error = "cannot open " + image + ": " + strerror(errno);
-    return cut;
-  }
-  for (const auto& [unit, list] : writers) {
-    // The newest surviving writer, and the record after it.
-    size_t keep = list.size();  // index in list of the first record whose write is lost for good
-    for (size_t i = list.size(); i-- > 0;) {
-      if (records[list[i]].survives) {
-        keep = i + 1;
-        break;
-      }
-      keep = 0;
-    }
-    if (keep == list.size()) continue;           // the newest write survived: the image holds it
-    const Record& source = records[list[keep]];  // its pre-image is what the unit holds
-    const char* data = bytes.data() + source.at + (unit * kBlock - source.offset);
-    if (!WriteAll(fd, data, kBlock, static_cast<off_t>(unit * kBlock))) {
-      *error = "cannot write " + image + ": " + strerror(errno);
-      break;
-    }
-  }
-  if (fsync(fd) != 0 && error->empty()) *error = "fsync of " + image + ": " + strerror(errno);
-  close(fd);
-  return cut;
-}
-
 struct FsckResult {
   int rc = -1;
   std::string output;
@@ -744,11 +623,11 @@ FileCheck CheckFile(const std::string& mounted_path, const std::vector<Version>&
 class JournalEnv {
  public:
   JournalEnv(const std::string& data, const std::string& index) {
-    setenv(kJournalEnv, data.c_str(), 1);
+    setenv(powercut::kDataJournalEnv, data.c_str(), 1);
     setenv(powercut::kIndexJournalEnv, index.c_str(), 1);
   }
   ~JournalEnv() {
-    unsetenv(kJournalEnv);
+    unsetenv(powercut::kDataJournalEnv);
     unsetenv(powercut::kIndexJournalEnv);
   }
 };
@@ -776,8 +655,9 @@ void RunIteration(uint64_t seed, DataLoss loss, IndexLoss index_loss, Totals* to
 
   std::unique_ptr<MountedVolume> volume;
   {
-    JournalEnv env(data_journal, index_journal);  // mkfs and the daemon, not later commands
+    JournalEnv env(data_journal, index_journal);  // the first daemon, not the remount after the cut
     MountedVolume::Options options;
+    options.daemon_binary = SPILLFS_FAULTY_BINARY;
     options.mount_args = {"--ram-tier", kRamTier, "--flush-batch", kFlushBatch};
     volume = std::make_unique<MountedVolume>(options);
   }
@@ -803,9 +683,11 @@ void RunIteration(uint64_t seed, DataLoss loss, IndexLoss index_loss, Totals* to
   totals->index_bytes_dropped += index_cut->bytes_dropped;
   std::string error;
   std::mt19937_64 survive(seed * 7919 + 17);
-  DataCut data_cut =
-      ApplyDataCut(data_journal, volume->volume() + "/data.img", loss == DataLoss::kAll ? nullptr : &survive, &error);
-  ASSERT_EQ(error, "");
+  auto cut = powercut::ApplyDataCut(
+      data_journal, volume->volume() + "/data.img",
+      loss == DataLoss::kAll ? std::function<bool()>() : [&survive] { return survive() % 2 == 0; });
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  const powercut::DataCut& data_cut = *cut;
   totals->data_undone += data_cut.undone;
   totals->data_undone_bytes += data_cut.undone_bytes;
   totals->data_survived += data_cut.survived;

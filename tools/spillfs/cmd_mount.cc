@@ -63,6 +63,7 @@ struct MountArgs {
   unsigned lock_wait_s = 30;  // how long to wait for a daemon still finishing an unmount
   int lock_fd = -1;           // the volume lock, taken before the fork and handed to Volume::Open
   FilesystemOptions fs_options;
+  DaemonHooks hooks;  // none in the product (commands.h)
 };
 
 // Takes the volume's lock, polling every `interval` for up to `wait_s` while
@@ -145,12 +146,13 @@ int Serve(const MountArgs& args, const std::function<void(const Status&)>& repor
   options.fuse_uring = args.fuse_uring;
   options.max_request_bytes = args.max_request_bytes;
   options.debug = args.debug;
-  auto volume = Volume::Open(args.volume, {.lock_fd = args.lock_fd});
+  auto volume = Volume::Open(args.volume, {.lock_fd = args.lock_fd, .wrappers = args.hooks.volume});
   if (!volume.ok()) {
     report(volume.status());
     return 1;
   }
   FilesystemOptions fs_options = args.fs_options;
+  fs_options.ram_tier_slab_fault = args.hooks.ram_tier_slab_fault;
   // Read-ahead windows of whole requests, as the kernel will send them.
   fs_options.read_request_bytes = FuseDaemon::RequestBytesFor(options, nullptr);
   auto fs = Filesystem::Open(std::move(*volume), fs_options);
@@ -317,8 +319,9 @@ int RunUmount(const std::string& path) {
 
 }  // namespace
 
-void RegisterMount(CLI::App& app, int* exit_code) {
+void RegisterMount(CLI::App& app, int* exit_code, const DaemonHooks& hooks) {
   auto args = std::make_shared<MountArgs>();
+  args->hooks = hooks;
   CLI::App* cmd = app.add_subcommand("mount", "Mount a volume (runs the FUSE daemon, in the background unless -f)");
   cmd->add_option("VOLUME", args->volume, "Volume directory made by spillfs mkfs")->required();
   cmd->add_option("MOUNTPOINT", args->mountpoint, "Existing empty directory to mount on")->required();

@@ -5,10 +5,26 @@
 
 #include <CLI/CLI.hpp>
 
+#include "spillfs/fs/fuse_daemon.h"
+#include "spillfs/fs/volume.h"
+
 namespace spillfs::cli {
 
+// Test seams of the mounted daemon. The spillfs binary leaves them empty; the
+// test-only spillfs-faulty (testing/spillfs_faulty_main.cc), built from these
+// same sources, fills them in: the power-cut journals around the volume, a
+// RAM tier that runs out of memory.
+struct DaemonHooks {
+  Volume::Wrappers volume = {};
+  BufferPool::SlabFault ram_tier_slab_fault = nullptr;
+};
+
+// The whole command line: parses argv and runs the subcommand; the exit
+// status.
+int Main(int argc, char** argv, const DaemonHooks& hooks = {});
+
 void RegisterMkfs(CLI::App& app, int* exit_code);
-void RegisterMount(CLI::App& app, int* exit_code);
+void RegisterMount(CLI::App& app, int* exit_code, const DaemonHooks& hooks = {});
 void RegisterUmount(CLI::App& app, int* exit_code);
 void RegisterFsck(CLI::App& app, int* exit_code);
 void RegisterStat(CLI::App& app, int* exit_code);

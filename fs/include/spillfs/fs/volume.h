@@ -4,6 +4,7 @@
 // VOLUME/lock, so a volume is mounted (or inspected) by one process at a time.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -26,6 +27,18 @@ class Volume {
     bool checksums = true;
     bool dedup = true;
   };
+  // What a test puts around the volume's parts when it is opened read-write,
+  // as RocksDB's tests put FaultInjectionTestFS around a FileSystem: the
+  // power-cut simulation's journals (testing/include/spillfs/testing/powercut.h),
+  // handed in by the test-only daemon spillfs-faulty. The product sets none.
+  struct Wrappers {
+    // Takes the opened data area and returns what the volume uses instead.
+    std::function<Result<std::unique_ptr<BlockStore>>(std::unique_ptr<BlockStore>)> data_area = nullptr;
+    // The file system RocksDB opens the index at `index_dir` through
+    // (Index::Options::file_system).
+    std::function<Result<std::shared_ptr<rocksdb::FileSystem>>(const std::string& index_dir)> index_file_system =
+        nullptr;
+  };
   struct OpenOptions {
     bool read_only = false;  // inspection: no writes, index opened read-only
     // A lock on this volume that the caller took (LockVolume) and hands over,
@@ -34,6 +47,7 @@ class Volume {
     // takes the lock itself. The volume owns it from the call on, failed
     // or not.
     int lock_fd = -1;
+    Wrappers wrappers = {};  // ignored when read_only
   };
 
   ~Volume();

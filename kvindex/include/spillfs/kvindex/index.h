@@ -25,6 +25,7 @@
 namespace rocksdb {
 class DB;
 class Env;
+class FileSystem;
 class ColumnFamilyHandle;
 class WriteBatch;
 class Iterator;
@@ -43,6 +44,11 @@ class Index {
   struct Options {
     bool create = false;     // create a new, empty index; fail if one exists
     bool read_only = false;  // open without taking RocksDB's lock (inspection)
+    // The file system RocksDB reaches the index's files through; null: the
+    // local one. A seam for tests, as RocksDB's own Env is: the power-cut
+    // simulation passes a wrapper that journals what is durable
+    // (testing/include/spillfs/testing/powercut.h). The product leaves it null.
+    std::shared_ptr<rocksdb::FileSystem> file_system = nullptr;
   };
 
   // A group of changes committed atomically.
@@ -95,8 +101,6 @@ class Index {
   Index(const Index&) = delete;
   Index& operator=(const Index&) = delete;
 
-  // With SPILLFS_POWERCUT_INDEX_JOURNAL set, a read-write open journals what
-  // is durable for the power-cut simulation (spillfs/kvindex/powercut.h).
   static Result<std::unique_ptr<Index>> Open(const std::string& path, const Options& options);
 
   // Returns NotFound (ENOENT) when the key is absent.
@@ -133,7 +137,7 @@ class Index {
   rocksdb::ColumnFamilyHandle* Handle(Family family) const;
   void NoteDurable(uint64_t commit);
 
-  std::unique_ptr<rocksdb::Env> env_;  // the power-cut journal's, or null; outlives db_
+  std::unique_ptr<rocksdb::Env> env_;  // over Options::file_system, or null; outlives db_
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   bool read_only_ = false;

@@ -1,5 +1,24 @@
-#include "powercut_fs.h"
-
+// The index side of the power-cut simulation: the RocksDB FileSystem wrapper
+// and ApplyIndexCut (spillfs/testing/powercut.h says what it models and what
+// it does not).
+//
+// Every operation is passed to the wrapped FileSystem unchanged; for files
+// under the index directory the wrapper also appends one line to the journal
+// after the operation succeeded (one write(2) each, O_APPEND, so it survives
+// a SIGKILL of the writer; it is the observer, not part of the simulated
+// machine):
+//
+//   N <tab> name                 created or truncated by NewWritableFile
+//   S <tab> size <tab> name      a Sync / Fsync of it returned: `size` bytes durable
+//   T <tab> size <tab> name      truncated to `size`
+//   R <tab> from <tab> to        renamed (ReuseWritableFile too, followed by N)
+//   L <tab> from <tab> to        hard-linked
+//   D <tab> name                 deleted
+//   U <tab> name                 no longer followed (opened as a random-access
+//                                writable file, or renamed in from elsewhere)
+//
+// Names are relative to the index directory. A line cut short by a kill has
+// no newline and is ignored by ApplyIndexCut.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -12,10 +31,15 @@
 #include <map>
 #include <optional>
 
-#include "spillfs/kvindex/powercut.h"
+#include <rocksdb/file_system.h>
+
+#include "journal_file.h"
+#include "spillfs/testing/powercut.h"
 
 namespace spillfs::powercut {
 namespace {
+
+using internal::Errno;
 
 using rocksdb::FileOptions;
 using rocksdb::FSRandomRWFile;
@@ -231,11 +255,6 @@ class JournalingFileSystem : public rocksdb::FileSystemWrapper {
   std::shared_ptr<Journal> journal_;
 };
 
-Status Errno(const std::string& what) {
-  int error = errno;
-  return Status::Error(error, fmt::format("{}: {}", what, strerror(error)));
-}
-
 }  // namespace
 
 Result<std::shared_ptr<rocksdb::FileSystem>> NewJournalingFileSystem(std::shared_ptr<rocksdb::FileSystem> base,
@@ -247,23 +266,14 @@ Result<std::shared_ptr<rocksdb::FileSystem>> NewJournalingFileSystem(std::shared
       std::make_shared<JournalingFileSystem>(std::move(base), dir, std::make_shared<Journal>(fd)));
 }
 
+Result<std::shared_ptr<rocksdb::FileSystem>> NewJournalingFileSystem(const std::string& dir,
+                                                                     const std::string& journal) {
+  return NewJournalingFileSystem(rocksdb::FileSystem::Default(), dir, journal);
+}
+
 Result<IndexCut> ApplyIndexCut(const std::string& journal, const std::string& index_dir) {
-  int fd = open(journal.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno("cannot open the power-cut index journal " + journal);
   std::string text;
-  char buffer[1 << 16];
-  for (;;) {
-    ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      Status s = Errno("cannot read " + journal);
-      close(fd);
-      return s;
-    }
-    if (n == 0) break;
-    text.append(buffer, static_cast<size_t>(n));
-  }
-  close(fd);
+  SPILLFS_RETURN_IF_ERROR(internal::ReadWholeFile(journal, &text).WithContext("the power-cut index journal"));
 
   // Replay: name -> durable length; -1 for a file never synced.
   std::map<std::string, int64_t> durable;
