@@ -220,6 +220,22 @@ def test_padding_is_a_hole(tmp_path):
     assert_same(obj, torch.load(tmp_path / "h.pt"))
 
 
+def test_records_without_crc32_are_read_by_torch(tmp_path):
+    """crc32=False writes 0 for every CRC-32 (as CUDA storages moved by the
+    library get by default): torch.load does not check them, zipfile does."""
+    obj = {"a": torch.randn(300000), "b": torch.arange(7)}
+    r = spillfs.save(obj, tmp_path / "n.pt", crc32=False)
+    assert r.crc32_skipped == 5  # data.pkl, byteorder, two storages, version
+    assert_same(obj, torch.load(tmp_path / "n.pt"))
+    assert_same(obj, spillfs.load(tmp_path / "n.pt"))
+    with zipfile.ZipFile(tmp_path / "n.pt") as z:
+        assert z.testzip() is not None
+    r = spillfs.save(obj, tmp_path / "y.pt", crc32=True)
+    assert r.crc32_skipped == 0
+    with zipfile.ZipFile(tmp_path / "y.pt") as z:
+        assert z.testzip() is None
+
+
 def test_file_objects_and_legacy_format(tmp_path):
     obj = {"w": torch.randn(100, 1000), "b": torch.arange(5)}
     buf = io.BytesIO()

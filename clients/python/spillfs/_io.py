@@ -224,6 +224,10 @@ class NativeFile:
         return self._submit(self.lib.spill_file_read_segments, segments, stream, "read")
 
     def pread(self, offset, length):
+        """Up to `length` bytes at `offset` (short at the end of the file, as os.pread)."""
+        length = max(0, min(length, self.size - offset))
+        if length == 0:
+            return b""
         buf = ctypes.create_string_buffer(length)
         self.read([Segment(ctypes.addressof(buf), length, offset, -1)]).wait()
         return buf.raw

@@ -239,9 +239,10 @@ def _finish_rename(tmp, path, report):
 
 
 def _named(e, path):
-    """The OSError `e`, naming the file the caller gave (not the temporary one)."""
+    """The OSError `e`, naming the file the caller gave (not the temporary one),
+    as the OSError subclass Python picks for its errno (FileNotFoundError...)."""
     if isinstance(e, OSError) and e.errno:
-        named = type(e)(e.errno, e.strerror or os.strerror(e.errno), path)
+        named = OSError(e.errno, e.strerror or os.strerror(e.errno), path)
         named.__cause__ = e
         return named
     return e
