@@ -1,0 +1,135 @@
+#!/usr/bin/python3
+"""The main job on a mounted volume: what a trainer gets from spillfs.
+
+Run by tools/demo.sh (which mounts the default volume); by hand:
+
+    PYTHONPATH=clients/python SPILLFS_CLIENT_LIB=build/lib/libspillfs_client.so \
+        /usr/bin/python3 tools/demo.py /mnt/spill --spillfs build/bin/spillfs
+
+1. Checkpoints: a model's state_dict and optimizer state saved with
+   spillfs.save into the mount, read back by plain torch.load (bit for bit),
+   then step 2's checkpoint of a fine-tune whose base is frozen: the volume
+   maps the unchanged units by reference, and `spillfs stat` shows it.
+
+Tensors are on the GPU where there is one, else on the CPU.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import torch
+
+import spillfs
+
+
+def stat(spillfs_bin, mount):
+    out = subprocess.run([spillfs_bin, "stat", "--json", mount], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def mib(n):
+    return f"{n / (1 << 20):,.1f} MiB"
+
+
+def make_model(device):
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(24)])
+    head = torch.nn.Linear(1024, 16)
+    return torch.nn.Sequential(base, head).to(device)
+
+
+def checkpoint(model, opt, step):
+    return {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict()}
+
+
+def same(a, b):
+    """Bitwise equality of two nested checkpoint structures."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+            a.view(-1).view(torch.uint8) if a.numel() else a, b.view(-1).view(torch.uint8) if b.numel() else b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def checkpoints(mount, spillfs_bin, device):
+    print("== 1. checkpoints: spillfs.save into the mount, torch.load back, dedup of a fine-tune ==")
+    workdir = os.path.join(mount, "demo")
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    model = make_model(device)
+    base, head = model[0], model[1]
+    for p in base.parameters():
+        p.requires_grad_(False)  # a fine-tune: the base is frozen, the head trains
+    opt = torch.optim.Adam(head.parameters(), lr=1e-3)
+
+    def train_step():
+        x = torch.randn(64, 1024, device=device)
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    train_step()
+    before = stat(spillfs_bin, mount)
+    first = os.path.join(workdir, "ckpt-1.pt")
+    ckpt1 = checkpoint(model, opt, 1)
+    r1 = spillfs.save(ckpt1, first)
+    after1 = stat(spillfs_bin, mount)
+    print(f"spillfs.save  {first}: {mib(r1.file_bytes)} in {r1.seconds['total']:.3f} s "
+          f"({r1.storages} storages, {r1.io_path or r1.backend}, written {mib(r1.bytes_written)}, "
+          f"shared {mib(r1.bytes_shared)})")
+
+    loaded = torch.load(first, map_location=device)
+    if not same(ckpt1, loaded):
+        sys.exit("torch.load of the file spillfs.save wrote differs from what was saved")
+    print(f"torch.load    {first}: identical to what was saved, bit for bit")
+
+    train_step()  # only the head and the optimizer state change
+    second = os.path.join(workdir, "ckpt-2.pt")
+    ckpt2 = checkpoint(model, opt, 2)
+    r2 = spillfs.save(ckpt2, second)
+    after2 = stat(spillfs_bin, mount)
+    print(f"spillfs.save  {second}: {mib(r2.file_bytes)} in {r2.seconds['total']:.3f} s "
+          f"(written {mib(r2.bytes_written)}, shared {mib(r2.bytes_shared)} by reference)")
+    if not same(ckpt2, spillfs.load(second, map_location=device)):
+        sys.exit("spillfs.load of the second checkpoint differs from what was saved")
+    print(f"spillfs.load  {second}: identical to what was saved")
+
+    grew1 = after1["physical_bytes"] - before["physical_bytes"]
+    grew2 = after2["physical_bytes"] - after1["physical_bytes"]
+    print(f"spillfs stat: physical bytes +{mib(grew1)} for the first checkpoint, +{mib(grew2)} for the second; "
+          f"referenced {mib(after2['referenced_bytes'])}, physical {mib(after2['physical_bytes'])}, "
+          f"dedup ratio {after2['dedup_ratio']:.2f}")
+    os.unlink(first)
+    os.unlink(second)
+
+
+def _library():
+    from spillfs import _native
+    _native.segment_io()
+    return _native.library_path() or "absent (pure-Python I/O)"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mount", help="a mounted spillfs volume")
+    ap.add_argument("--spillfs", default="build/bin/spillfs", help="the spillfs command (for `spillfs stat`)")
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"spillfs {spillfs.__version__}, torch {torch.__version__}, tensors on {device}, "
+          f"client library {_library()}")
+    t0 = time.monotonic()
+    checkpoints(args.mount, args.spillfs, device)
+    print(f"done in {time.monotonic() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
