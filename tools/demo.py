@@ -47,11 +47,16 @@ def checkpoint(model, opt, step):
     return {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict()}
 
 
+def as_bytes(t):
+    t = t.detach().cpu().contiguous().reshape(-1)
+    return t.view(torch.uint8) if t.numel() and t.dtype != torch.bool else t
+
+
 def same(a, b):
     """Bitwise equality of two nested checkpoint structures."""
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-            a.view(-1).view(torch.uint8) if a.numel() else a, b.view(-1).view(torch.uint8) if b.numel() else b)
+        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
+                and torch.equal(as_bytes(a), as_bytes(b)))
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
@@ -87,7 +92,7 @@ def checkpoints(mount, spillfs_bin, device):
           f"({r1.storages} storages, {r1.io_path or r1.backend}, written {mib(r1.bytes_written)}, "
           f"shared {mib(r1.bytes_shared)})")
 
-    loaded = torch.load(first, map_location=device)
+    loaded = torch.load(first)  # each tensor back on the device it was saved from
     if not same(ckpt1, loaded):
         sys.exit("torch.load of the file spillfs.save wrote differs from what was saved")
     print(f"torch.load    {first}: identical to what was saved, bit for bit")
@@ -99,7 +104,7 @@ def checkpoints(mount, spillfs_bin, device):
     after2 = stat(spillfs_bin, mount)
     print(f"spillfs.save  {second}: {mib(r2.file_bytes)} in {r2.seconds['total']:.3f} s "
           f"(written {mib(r2.bytes_written)}, shared {mib(r2.bytes_shared)} by reference)")
-    if not same(ckpt2, spillfs.load(second, map_location=device)):
+    if not same(ckpt2, spillfs.load(second)):
         sys.exit("spillfs.load of the second checkpoint differs from what was saved")
     print(f"spillfs.load  {second}: identical to what was saved")
 

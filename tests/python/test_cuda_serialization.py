@@ -56,13 +56,18 @@ def _state():
     return state
 
 
+def _bytes(t):
+    """The tensor's elements as bytes (bitwise comparison: NaNs and -0.0 included)."""
+    t = t.detach().cpu().contiguous().reshape(-1)
+    return t.view(torch.uint8) if t.numel() and t.dtype != torch.bool else t
+
+
 def _same(a, b):
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor)
         assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
         assert a.device == b.device, (a.device, b.device)
-        assert torch.equal(a.cpu().view(torch.uint8) if a.numel() and a.dtype != torch.bool else a.cpu(),
-                           b.cpu().view(torch.uint8) if b.numel() and b.dtype != torch.bool else b.cpu())
+        assert torch.equal(_bytes(a), _bytes(b))
         return
     if isinstance(a, dict):
         assert a.keys() == b.keys()
