@@ -8,6 +8,7 @@ packages=(
   libcli11-dev libfmt-dev nlohmann-json3-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   attr xfsprogs
+  help2man dpkg-dev  # the man page and the .deb (cpack, dpkg-shlibdeps)
   python3-pytest python3-numpy python3-torch
   clang-14 libclang-rt-14-dev  # the fuzz smoke run (tools/run-fuzz.sh, ctest label fuzz)
 )

@@ -23,6 +23,13 @@ struct DaemonHooks {
 // status.
 int Main(int argc, char** argv, const DaemonHooks& hooks = {});
 
+// mount.fuse.spillfs, the helper of mount(8) (mount_helper.cc): turns
+// `VOLUME MOUNTPOINT -o name=value,...` into `spillfs mount` and runs it.
+int MountHelperMain(int argc, char** argv, const DaemonHooks& hooks = {});
+
+// Whether argv[0] names the mount helper (mount.fuse.spillfs, mount.spillfs).
+bool IsMountHelperName(const char* argv0);
+
 void RegisterMkfs(CLI::App& app, int* exit_code);
 void RegisterMount(CLI::App& app, int* exit_code, const DaemonHooks& hooks = {});
 void RegisterUmount(CLI::App& app, int* exit_code);

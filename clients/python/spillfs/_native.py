@@ -3,8 +3,9 @@
 The library is looked for, in order, at:
 
 1. ``$SPILLFS_CLIENT_LIB`` (a path to the .so; when set, nothing else is tried),
-2. ``build/lib/libspillfs_client.so`` of the source tree this package sits in,
-3. ``libspillfs_client.so`` beside this package (``spillfs/lib/``),
+2. ``libspillfs_client.so`` beside this package (``spillfs/lib/``, where
+   ``cmake --install`` links the installed library),
+3. ``build/lib/libspillfs_client.so`` of the source tree this package sits in,
 4. the dynamic loader's search path (e.g. after ``cmake --install``).
 
 A library that answers ``spill_version()`` with another version than this
@@ -76,9 +77,9 @@ def _candidates():
         yield env
         return
     here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "lib", "libspillfs_client.so")
     # clients/python/spillfs -> repository root -> build/lib
     yield os.path.normpath(os.path.join(here, "..", "..", "..", "build", "lib", "libspillfs_client.so"))
-    yield os.path.join(here, "lib", "libspillfs_client.so")
     yield "libspillfs_client.so"
 
 
