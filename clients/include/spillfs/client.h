@@ -260,6 +260,22 @@ SPILL_API const char* spill_version(void);
  * Returns 0, or -EINVAL for an unknown key or a bad value. Any thread. */
 SPILL_API int spill_config_set(const char* key, uint64_t value);
 
+/* Batched random row reads from a segment file, for feature tables (the data
+ * of a .npy, a raw row-major file): row i of `rows` is the `row_bytes` bytes
+ * at data_offset + rows[i] * row_bytes, copied to out + i * row_bytes (host
+ * memory, any alignment). Rows may repeat and come in any order; the 4 KiB
+ * blocks they touch are read once, neighbouring blocks merged into I/Os of up
+ * to 128 KiB, all in flight at once on the calling thread's io_uring. Any
+ * backend: on the direct path by the file's layout with every block verified
+ * (the layout kept by the handle's client, taken anew once on a checksum
+ * mismatch); elsewhere O_DIRECT, or buffered where the file system refuses
+ * it. Every row must lie within the file (else -ERANGE naming the first that
+ * does not, and nothing is read). Fills *stats when not NULL (bytes: rows
+ * asked; io_bytes, ios: what storage moved). Returns 0 or -errno. Any thread,
+ * concurrently on one handle. */
+SPILL_API int spill_file_read_rows(spill_file* file, uint64_t data_offset, uint64_t row_bytes, const int64_t* rows,
+                                   size_t n, void* out, spill_io_stats* stats);
+
 #ifdef __cplusplus
 }
 #endif
