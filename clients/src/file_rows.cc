@@ -40,8 +40,8 @@ constexpr unsigned kRowsQueueDepth = 128;
 
 // The rows of one call in file order, and the block runs they need.
 struct RowPlan {
-  std::vector<uint32_t> order;  // positions in the caller's arrays, by file offset
-  std::vector<uint64_t> starts;  // file offset of each row in `order`'s order
+  std::vector<uint32_t> order;                      // positions in the caller's arrays, by file offset
+  std::vector<uint64_t> starts;                     // file offset of each row in `order`'s order
   std::vector<std::pair<uint64_t, uint64_t>> runs;  // block-aligned file ranges
   uint64_t row_bytes = 0;
   char* out = nullptr;
