@@ -342,3 +342,36 @@ def test_cuda_concurrent_gathers_from_several_streams(tmp_path):
     assert s["requests"] == 4 * 10 * 800
     assert s["requests"] == s["gpu_hits"] + s["hot_hits"] + s["victim_hits"] + s["storage_rows"]
     assert s["gpu_hits"] > 0 and s["hot_hits"] > 0
+
+
+def test_the_library_reads_a_mount_by_the_direct_path(mount):
+    from spillfs import _native
+    if _native.segment_io() is None:
+        pytest.skip("no libspillfs_client (set SPILLFS_CLIENT_LIB)")
+    path, a = table(mount, "direct.npy", 3000, 100, np.float32)
+    fs = FeatureStore(path, host_bytes=16 * 4096)
+    assert fs.reader.backend == "direct_path"
+    check_gathers(fs, a)
+    s = fs.stats()
+    assert s["ssd_reads"] > 0 and s["ssd_bytes"] >= s["ssd_reads"] * 4096
+
+
+def test_hybrid_hits_more_than_lru_and_static_on_sampled_batches(tmp_path):
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                    "tools", "bench"))
+    import gnn_graph
+    d = str(tmp_path)
+    gnn_graph.generate(d, 13, 16, 256, torch.float32, device="cpu")
+    indptr = torch.from_numpy(np.load(os.path.join(d, "indptr.npy")))
+    indices = torch.from_numpy(np.load(os.path.join(d, "indices.npy")))
+    gen = torch.Generator().manual_seed(1)
+    batches = [gnn_graph.sample(indptr, indices, torch.randint(0, 1 << 13, (64,), generator=gen), [10, 5],
+                                generator=gen)[0] for _ in range(20)]
+    score = reverse_pagerank(indptr, indices)
+    rates = {}
+    for policy in _line_cache.POLICIES:
+        fs = FeatureStore(os.path.join(d, "feat.npy"), host_bytes=200 * 4096, policy=policy, window=4, score=score,
+                          victim_bytes=0)
+        rates[policy] = run_batches(fs, batches, 4)["hit_rate"]
+    assert rates["hybrid"] > rates["lru"] and rates["hybrid"] > rates["static"], rates

@@ -12,10 +12,12 @@ must come in, picks the slots to free:
   rows': degree, reverse PageRank or the caller's); a missing line comes in
   only where it outscores the line it would evict, so the cache converges to
   the top lines and stays there.
-- ``hybrid``: static score plus next reuse from the look-ahead window (the
-  batches given to ``prefetch``): lines the window does not need go first,
-  lowest score then least recent; then lines the window needs, farthest
-  reuse first (what Belady would do within the window).
+- ``hybrid``: static score plus reuse from the look-ahead window (the
+  batches given to ``prefetch``): a line's value is the number of window
+  batches that use it plus its score's rank among all lines (in [0, 1));
+  the lowest value goes first (least recent among equals), and a missing
+  line comes in only over a lower value. So lines the window needs stay,
+  and between lines it does not need the static score decides.
 
 Lines of the batch being served are never evicted for it (they are its
 hits), and hot lines (held by the hot-node buffer) never enter the cache.
@@ -52,6 +54,15 @@ class Window:
         if self.batches:
             self.batches.popleft()
 
+    def reuse_count(self, lines):
+        """How many of the window's batches use each line."""
+        lines = np.asarray(lines, dtype=np.int64)
+        out = np.zeros(len(lines), dtype=np.int64)
+        for batch in list(self.batches)[:self.size]:
+            if len(batch):
+                out += np.isin(lines, batch)
+        return out
+
     def next_reuse(self, lines):
         """Batches until each line is used again within the window (1: the next
         batch); ``_FAR`` where the window does not use it."""
@@ -80,6 +91,11 @@ class LineDirectory:
         self.score = (np.zeros(self.n_lines, dtype=np.float64) if line_score is None
                       else np.asarray(line_score, dtype=np.float64))
         self.evictions = 0
+        self.window_weight = 1.0  # hybrid: value of one window use against the whole score range
+        # hybrid: a line's score as its rank among all lines, in [0, 1)
+        order = np.argsort(self.score, kind="stable")
+        self.score_rank = np.empty(self.n_lines, dtype=np.float64)
+        self.score_rank[order] = np.arange(self.n_lines) / max(1, self.n_lines)
 
     def lookup(self, lines):
         return self.slot_of_line[lines]
@@ -102,8 +118,14 @@ class LineDirectory:
             return slots, np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
         free = np.flatnonzero(self.line_of_slot < 0)
         order = np.arange(len(lines))
+        use_window = window is not None and len(window.batches) > 0
         if self.policy == "static" and len(lines) > len(free):
             order = np.argsort(-self.score[lines], kind="stable")  # best lines first
+        elif self.policy == "hybrid":
+            new_value = self.score_rank[lines]
+            if use_window:
+                new_value = new_value + self.window_weight * window.reuse_count(lines)
+            order = np.argsort(-new_value, kind="stable")  # best lines first
         take = min(len(free), len(lines))
         slots[order[:take]] = free[:take]
         rest = order[take:]
@@ -121,22 +143,19 @@ class LineDirectory:
                 rank = np.lexsort((cand, self.last_use[cand]))
             elif self.policy == "static":
                 rank = np.lexsort((self.last_use[cand], self.score[cand_lines]))
-            else:  # hybrid: not reused first (score, recency), then farthest reuse first
-                reused = cand_reuse != _FAR
-                rank = np.lexsort((self.last_use[cand], self.score[cand_lines],
-                                   np.where(reused, -cand_reuse, 0), reused))
+            else:  # hybrid: value = uses in the window + score rank; lowest value first, then least recent
+                cand_value = self.score_rank[cand_lines]
+                if use_window:
+                    cand_value = cand_value + self.window_weight * window.reuse_count(cand_lines)
+                rank = np.lexsort((self.last_use[cand], cand_value))
             n = min(len(rest), len(cand))
             victims = cand[rank[:n]]
             chosen = rest[:n]
             victim_reuse = cand_reuse[rank[:n]]
             if self.policy == "static":  # only where the new line outscores its victim
                 better = self.score[lines[chosen]] > self.score[self.line_of_slot[victims]]
-            elif self.policy == "hybrid" and window is not None and window.batches:
-                # Never a line the window reuses for one it reuses later (or not at all).
-                new_reuse = window.next_reuse(lines[chosen])
-                new_order = np.argsort(new_reuse, kind="stable")  # nearest reuse gets the first victims
-                chosen, new_reuse = chosen[new_order], new_reuse[new_order]
-                better = (victim_reuse == _FAR) | (new_reuse < victim_reuse)
+            elif self.policy == "hybrid":  # only over a lower value (best new lines, worst victims)
+                better = new_value[chosen] > cand_value[rank[:n]]
             else:
                 better = np.ones(n, dtype=bool)
             victims, chosen, victim_reuse = victims[better], chosen[better], victim_reuse[better]
