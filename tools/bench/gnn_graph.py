@@ -8,7 +8,8 @@ int64): the CSR of an RMAT graph with Graph500's parameters (a, b, c, d) =
 (0.57, 0.19, 0.19, 0.05), 2^scale nodes, edge_factor x 2^scale edges (self
 loops and duplicates kept, node ids permuted so hubs are spread), and
 DIR/feat.npy: the (n, width) feature table, a 2-D C-order .npy whose row i
-is a function of i (``expected_rows``: checkable without reading the file).
+is a function of i (``expected_rows``: checkable without reading the file),
+its header padded so the rows start at byte 4096 (block aligned).
 Generation runs on the GPU where there is one (torch ops), in chunks.
 
 ``sample(indptr, indices, seeds, fanouts)``: uniform neighbour sampling with
@@ -72,11 +73,23 @@ def expected_rows(rows, width, dtype):
     return (v % 127).to(dtype)
 
 
+def npy_header(header, data_offset=4096):
+    """A version 1.0 .npy header padded so the data starts at ``data_offset``
+    (rows aligned to 4 KiB blocks: a 4 KiB line is one block read, not two);
+    np.load reads it as any other."""
+    text = "{" + ", ".join(f"'{k}': {header[k]!r}" for k in ("descr", "fortran_order", "shape")) + ", }"
+    body = data_offset - 10
+    if len(text) + 1 > body or body > 65535:
+        raise ValueError("header does not fit")
+    text = text + " " * (body - len(text) - 1) + "\n"
+    return b"\x93NUMPY\x01\x00" + body.to_bytes(2, "little") + text.encode("latin1")
+
+
 def write_table(path, n, width, dtype, device, chunk_bytes=256 << 20):
     npdt = torch.empty(0, dtype=dtype).numpy().dtype
     header = {"descr": np.lib.format.dtype_to_descr(npdt), "fortran_order": False, "shape": (n, width)}
     with open(path, "wb") as f:
-        np.lib.format.write_array_header_1_0(f, header)
+        f.write(npy_header(header, 4096))
         rows_per_chunk = max(1, chunk_bytes // (width * npdt.itemsize))
         for start in range(0, n, rows_per_chunk):
             stop = min(n, start + rows_per_chunk)

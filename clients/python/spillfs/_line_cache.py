@@ -200,24 +200,18 @@ class VictimBuffer:
 
     def place(self, lines, reuse):
         """Slots for the evicted ``lines`` reused within the window (``reuse`` !=
-        _FAR), nearest reuse first; -1 for those not kept. Where the buffer is
-        full, an entry of farther reuse makes room."""
+        _FAR), nearest reuse first, while slots are free; -1 for those not kept."""
         lines = np.asarray(lines, dtype=np.int64)
         reuse = np.asarray(reuse, dtype=np.int64)
         out = np.full(len(lines), -1, dtype=np.int64)
-        if self.capacity == 0:
+        if self.capacity == 0 or not self.free:
             return out
         for i in np.argsort(reuse, kind="stable"):
-            if reuse[i] == _FAR:
+            if reuse[i] == _FAR or not self.free:
                 break
             line = int(lines[i])
-            if not self.free:
-                far = max(self.reuse, key=self.reuse.get, default=None)
-                if far is None or self.reuse[far] <= reuse[i]:
-                    continue
-                self.free.append(self.slot_of_line.pop(far))
-                del self.reuse[far]
-                self.dropped += 1
+            if line in self.slot_of_line:
+                continue
             slot = self.free.pop()
             self.slot_of_line[line] = slot
             self.reuse[line] = int(reuse[i])

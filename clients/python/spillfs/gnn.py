@@ -348,6 +348,14 @@ class FeatureStore:
         lines = np.asarray(lines, dtype=np.int64)
         r = (lines[:, None] * rpl + np.arange(rpl)[None, :]).reshape(-1)
         valid = r < rows
+        target = None
+        if into is not None and len(into[1]) and into[1][-1] - into[1][0] == len(into[1]) - 1:
+            target = into[0][into[1][0]:into[1][-1] + 1]  # a contiguous run of lines
+        elif out is not None:
+            target = out
+        if target is not None and valid.all() and target.flags.c_contiguous:
+            self.reader.read(r, out=target.reshape(-1))  # straight into place (pinned staging)
+            return target
         data = self.reader.read(r[valid]).reshape(-1, rb)
         buf = np.zeros((len(lines) * rpl, rb), dtype=np.uint8)
         buf[valid] = data
