@@ -375,3 +375,45 @@ def test_hybrid_hits_more_than_lru_and_static_on_sampled_batches(tmp_path):
                           victim_bytes=0)
         rates[policy] = run_batches(fs, batches, 4)["hit_rate"]
     assert rates["hybrid"] > rates["lru"] and rates["hybrid"] > rates["static"], rates
+
+
+@pytest.mark.parametrize("policy", _line_cache.POLICIES)
+def test_gpu_tiers_on_an_emulated_cache(tmp_path, monkeypatch, policy):
+    """The CUDA path's orchestration (spillfs._gpu_cache) over fake_gpu_cache's
+    numpy emulation of spill_gpu_cache_*: CI checks it without a GPU."""
+    from spillfs import _gpu_cache
+    from spillfs.gnn import _Stats
+    import fake_gpu_cache
+    fake = fake_gpu_cache.FakeGpuCacheLibrary()
+    monkeypatch.setattr(_gpu_cache, "_library", lambda: fake)
+    rows, width = 3001, 64  # 16 rows a line, the last line partial
+    path, a = table(str(tmp_path), "emu.npy", rows, width, np.float32)
+    score = np.random.default_rng(9).random(rows)
+    fs = FeatureStore(path, host_bytes=64 * 4096, hot=200, score=score, window=3, policy=policy)
+    fs._tiers = _gpu_cache.GpuTiers(fs, 24 * 4096, 48 * 4096, None, fs._hot_lines(200, fs.row_score))
+    fs._stats = _Stats()
+    tiers = fs._tiers
+    tiers.staging = tiers.staging[:7]  # several fills a batch
+    assert len(tiers.hot_lines) > 0 and tiers.victims.capacity == 12
+    batches = [zipf(rows, 600, s) for s in range(15)] + [np.arange(rows)]
+    for b in batches[:3]:
+        fs.prefetch(b)
+    for i, b in enumerate(batches):
+        if i + 3 < len(batches):
+            fs.prefetch(batches[i + 3])
+        got = fs.gather(torch.from_numpy(b))
+        np.testing.assert_array_equal(got.numpy(), a[b])
+        tiers.directory.check(hot=tiers.hot_lines)
+        c = fake.caches[tiers.cache]
+        held = np.flatnonzero(c.slot_of_line >= 0)  # the emulated GPU directory = the host's
+        np.testing.assert_array_equal(np.sort(held), np.sort(tiers.directory.line_of_slot[
+            tiers.directory.line_of_slot >= 0]))
+    s = fs.stats()
+    assert s["requests"] == sum(len(b) for b in batches)
+    assert s["requests"] == s["gpu_hits"] + s["hot_hits"] + s["victim_hits"] + s["storage_rows"]
+    assert s["gpu_hits"] > 0 and s["hot_hits"] > 0 and s["storage_rows"] > 0
+    assert fake.calls["fill"] > fake.calls["gather"]  # staging of 7 lines: several fills a batch
+    if policy == "lru":
+        assert s["victims_stored"] > 0 and s["victim_hits"] > 0
+    with pytest.raises(IndexError, match="3001"):
+        fs.gather(torch.tensor([3001]))

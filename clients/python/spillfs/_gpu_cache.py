@@ -80,7 +80,9 @@ class GpuTiers:
         import torch
         self.lib = lib = _library()
         info, lb, rpl = store.info, store.line_bytes, store.rows_per_line
-        dev = store.device if store.device.index is not None else torch.device("cuda", torch.cuda.current_device())
+        dev = store.device
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
         store.device = dev
         self.device = dev
         n_cache = max(0, int(gpu_cache_bytes) // lb)
@@ -92,7 +94,7 @@ class GpuTiers:
         n_staging = int(min(store.n_lines, max(64, (64 << 20) // lb)))
         self.hot_lines = np.asarray(hot_lines[:n_hot], dtype=np.int64)
         shape = _Shape(info.row_bytes, info.rows, rpl, n_cache, n_hot, n_victim, n_staging)
-        self.cache = lib.spill_gpu_cache_create(dev.index, ctypes.byref(shape))
+        self.cache = lib.spill_gpu_cache_create(dev.index or 0, ctypes.byref(shape))
         if not self.cache:
             err = ctypes.get_errno() or 5
             raise _native.SpillError(err, f"cannot make the GPU feature cache: {_native.last_error()}", info.path)
@@ -133,7 +135,7 @@ class GpuTiers:
         if n == 0:
             return out
         stamp = store.stamp & 0xFFFFFFFF
-        stream = torch.cuda.current_stream(self.device).cuda_stream
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
         counts = _Counts()
         _native.check(lib.spill_gpu_cache_gather(self.cache, idx.data_ptr(), n, out.data_ptr(), stamp, stream,
                                                  ctypes.byref(counts)), "gathering rows", info.path)

@@ -384,7 +384,7 @@ class FeatureStore:
             st = self._stats
             self.stamp += 1
             self.window.pop()
-            if self.device.type == "cuda":
+            if not isinstance(self._tiers, _HostTiers):
                 out = self._tiers.gather(self, index, st)
             else:
                 idx = _as_index(index, self.info.rows)
