@@ -91,7 +91,7 @@ class GpuTiers:
             victim_bytes = host_bytes // 4 if store.window_size > 0 else 0
         n_victim = min(int(victim_bytes) // lb, budget)
         n_hot = min(len(hot_lines), budget - n_victim)
-        n_staging = int(min(store.n_lines, max(64, (64 << 20) // lb)))
+        n_staging = int(max(1, min(store.n_lines, max(64, (64 << 20) // lb))))
         self.hot_lines = np.asarray(hot_lines[:n_hot], dtype=np.int64)
         shape = _Shape(info.row_bytes, info.rows, rpl, n_cache, n_hot, n_victim, n_staging)
         self.cache = lib.spill_gpu_cache_create(dev.index or 0, ctypes.byref(shape))
