@@ -192,6 +192,37 @@ class GpuTiers:
                           "filling the GPU cache", info.path)
         return out
 
+    def restore_victims(self, store, st):
+        """LSM-GNN's preemptive victim prefetch: victim lines the next batch uses
+        go back into HBM now (one fill), ahead of it."""
+        lines = self.victims.needed_next(store.window)[:len(self.staging)]
+        if len(lines) == 0 or self.directory.capacity == 0:
+            return
+        if self.directory.capacity:
+            _native.check(self.lib.spill_gpu_cache_stamps(self.cache, self.stamps.ctypes.data), "reading stamps")
+            self.directory.last_use[:] = self.stamps
+        stamp = store.stamp & 0xFFFFFFFF
+        vslots = self.victims.take(lines)
+        slots, ev_lines, ev_slots, ev_reuse = self.directory.admit(lines, stamp, store.window)
+        admitted = slots >= 0
+        k = int(admitted.sum())
+        if k:
+            self.staging[:k] = self.victim_data[vslots[admitted]]
+        self.victims.release(vslots[admitted])
+        self.victims.put_back(lines[~admitted], vslots[~admitted])
+        vkeep = self.victims.place(ev_lines, ev_reuse) if len(ev_lines) else np.empty(0, np.int64)
+        st.evictions += len(ev_lines)
+        st.victims_stored += int((vkeep >= 0).sum())
+        staged = np.ascontiguousarray(lines[admitted])
+        install = np.ascontiguousarray(slots[admitted])
+        fill = _Fill(len(ev_lines), _ptr(ev_lines), _ptr(ev_slots), _ptr(vkeep), k, _ptr(staged), _ptr(install),
+                     0, None, None, None)
+        import torch
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+        _native.check(self.lib.spill_gpu_cache_fill(self.cache, ctypes.byref(fill), None, stamp, stream),
+                      "copying victims back", store.info.path)
+        st.victims_restored += k
+
     def close(self):
         if self.cache:
             self.lib.spill_gpu_cache_destroy(self.cache)

@@ -232,6 +232,19 @@ class VictimBuffer:
                 out[i] = slot
         return out
 
+    def needed_next(self, window):
+        """Lines held here that the window's next batch uses (to copy back ahead)."""
+        if not self.slot_of_line or not window.batches:
+            return np.empty(0, dtype=np.int64)
+        held = np.fromiter(self.slot_of_line.keys(), dtype=np.int64)
+        return held[np.isin(held, window.batches[0])]
+
+    def put_back(self, lines, slots):
+        """Lines taken but not used keep their slots (next reuse: the next batch)."""
+        for line, slot in zip(np.asarray(lines).tolist(), np.asarray(slots).tolist()):
+            self.slot_of_line[line] = slot
+            self.reuse[line] = 1
+
     def release(self, slots):
         self.free.extend(int(s) for s in slots if s >= 0)
 

@@ -127,7 +127,7 @@ def _as_index(index, rows, what="index"):
 class _Stats:
     FIELDS = ("gathers", "requests", "gpu_hits", "cache_hits", "hot_hits", "victim_hits", "storage_rows",
               "ssd_reads", "ssd_bytes", "stalls", "stall_seconds", "gather_seconds", "evictions",
-              "victims_stored", "victims_dropped", "prefetches")
+              "victims_stored", "victims_restored", "victims_dropped", "prefetches")
 
     def __init__(self):
         for f in self.FIELDS:
@@ -226,6 +226,28 @@ class _HostTiers:
             self.cache[slots[admitted]] = staged[admitted]
         self.victims.release(vslots[from_victim])
         return out
+
+    def restore_victims(self, store, st):
+        """LSM-GNN's preemptive victim prefetch: victim lines the next batch
+        uses go back into the cache now, ahead of it."""
+        lines = self.victims.needed_next(store.window)
+        if len(lines) == 0:
+            return
+        vslots = self.victims.take(lines)
+        slots, ev_lines, ev_slots, ev_reuse = self.directory.admit(lines, store.stamp, store.window)
+        st.evictions += len(ev_lines)
+        admitted = slots >= 0
+        data = self.victim_data[vslots[admitted]]  # before evictions may reuse the freed slots
+        self.victims.release(vslots[admitted])
+        self.victims.put_back(lines[~admitted], vslots[~admitted])
+        if len(ev_lines):
+            keep = self.victims.place(ev_lines, ev_reuse)
+            k = keep >= 0
+            if k.any():
+                self.victim_data[keep[k]] = self.cache[ev_slots[k]]
+                st.victims_stored += int(k.sum())
+        self.cache[slots[admitted]] = data
+        st.victims_restored += int(admitted.sum())
 
 
 class FeatureStore:
@@ -390,6 +412,7 @@ class FeatureStore:
                 idx = _as_index(index, self.info.rows)
                 out = self._to_tensor(self._tiers.gather(self, idx, st))
                 st.requests += len(idx)
+            self._tiers.restore_victims(self, st)  # ahead of the next batch
             self._tiers.victims.age(self.window)  # after the batch took what it needed
             st.gathers += 1
             st.victims_dropped = self._tiers.victims.dropped
@@ -422,7 +445,9 @@ class FeatureStore:
     def stats(self):
         """Counters since the store was made: rows asked (``requests``) and
         where they came from (``gpu_hits``, ``cache_hits``, ``hot_hits``,
-        ``victim_hits``, ``storage_rows``: these add up to ``requests``), storage
+        ``victim_hits``, ``storage_rows``: these add up to ``requests``;
+        ``victims_restored``: victim lines copied back ahead of the batch
+        that needs them, whose rows then count as cache hits), storage
         reads (``ssd_reads``, ``ssd_bytes``, ``read_amplification`` = SSD
         bytes / bytes of the rows read from storage), ``stalls`` (gathers that
         waited for storage) and ``stall_seconds``, ``evictions``,
