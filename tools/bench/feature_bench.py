@@ -182,7 +182,7 @@ def parent(a):
           f"memory.max {limit / GIB:.2f} GiB ({cgroup or why})", flush=True)
     contenders = a.contenders.split(",")
     try:
-        import torch_geometric  # noqa: F401
+        import torch_geometric  # noqa: F401,F811
     except ImportError:
         skipped = [c for c in contenders if c.startswith("train-")]
         if skipped:
@@ -264,7 +264,6 @@ def sage_model(width, hidden=256, classes=16):
 
 def child(a):
     join_cgroup()
-    from spillfs import _native
     from spillfs._table import RowReader, open_table
     from spillfs.gnn import FeatureStore, reverse_pagerank
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: a smoke run
@@ -274,13 +273,15 @@ def child(a):
     out = {"table": a.table}
     deadline = time.perf_counter() + a.seconds
     if c == "raw":
-        reader = RowReader(open_table(a.table, shape=(-1, 1024), dtype=np.float32, offset=4096))
+        reader = RowReader(open_table(a.table, shape=(-1, 1024), dtype=np.float32, offset=4096, raw=True))
         n_blocks = (os.path.getsize(a.table) - 4096) // 4096
         rng = np.random.default_rng(3)
         ios = 0
         t0 = time.perf_counter()
+        per_call = int(max(1, min(1 << 16, n_blocks // 64)))
         while time.perf_counter() < deadline:
-            rows = rng.integers(0, n_blocks, 1 << 16)
+            # Distinct blocks, none adjacent: every one a 4 KiB I/O of its own.
+            rows = np.unique(2 * rng.integers(0, max(1, n_blocks // 2), per_call))
             before = reader.ios
             reader.read(rows)
             ios += reader.ios - before

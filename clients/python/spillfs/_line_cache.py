@@ -222,12 +222,15 @@ class VictimBuffer:
     def take(self, lines):
         """Slots holding ``lines`` (-1 where not held); held ones leave the buffer
         (their slots are free once the caller has copied them out)."""
+        lines = np.asarray(lines, dtype=np.int64)
         out = np.full(len(lines), -1, dtype=np.int64)
-        if not self.slot_of_line:
+        if not self.slot_of_line or len(lines) == 0:
             return out
-        for i, line in enumerate(np.asarray(lines).tolist()):
+        held = np.fromiter(self.slot_of_line.keys(), dtype=np.int64, count=len(self.slot_of_line))
+        for i in np.flatnonzero(np.isin(lines, held)).tolist():
+            line = int(lines[i])
             slot = self.slot_of_line.pop(line, None)
-            if slot is not None:
+            if slot is not None:  # (a line given twice is taken once)
                 del self.reuse[line]
                 out[i] = slot
         return out

@@ -110,19 +110,20 @@ def _check_dtype(path, dtype):
         raise ValueError(f"{path}: dtype {dtype} has no size")
 
 
-def open_table(path, shape=None, dtype=None, offset=0):
+def open_table(path, shape=None, dtype=None, offset=0, raw=False):
     """Describes the table at ``path``.
 
     ``.npy`` files (found by their magic) need nothing more: the header says
     dtype and shape, which must be 2-D and C order (``shape``/``dtype``, when
     also given, must agree). Any other file is a raw row-major table: give
     ``dtype`` (numpy or torch) and ``shape`` (``(rows, width)``; ``rows`` may be
-    ``-1`` to take all whole rows after ``offset``)."""
+    ``-1`` to take all whole rows after ``offset``); ``raw=True`` reads a
+    ``.npy`` that way too (its header as bytes before ``offset``)."""
     path = os.fspath(path)
     with open(path, "rb") as f:
         magic = f.read(len(_MAGIC))
         size = os.fstat(f.fileno()).st_size
-        if magic == _MAGIC:
+        if magic == _MAGIC and not raw:
             f.seek(0)
             header, data_offset = _parse_npy_header(path, f)
             try:

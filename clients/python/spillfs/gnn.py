@@ -364,31 +364,29 @@ class FeatureStore:
 
     # -- I/O -------------------------------------------------------------
     def _read_lines(self, lines, out=None, into=None):
-        """Reads whole lines (the last one partial) into ``out`` (k, rpl, rb) or
-        into ``into = (array, positions)``."""
+        """Reads whole lines (the last one partial: its missing rows are left as
+        they were) into ``out`` (k, rpl, rb) or into ``into = (array, positions)``
+        (lines k go to array[positions[k]]); returns the array."""
         rpl, rb, rows = self.rows_per_line, self.info.row_bytes, self.info.rows
         lines = np.asarray(lines, dtype=np.int64)
+        if into is None:
+            if out is None:
+                out = np.empty((len(lines), rpl, rb), dtype=np.uint8)
+            into = (out, np.arange(len(lines)))
+        array, positions = into[0], np.asarray(into[1], dtype=np.int64)
+        if not array.flags.c_contiguous:
+            raise ValueError("lines are read into C-contiguous arrays only")
         r = (lines[:, None] * rpl + np.arange(rpl)[None, :]).reshape(-1)
         valid = r < rows
-        target = None
-        if into is not None and len(into[1]) and into[1][-1] - into[1][0] == len(into[1]) - 1:
-            target = into[0][into[1][0]:into[1][-1] + 1]  # a contiguous run of lines
-        elif out is not None:
-            target = out
-        if target is not None and valid.all() and target.flags.c_contiguous:
-            self.reader.read(r, out=target.reshape(-1))  # straight into place (pinned staging)
-            return target
+        contiguous = len(positions) and positions[-1] - positions[0] == len(positions) - 1
+        if contiguous and valid.all() and array.flags.c_contiguous:
+            # Straight into place (pinned staging on the GPU path).
+            self.reader.read(r, out=array[positions[0]:positions[-1] + 1].reshape(-1))
+            return array
         data = self.reader.read(r[valid]).reshape(-1, rb)
-        buf = np.zeros((len(lines) * rpl, rb), dtype=np.uint8)
-        buf[valid] = data
-        buf = buf.reshape(len(lines), rpl, rb)
-        if into is not None:
-            into[0][into[1]] = buf
-            return into[0]
-        if out is None:
-            return buf
-        out[...] = buf
-        return out
+        slots = (positions[:, None] * rpl + np.arange(rpl)[None, :]).reshape(-1)[valid]
+        array.reshape(-1, rb)[slots] = data
+        return array
 
     # -- the API -----------------------------------------------------------
     def _to_tensor(self, raw):
@@ -400,7 +398,6 @@ class FeatureStore:
     def gather(self, index):
         """Rows ``index`` of the table, a ``(len(index), width)`` tensor on the
         store's device (the index on the CPU or a GPU, any integer dtype)."""
-        torch = _torch()
         with self._lock:
             t0 = time.perf_counter()
             st = self._stats
