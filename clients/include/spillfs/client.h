@@ -337,8 +337,8 @@ SPILL_API void* spill_gpu_cache_host_buffer(spill_gpu_cache* cache, int which);
 SPILL_API int spill_gpu_cache_set_hot(spill_gpu_cache* cache, const int64_t* lines, size_t n);
 /* out (device, n x row_bytes) gets the rows `index` (device int64, each in
  * [0, rows)) that the GPU tiers hold; the others are posted to the ring. */
-SPILL_API int spill_gpu_cache_gather(spill_gpu_cache* cache, const int64_t* index, size_t n, void* out,
-                                     uint32_t stamp, uintptr_t stream, spill_gpu_gather_counts* counts);
+SPILL_API int spill_gpu_cache_gather(spill_gpu_cache* cache, const int64_t* index, size_t n, void* out, uint32_t stamp,
+                                     uintptr_t stream, spill_gpu_gather_counts* counts);
 SPILL_API int spill_gpu_cache_misses(spill_gpu_cache* cache, int64_t* rows, int64_t* positions, size_t n);
 SPILL_API int spill_gpu_cache_stamps(spill_gpu_cache* cache, uint32_t* out);
 SPILL_API int spill_gpu_cache_fill(spill_gpu_cache* cache, const spill_gpu_fill* fill, void* out, uint32_t stamp,
