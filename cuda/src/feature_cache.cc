@@ -222,6 +222,13 @@ Status FeatureCache::Stamps(uint32_t* out) const {
 
 Status FeatureCache::Fill(const FillPlan& plan, void* out, uint32_t stamp, uintptr_t stream) {
   if (plan.n_staged > shape_.staging_lines) return Status::Invalid("more staged lines than staging holds");
+  if ((plan.n_evicted > 0 && (plan.evicted_lines == nullptr || plan.evicted_slots == nullptr)) ||
+      (plan.n_staged > 0 && plan.staged_lines == nullptr) ||
+      (plan.n_entries > 0 &&
+       (plan.entry_rows == nullptr || plan.entry_positions == nullptr || plan.entry_staged == nullptr)) ||
+      (plan.n_entries > 0 && out == nullptr)) {
+    return Status::Invalid("a fill plan's array is missing");
+  }
   const uint64_t n_lines = shape_.lines();
   for (size_t k = 0; k < plan.n_evicted; ++k) {
     if (plan.evicted_slots[k] < 0 || static_cast<uint64_t>(plan.evicted_slots[k]) >= shape_.cache_lines ||
@@ -231,8 +238,8 @@ Status FeatureCache::Fill(const FillPlan& plan, void* out, uint32_t stamp, uintp
     }
   }
   for (size_t k = 0; k < plan.n_staged; ++k) {
-    if (plan.install_slots[k] >= static_cast<int64_t>(shape_.cache_lines) || plan.staged_lines[k] < 0 ||
-        static_cast<uint64_t>(plan.staged_lines[k]) >= n_lines) {
+    if ((plan.install_slots != nullptr && plan.install_slots[k] >= static_cast<int64_t>(shape_.cache_lines)) ||
+        plan.staged_lines[k] < 0 || static_cast<uint64_t>(plan.staged_lines[k]) >= n_lines) {
       return Status::Invalid("install out of range");
     }
   }
