@@ -260,6 +260,90 @@ SPILL_API const char* spill_version(void);
  * Returns 0, or -EINVAL for an unknown key or a bad value. Any thread. */
 SPILL_API int spill_config_set(const char* key, uint64_t value);
 
+/* Batched random row reads from a segment file, for feature tables (the data
+ * of a .npy, a raw row-major file): row i of `rows` is the `row_bytes` bytes
+ * at data_offset + rows[i] * row_bytes, copied to out + i * row_bytes (host
+ * memory, any alignment). Rows may repeat and come in any order; the 4 KiB
+ * blocks they touch are read once, neighbouring blocks merged into I/Os of up
+ * to 128 KiB, all in flight at once on the calling thread's io_uring. Any
+ * backend: on the direct path by the file's layout with every block verified
+ * (the layout kept by the handle's client, taken anew once on a checksum
+ * mismatch); elsewhere O_DIRECT, or buffered where the file system refuses
+ * it. Every row must lie within the file (else -ERANGE naming the first that
+ * does not, and nothing is read). Fills *stats when not NULL (bytes: rows
+ * asked; io_bytes, ios: what storage moved). Returns 0 or -errno. Any thread,
+ * concurrently on one handle. */
+SPILL_API int spill_file_read_rows(spill_file* file, uint64_t data_offset, uint64_t row_bytes, const int64_t* rows,
+                                   size_t n, void* out, spill_io_stats* stats);
+
+/* ---- GPU feature cache (spillfs.gnn.FeatureStore(device="cuda")) ----
+ *
+ * The mechanism of a GPU software cache of a feature table (rows grouped in
+ * lines of rows_per_line rows); the policy (what to keep, evict, park) is the
+ * caller's. Lines live in HBM; a hot-node buffer and a victim buffer in
+ * pinned, GPU-mapped host memory; staging in pinned memory. A batch:
+ * spill_gpu_cache_gather (a warp per row: an HBM line, else the hot buffer,
+ * else an entry of the request ring), then, for the rows that missed,
+ * spill_gpu_cache_misses (the ring), spill_gpu_cache_stamps (each slot's last
+ * use) and spill_gpu_cache_fill per staging load (the caller put the lines
+ * into staging: from the victim buffer, or read with spill_file_read_rows).
+ * All work runs on `stream` (a cudaStream_t) and is done when the call
+ * returns. -ENOTSUP in a build without CUDA, -ENODEV without the device. One
+ * thread at a time per cache. */
+typedef struct spill_gpu_cache spill_gpu_cache;
+
+typedef struct spill_gpu_cache_shape {
+  uint64_t row_bytes;
+  uint64_t rows;
+  uint64_t rows_per_line;
+  uint64_t cache_lines;   /* HBM */
+  uint64_t hot_lines;     /* pinned, mapped */
+  uint64_t victim_lines;  /* pinned, mapped */
+  uint64_t staging_lines; /* pinned; at least 1 */
+} spill_gpu_cache_shape;
+
+typedef struct spill_gpu_gather_counts {
+  uint64_t gpu_hits; /* rows from HBM lines */
+  uint64_t hot_hits; /* rows from the hot-node buffer */
+  uint64_t misses;   /* rows posted to the request ring */
+} spill_gpu_gather_counts;
+
+/* One fill: evictions (line evicted_lines[k] leaves slot evicted_slots[k];
+ * its bytes go to victim slot victim_slots[k] first where that is >= 0),
+ * then the first n_staged lines of staging go to the GPU: ring entry k (row
+ * entry_rows[k], in staged line entry_staged[k]) is copied to output row
+ * entry_positions[k], and staged line k is installed into slot
+ * install_slots[k] (-1: not kept). Arrays may be NULL where their count is 0
+ * (victim_slots and install_slots: none). */
+typedef struct spill_gpu_fill {
+  size_t n_evicted;
+  const int64_t* evicted_lines;
+  const int64_t* evicted_slots;
+  const int64_t* victim_slots;
+  size_t n_staged;
+  const int64_t* staged_lines;
+  const int64_t* install_slots;
+  size_t n_entries;
+  const int64_t* entry_rows;
+  const int64_t* entry_positions;
+  const int64_t* entry_staged;
+} spill_gpu_fill;
+
+SPILL_API spill_gpu_cache* spill_gpu_cache_create(int32_t device, const spill_gpu_cache_shape* shape);
+SPILL_API int spill_gpu_cache_destroy(spill_gpu_cache* cache);
+/* which: 0 the hot buffer, 1 the victim buffer, 2 staging (host addresses). */
+SPILL_API void* spill_gpu_cache_host_buffer(spill_gpu_cache* cache, int which);
+/* Hot line lines[i] is held in slot i of the hot buffer (filled by the caller). */
+SPILL_API int spill_gpu_cache_set_hot(spill_gpu_cache* cache, const int64_t* lines, size_t n);
+/* out (device, n x row_bytes) gets the rows `index` (device int64, each in
+ * [0, rows)) that the GPU tiers hold; the others are posted to the ring. */
+SPILL_API int spill_gpu_cache_gather(spill_gpu_cache* cache, const int64_t* index, size_t n, void* out, uint32_t stamp,
+                                     uintptr_t stream, spill_gpu_gather_counts* counts);
+SPILL_API int spill_gpu_cache_misses(spill_gpu_cache* cache, int64_t* rows, int64_t* positions, size_t n);
+SPILL_API int spill_gpu_cache_stamps(spill_gpu_cache* cache, uint32_t* out);
+SPILL_API int spill_gpu_cache_fill(spill_gpu_cache* cache, const spill_gpu_fill* fill, void* out, uint32_t stamp,
+                                   uintptr_t stream);
+
 #ifdef __cplusplus
 }
 #endif

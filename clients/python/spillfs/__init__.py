@@ -12,7 +12,9 @@
 
 Modules: :mod:`spillfs.serialization` (save, load), :mod:`spillfs.client`
 (Client), :mod:`spillfs._native` (finding libspillfs_client.so: see there
-for $SPILLFS_CLIENT_LIB and $SPILLFS_IO).
+for $SPILLFS_CLIENT_LIB and $SPILLFS_IO), :mod:`spillfs.gnn` (FeatureStore:
+GNN feature tables gathered through GPU and host caches; imported on its
+own, it needs torch) and :mod:`spillfs.pyg` (its PyTorch Geometric stores).
 """
 
 from ._native import LibraryVersionError, SpillError, load_library
