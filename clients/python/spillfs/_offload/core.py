@@ -140,7 +140,9 @@ class _Entry:
         self.key, self.group, self.nbytes, self.dense, self.span, self.step = key, group, nbytes, dense, span, step
         self.dtype, self.size, self.stride, self.device = t.dtype, tuple(t.shape), tuple(t.stride()), t.device
         self.tier = None  # None: pending (not committed yet), "keep", "host", "ssd"
-        self.src = t
+        # detached: a strong reference to a tensor with a grad_fn would keep its whole graph alive
+        # (graph -> saved -> offloader -> tensor -> graph) where autograd drops it without backward
+        self.src = t.detach()
         self.src_weak = weakref.ref(t)
         self.version = t._version
         self.staging = None
@@ -465,6 +467,8 @@ class ActivationOffloader:
             self.report.add_seconds("pack", time.perf_counter() - start)
 
     def _pack_inner(self, t):
+        # What stays is returned detached: the tensor itself, where it is the output of the node saving it,
+        # would make a reference cycle through C++ (node -> saved -> tensor -> node) that nothing collects.
         r = self.report
         nbytes = t.numel() * t.element_size()
         r.count("packed", nbytes)
@@ -473,17 +477,17 @@ class ActivationOffloader:
                 self._phase = "forward"  # a new forward after a finished backward in the same block
             else:
                 r.keep("backward" if self._active else "inactive", nbytes)
-                return t
+                return t.detach()
         if nbytes < max(self.min_bytes, 1) or t.device.type not in ("cpu", "cuda") or t.is_sparse:
             r.keep("small" if nbytes < max(self.min_bytes, 1) else "device", nbytes)
-            return t
+            return t.detach()
         if self._is_parameter(t):
             r.keep("parameter", nbytes)
-            return t
+            return t.detach()
         group = self._current_group(nbytes)
         if group == _HEAD:
             r.keep("head", nbytes)
-            return t
+            return t.detach()
         span = _span(t)
         dense = span == t.numel()
         key = (t.device, _storage_ptr(t), t.storage_offset(), t.dtype, t._version,
@@ -495,7 +499,7 @@ class ActivationOffloader:
             if key not in self._kept_keys:  # bytes per layer, each region once (the policy's profile)
                 self._kept_keys.add(key)
                 r.layer_bytes[group] = r.layer_bytes.get(group, 0) + nbytes
-            return t
+            return t.detach()
         if t.device.type == "cuda" and self._cuda is None:
             self._cuda = (torch.cuda.Stream(t.device), torch.cuda.Stream(t.device))
         with self._lock:
@@ -581,9 +585,9 @@ class ActivationOffloader:
         return True
 
     def _trace_tier(self, e, tier):
-        for i, (ptr, entry) in enumerate(self._trace):
-            if entry is e:
-                self._trace[i] = (ptr, entry, tier)
+        for i, row in enumerate(self._trace):
+            if row[1] is e:
+                self._trace[i] = (row[0], e, tier)
 
     def _layer_file(self, group):
         f = self._layer_files.get(group)
@@ -603,7 +607,7 @@ class ActivationOffloader:
         except OSError as err:
             self._disk_failed(err)
             return False
-        src = t if e.dense else t.contiguous()
+        src = t if e.dense else t.contiguous()  # t: e.src, detached
         stream = 0
         if cuda and not f.native:
             src = src.to("cpu")  # no segment I/O: through pageable memory (slow, but correct)
@@ -622,6 +626,7 @@ class ActivationOffloader:
             f.live -= 1
             e.file = None
             e.staging = None
+            self._maybe_close(f)
             self._disk_failed(err)
             return False
         e.write_req = req
@@ -696,7 +701,7 @@ class ActivationOffloader:
             else:
                 alive = e.src_weak()
                 if alive is not None and alive._version == e.version:
-                    t = alive
+                    t = alive.detach()
                     if not e.forwarded:
                         e.forwarded = True
                         r.count("forwarded", e.nbytes)
