@@ -238,6 +238,7 @@ class ActivationOffloader:
         self._marks = []
         self._fell_back_disk = False
         self._kept_keys = set()
+        self._inflight = collections.deque()  # entries whose device-to-host copy may still run
         self._cuda_marks = False
         self._t0 = 0.0
         self._trace = None  # tests: a list of (storage ptr, tier) of what was stored
@@ -572,6 +573,7 @@ class ActivationOffloader:
                 ev.record(d2h)
             t.record_stream(d2h)
             e.d2h_event = ev  # e.src stays until the copy landed (forwarding meanwhile)
+            self._inflight.append(e)
         else:
             if e.dense:
                 dst.copy_(self._flat(t, e))
@@ -905,9 +907,14 @@ class ActivationOffloader:
                 self._host._reclaim()
 
     def _poll(self):
-        """Drops originals whose device-to-host copy landed (lock held)."""
-        for e in self._step_entries:
-            if e.d2h_event is not None and e.src is not None and e.tier == "host" and e.d2h_event.query():
+        """Drops originals whose device-to-host copy landed (lock held; copies land in order)."""
+        q = self._inflight
+        while q:
+            e = q[0]
+            if e.src is not None and e.tier == "host" and not e.d2h_event.query():
+                break
+            q.popleft()
+            if e.tier == "host":
                 e.src = None
 
     def _flush_warnings(self):

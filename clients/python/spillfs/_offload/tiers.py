@@ -144,7 +144,8 @@ class HostTier:
                     return Region(index, off, nbytes, slab.tensor[off:off + nbytes])
             if attempt == 0 and self._pending:
                 self._reclaim(wait_stream)
-        size = max(self.slab_bytes, n)
+        # torch's pinned allocator rounds to powers of two: ask for one, and use all of it
+        size = max(self.slab_bytes, 1 << (n - 1).bit_length())
         if self.reserved + size > self.capacity:
             size = self.capacity - self.reserved
             if size < n:
