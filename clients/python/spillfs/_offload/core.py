@@ -64,6 +64,16 @@ def _span(t):
     return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
 
 
+def _dense_strides(size, stride):
+    """Strides of a dense tensor of `size` whose dimensions are ordered as `stride`'s."""
+    out = [0] * len(size)
+    step = 1
+    for d in sorted(range(len(size)), key=lambda d: (stride[d], d)):
+        out[d] = step
+        step *= max(size[d], 1)
+    return tuple(out)
+
+
 def find_layers(model):
     r"""The repeated blocks of `model`: the longest :class:`torch.nn.ModuleList`
     or :class:`torch.nn.Sequential` whose children are all of one type (the
@@ -139,6 +149,11 @@ class _Entry:
     def __init__(self, key, group, t, nbytes, dense, span, step):
         self.key, self.group, self.nbytes, self.dense, self.span, self.step = key, group, nbytes, dense, span, step
         self.dtype, self.size, self.stride, self.device = t.dtype, tuple(t.shape), tuple(t.stride()), t.device
+        if not dense:
+            # gaps or overlap (q, k, v views of a fused projection; expanded tensors): stored and restored dense,
+            # in the same order of dimensions (as empty_like would), so a restored view costs its own bytes only
+            self.stride = _dense_strides(self.size, self.stride)
+            self.span = t.numel()
         self.tier = None  # None: pending (not committed yet), "keep", "host", "ssd"
         # detached: a strong reference to a tensor with a grad_fn would keep its whole graph alive
         # (graph -> saved -> offloader -> tensor -> graph) where autograd drops it without backward
@@ -568,7 +583,7 @@ class ActivationOffloader:
                 if e.dense:
                     dst.copy_(self._flat(t, e), non_blocking=True)
                 else:
-                    dst.view(e.size).copy_(t, non_blocking=True)
+                    dst.as_strided(e.size, e.stride).copy_(t, non_blocking=True)
                 ev = torch.cuda.Event()
                 ev.record(d2h)
             t.record_stream(d2h)
@@ -578,7 +593,7 @@ class ActivationOffloader:
             if e.dense:
                 dst.copy_(self._flat(t, e))
             else:
-                dst.view(e.size).copy_(t)
+                dst.as_strided(e.size, e.stride).copy_(t)
             e.src = None
         e.region = region
         e.tier = "host"
@@ -609,7 +624,8 @@ class ActivationOffloader:
         except OSError as err:
             self._disk_failed(err)
             return False
-        src = t if e.dense else t.contiguous()  # t: e.src, detached
+        # t: e.src, detached; a tensor with gaps is gathered into its stored (dense) layout first
+        src = t if e.dense else torch.empty_strided(e.size, e.stride, dtype=e.dtype, device=t.device).copy_(t)
         stream = 0
         if cuda and not f.native:
             src = src.to("cpu")  # no segment I/O: through pageable memory (slow, but correct)
@@ -731,8 +747,8 @@ class ActivationOffloader:
                     if e.load_event is not None:
                         cur.wait_event(e.load_event)
                     t.record_stream(cur)
-            if saved.size != tuple(t.shape) or saved.stride != tuple(t.stride()):
-                t = t.as_strided(saved.size, saved.stride)
+            if e.dense and (saved.size != tuple(t.shape) or saved.stride != tuple(t.stride())):
+                t = t.as_strided(saved.size, saved.stride)  # another view of the same bytes (dedup)
             saved.value = t
             saved.consumed = True
             e.outstanding -= 1
@@ -779,23 +795,18 @@ class ActivationOffloader:
             ctx = _nullcontext()
         with ctx:
             out = torch.empty_strided(e.size, e.stride, dtype=e.dtype, device=e.device)
-            buf = self._flat(out, e) if e.dense else torch.empty(e.nbytes // max(out.element_size(), 1),
-                                                                 dtype=e.dtype, device=e.device)
+            buf = self._flat(out, e)  # the stored layout is dense: its bytes come back as they are
             if e.tier == "host":
                 src = e.region.data.view(e.dtype) if e.nbytes else e.region.data
                 if cuda:
                     if e.d2h_event is not None:
                         h2d.wait_event(e.d2h_event)
                     buf.copy_(src, non_blocking=True)
-                    if not e.dense:
-                        out.copy_(buf.view(e.size))
                     ev = torch.cuda.Event()
                     ev.record(h2d)
                     e.load_event = ev
                 else:
                     buf.copy_(src)
-                    if not e.dense:
-                        out.copy_(buf.view(e.size))
                 self.report.read_host_bytes += e.nbytes
                 self.policy.observe_io("host_read", e.nbytes, None, None)
             else:
@@ -811,7 +822,6 @@ class ActivationOffloader:
                     e.read_req = (req, None, buf, time.perf_counter())
                 self.report.read_ssd_bytes += e.nbytes
         e.loaded = out
-        e.load_buf = buf if not e.dense else None
 
     def _finish_load(self, e):
         """Waits for the read of `e` (file tier); makes e.loaded complete."""
@@ -829,14 +839,9 @@ class ActivationOffloader:
             with torch.cuda.stream(h2d):
                 if host is not None:
                     buf.copy_(host, non_blocking=False)
-                if not e.dense:
-                    e.loaded.copy_(buf.view(e.size))
                 ev = torch.cuda.Event()
                 ev.record(h2d)
                 e.load_event = ev
-        elif not e.dense:
-            e.loaded.copy_(buf.view(e.size))
-        e.load_buf = None
 
     # -- release --------------------------------------------------------------
 
