@@ -636,3 +636,18 @@ def test_hugging_face_models(tmp_path, arch):
     assert_matches(lambda: train(make, batch, loss_fn, device=device), got)
     assert len(got[2].layers) == 3
     assert got[2].report.offloaded_bytes > 0
+
+
+def test_adaptive_recompute_exact(tmp_path):
+    """AdaptivePolicy(recompute=True) with no tier at all: what it cannot offload it may
+    recompute; gradients stay exact and the layers come back unwrapped."""
+    pol = st.AdaptivePolicy(profile_steps=1, max_overhead=10.0, recompute=True)
+    ref = train(GPT, gpt_batch, gpt_loss, steps=4)
+    got = train(GPT, gpt_batch, gpt_loss, steps=4,
+                offload=lambda m: st.offload_activations(None, host_bytes=0, min_bytes=512, policy=pol, layers=m))
+    assert_same(ref, got)
+    off = got[2]
+    assert {off.report.decisions[i] for i in range(3)} == {"recompute"}, off.report.decisions
+    assert off.report.predicted["step_seconds"] > 0
+    assert all("forward" not in layer.__dict__ for layer in off.layers)
+    assert off.report.packed_bytes < off.reports[0].packed_bytes  # checkpointing saved less through the hooks

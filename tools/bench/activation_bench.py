@@ -22,7 +22,8 @@ time is the same for every strategy), after --warmup steps, the median of
 
 each with ``policy="adaptive"`` (its profile steps are part of the warm-up)
 and, with --all-policy, ``policy="all"`` too (SSD-heavy ones are slow: the
-disk writes ~2 GB/s). Files go to a spillfs volume made and mounted under
+disk writes ~2 GB/s), and with --recompute ``AdaptivePolicy(recompute=True)``
+(layers neither tier hides are recomputed instead of kept). Files go to a spillfs volume made and mounted under
 --dir by this script (root, /dev/fuse, $SPILLFS_BIN or --spillfs), or straight
 into --dir with --no-mount.
 
@@ -229,15 +230,17 @@ def bench_size(name, args, files_dir, rows):
         act_bytes = 4 * layers * 34 * batch * seq * h
     tiers = {"ample": min(int(act_bytes * 1.25), int(avail * 0.6)),
              "capped": int(act_bytes * args.cap), "zero": 0}
-    policies = ["adaptive"] + (["all"] if args.all_policy else [])
+    policies = ["adaptive"] + (["all"] if args.all_policy else []) + (["recompute"] if args.recompute else [])
     for tier, host_bytes in tiers.items():
         for policy in policies:
             mode = f"spillfs-{tier}" + ("" if policy == "adaptive" else f"-{policy}")
             if mode in args.skip or (tier != "ample" and files_dir is None):
                 continue
+            pol = st.AdaptivePolicy(recompute=True, max_overhead=args.max_overhead) if policy == "recompute" else (
+                st.AdaptivePolicy(max_overhead=args.max_overhead) if policy == "adaptive" else policy)
             off = st.offload_activations(None if tier == "ample" else files_dir, host_bytes=host_bytes,
                                          min_bytes=args.min_bytes, prefetch_layers=args.prefetch_layers,
-                                         policy=policy, layers=model)
+                                         policy=pol, layers=model)
             try:
                 record(mode, *run_mode(model, idx, tgt, mode, args, off), off=off,
                        extra={"host_tier_bytes": host_bytes})
@@ -292,6 +295,9 @@ def main():
     ap.add_argument("--min-bytes", type=int, default=1 << 20)
     ap.add_argument("--prefetch-layers", type=int, default=1)
     ap.add_argument("--all-policy", action="store_true", help="also policy='all' for each host tier")
+    ap.add_argument("--recompute", action="store_true", help="also AdaptivePolicy(recompute=True) for each host "
+                    "tier (mode spillfs-<tier>-recompute)")
+    ap.add_argument("--max-overhead", type=float, default=0.03, help="the adaptive policy's step-time budget")
     ap.add_argument("--skip", default="", help="modes to leave out, comma-separated")
     ap.add_argument("--spillfs", default=os.environ.get("SPILLFS_BIN", os.path.join(ROOT, "build", "bin",
                                                                                     "spillfs")))

@@ -329,12 +329,14 @@ class ActivationOffloader:
         if self._host is not None:
             self._host.peak = self._host.used
         self._install()
+        self._wrap_recompute(self.policy.recompute_layers())
         self._t0 = time.perf_counter()
         self._mark("step_start", None)
         return self
 
     def __exit__(self, exc_type, exc, tb):
         try:
+            self._unwrap_recompute()
             self._uninstall()
         finally:
             self._active = False
@@ -373,6 +375,32 @@ class ActivationOffloader:
         for i, layer in enumerate(self._layers):
             self._handles.append(layer.register_forward_pre_hook(self._make_pre_hook(i)))
             self._handles.append(layer.register_forward_hook(self._make_post_hook(i)))
+
+    def _wrap_recompute(self, indices):
+        """Runs the layers at `indices` under non-reentrant activation checkpointing (this step)."""
+        import functools
+
+        import torch.utils.checkpoint as checkpoint
+        self._wrapped = []
+        for i in indices:
+            layer = self._layers[i]
+            had = "forward" in layer.__dict__
+            previous = layer.__dict__.get("forward")
+            inner = layer.forward
+
+            def forward(*args, _inner=inner, **kwargs):
+                fn = functools.partial(_inner, **kwargs) if kwargs else _inner
+                return checkpoint.checkpoint(fn, *args, use_reentrant=False)
+            layer.forward = forward
+            self._wrapped.append((layer, had, previous))
+
+    def _unwrap_recompute(self):
+        for layer, had, previous in getattr(self, "_wrapped", ()):
+            if had:
+                layer.forward = previous
+            else:
+                del layer.forward
+        self._wrapped = []
 
     def _uninstall(self):
         for h in self._handles:

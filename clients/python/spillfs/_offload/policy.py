@@ -55,6 +55,9 @@ class Policy:
     def bytes_hint(self, group):
         return self._bytes.get(group, 0)
 
+    def recompute_layers(self):
+        return ()
+
 
 def make_policy(policy):
     if isinstance(policy, (Policy, AdaptivePolicy)):
@@ -83,10 +86,14 @@ class AdaptivePolicy:
             (0.03: 3%).
         probe_bytes (int): bytes of each bandwidth probe (64 MiB on CUDA, 8 MiB
             on the CPU by default).
+        recompute (bool): layers that neither tier can hide are recomputed in
+            backward (``torch.utils.checkpoint``, non-reentrant) instead of kept,
+            the most bytes per second of forward first, while the modelled step
+            stays within ``max_overhead``.
 
     Attributes:
-        decisions (dict): layer index -> ``"keep"``, ``"host"`` or ``"ssd"``
-            (empty while profiling).
+        decisions (dict): layer index -> ``"keep"``, ``"host"``, ``"ssd"`` or
+            ``"recompute"`` (empty while profiling).
         profile (dict): what it measured: ``fwd`` and ``bwd`` (seconds per
             layer), ``bytes`` (per layer), ``step_seconds`` (keep), and
             ``bandwidth`` (bytes/s: ``host_write``, ``host_read``,
@@ -96,7 +103,10 @@ class AdaptivePolicy:
 
     name = "adaptive"
 
-    def __init__(self, profile_steps=None, max_overhead=0.03, probe_bytes=None):
+    def __init__(self, profile_steps=None, max_overhead=0.03, probe_bytes=None, recompute=False):
+        if max_overhead < 0:
+            raise ValueError(f"max_overhead must be >= 0, not {max_overhead!r}")
+        self.recompute = bool(recompute)
         self.profile_steps = profile_steps
         self.max_overhead = float(max_overhead)
         self.probe_bytes = probe_bytes
@@ -124,12 +134,19 @@ class AdaptivePolicy:
     def decide(self, group):
         if self._profiling:
             return "keep"
-        if group == -1:
-            group = 0
+        if group == -1:  # what runs before the first layer (embeddings) follows it, never recomputed
+            d = self.decisions.get(0, "keep")
+            return "keep" if d == "recompute" else d
         return self.decisions.get(group, "keep")
 
     def bytes_hint(self, group):
         return self.profile.get("bytes", {}).get(group, 0)
+
+    def recompute_layers(self):
+        """Indices of the layers to run under activation checkpointing this step."""
+        if self._profiling:
+            return ()
+        return tuple(i for i, d in self.decisions.items() if d == "recompute")
 
     def observe_io(self, kind, nbytes, submitted, seconds):
         if submitted is None or not seconds:
@@ -254,12 +271,14 @@ class AdaptivePolicy:
         fwd, bwd, nbytes, bw = p["fwd"], p["bwd"], p["bytes"], p["bandwidth"]
         n = len(fwd)
         t = 0.0
+        # a recomputed layer saves (almost) nothing and runs its forward again in backward
+        bwd = [b + (fwd[i] if decisions.get(i) == "recompute" else 0.0) for i, b in enumerate(bwd)]
         free = {"host_write": 0.0, "ssd": 0.0}
         written = {}
         for i in range(n):
             t += fwd[i]
             tier = decisions.get(i, "keep")
-            if tier == "keep":
+            if tier in ("keep", "recompute"):
                 continue
             key = "host_write" if tier == "host" else "ssd"
             rate = bw.get(tier + "_write") or 1.0
@@ -271,7 +290,7 @@ class AdaptivePolicy:
         ready, issued, stall = {}, set(), 0.0
         for j in range(n - 1, -1, -1):
             for i in range(j, max(j - prefetch_layers, 0) - 1, -1):
-                if i in issued or decisions.get(i, "keep") == "keep":
+                if i in issued or decisions.get(i, "keep") in ("keep", "recompute"):
                     continue
                 issued.add(i)
                 tier = decisions[i]
@@ -313,6 +332,15 @@ class AdaptivePolicy:
                     if tier == "host":
                         host_left -= size
                     break
+        if self.recompute:
+            rest = [i for i in range(n) if i not in decisions and p["bytes"].get(i, 0) > 0]
+            rest.sort(key=lambda i: p["bytes"][i] / max(p["fwd"][i], 1e-9), reverse=True)
+            for i in rest:
+                trial = dict(decisions)
+                trial[i] = "recompute"
+                t, _ = self.simulate(trial, off.prefetch_layers)
+                if t - base <= budget:
+                    decisions = trial
         self.decisions = {i: decisions.get(i, "keep") for i in range(n)}
         t, stall = self.simulate(decisions, off.prefetch_layers)
         self.prediction = {"step_seconds": p["step_seconds"] + (t - base),
