@@ -651,3 +651,25 @@ def test_adaptive_recompute_exact(tmp_path):
     assert off.report.predicted["step_seconds"] > 0
     assert all("forward" not in layer.__dict__ for layer in off.layers)
     assert off.report.packed_bytes < off.reports[0].packed_bytes  # checkpointing saved less through the hooks
+
+
+def test_gradient_accumulation_in_one_block(tmp_path):
+    """Several forward/backward pairs in one block: each forward offloads, each backward prefetches."""
+    def run(offload):
+        torch.manual_seed(1)
+        model = GPT()
+        off = offload(model) if offload else None
+        with (off if off is not None else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)):
+            for step in range(3):
+                x, y = gpt_batch(step, "cpu")
+                gpt_loss(model(x), y).backward()
+        return [p.grad.clone() for p in model.parameters()], off
+
+    ref, _ = run(None)
+    got, off = run(lambda m: st.offload_activations(tmp_path / "act", host_bytes=64 << 10, min_bytes=512,
+                                                    policy="all", layers=m))
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    r = off.report
+    assert r.kept_reasons.get("last") == 3 and r.kept_reasons.get("backward", 0) == 0
+    assert r.prefetch_hits > 0
+    assert off.in_use() == {"host_bytes": 0, "files": [], "entries": 0}

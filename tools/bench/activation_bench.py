@@ -131,6 +131,16 @@ def sync(dev):
         torch.cuda.synchronize(dev)
 
 
+def release_memory(dev):
+    """Cached device and pinned host blocks back (save_on_cpu's pinned blocks stay cached otherwise)."""
+    gc.collect()
+    if _cuda(dev):
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+        if hasattr(torch._C, "_host_emptyCache"):
+            torch._C._host_emptyCache()
+
+
 def run_mode(model, idx, tgt, mode, args, offloader=None):
     """(median step seconds, peak bytes, activation peak bytes, first loss, offloader)."""
     dev = idx.device
@@ -224,6 +234,7 @@ def bench_size(name, args, files_dir, rows):
         if mode in args.skip:
             continue
         record(mode, *run_mode(model, idx, tgt, mode, args))
+        release_memory(dev)
     act_bytes = results["keep"]["act"]
     avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if not act_bytes:  # CPU smoke run: no memory statistics
@@ -246,13 +257,9 @@ def bench_size(name, args, files_dir, rows):
                        extra={"host_tier_bytes": host_bytes})
             finally:
                 off.close()
-            gc.collect()
-            if _cuda(dev):
-                torch.cuda.empty_cache()
+            release_memory(dev)
     del model
-    gc.collect()
-    if _cuda(dev):
-        torch.cuda.empty_cache()
+    release_memory(dev)
 
 
 def plot(rows, path):

@@ -292,6 +292,8 @@ class ActivationOffloader:
         try:
             if self._files is not None:
                 self._files.close()
+            if self._worker is not None:
+                self._worker.stop()
         except Exception:
             pass
 
@@ -518,7 +520,10 @@ class ActivationOffloader:
         r.count("packed", nbytes)
         if not self._active or self._phase != "forward":
             if self._phase == "backward" and self._outstanding == 0:
-                self._phase = "forward"  # a new forward after a finished backward in the same block
+                # a new forward after a finished backward in the same block (gradient accumulation)
+                self._phase = "forward"
+                self._prefetched_groups = set()
+                self._after_last_layer = False
             else:
                 r.keep("backward" if self._active else "inactive", nbytes)
                 return t.detach()
