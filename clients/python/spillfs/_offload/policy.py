@@ -98,7 +98,10 @@ class AdaptivePolicy:
             layer), ``bytes`` (per layer), ``step_seconds`` (keep), and
             ``bandwidth`` (bytes/s: ``host_write``, ``host_read``,
             ``ssd_write``, ``ssd_read``).
-        prediction (dict): ``step_seconds`` and ``memory_saved`` of its decisions.
+        prediction (dict): of its decisions: ``step_seconds``, ``memory_saved``
+            (bytes moved off the device or recomputed), ``peak_saved`` (those of
+            them gone by the end of forward, where the peak is: a copy still in
+            flight holds its device memory), ``stall_seconds``.
     """
 
     name = "adaptive"
@@ -114,6 +117,7 @@ class AdaptivePolicy:
         self.profile = {}
         self.prediction = {}
         self._steps = 0
+        self._last_peak_saved = 0
         self._io = {}
         self._profiling = True
 
@@ -286,6 +290,9 @@ class AdaptivePolicy:
             free[key] = start + nbytes.get(i, 0) / rate
             written[i] = free[key]
         t += p.get("head", 0.0)
+        # the device memory of a layer goes when its copy landed: what landed by now is off the peak
+        self._last_peak_saved = sum(nbytes.get(i, 0) for i, end in written.items() if end <= t) + sum(
+            nbytes.get(i, 0) for i in range(n) if decisions.get(i) == "recompute")
         read_free = {"host": t, "ssd": max(t, free["ssd"])}
         ready, issued, stall = {}, set(), 0.0
         for j in range(n - 1, -1, -1):
@@ -345,4 +352,5 @@ class AdaptivePolicy:
         t, stall = self.simulate(decisions, off.prefetch_layers)
         self.prediction = {"step_seconds": p["step_seconds"] + (t - base),
                            "memory_saved": sum(p["bytes"].get(i, 0) for i in decisions),
+                           "peak_saved": self._last_peak_saved,
                            "stall_seconds": stall}
