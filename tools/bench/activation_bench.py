@@ -326,7 +326,8 @@ def main():
         volume = Volume(args.spillfs, work, args.volume_size)
         files_dir = os.path.join(volume.mnt, "act")
     rows = []
-    meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__, "files_dir": files_dir,
+    meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
+            "files_dir": files_dir,
             "mount": volume is not None, "command": " ".join(sys.argv)}
     print(json.dumps(meta), flush=True)
     try:

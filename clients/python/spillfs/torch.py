@@ -28,9 +28,7 @@ _MiB = 1 << 20
 
 def offload_activations(dir=None, *, host_bytes=4 * _GiB, min_bytes=1 * _MiB, prefetch_layers=1, policy="adaptive",
                         layers=None):
-    r"""offload_activations(dir=None, *, host_bytes=4 GiB, min_bytes=1 MiB, prefetch_layers=1, policy="adaptive", layers=None)
-
-    Moves the tensors autograd saves for backward off the device while
+    r"""Moves the tensors autograd saves for backward off the device while
     forward runs, and brings them back, ahead of need, while backward runs.
 
     Returns an :class:`ActivationOffloader`, a context manager: each ``with``

@@ -23,7 +23,6 @@ layer i waits for it. The predicted step is the measured keep step plus the
 waits.
 """
 
-import os
 import time
 
 __all__ = ["make_policy", "Policy", "AdaptivePolicy"]
