@@ -358,6 +358,8 @@ class ActivationOffloader:
         self._worker.drain()
         with self._lock:
             self._poll()
+            if self._host is not None:
+                self._host._reclaim()  # regions whose host-to-device copies have landed (synchronized above)
         r = self.report
         r.measured["step_seconds"] = seconds
         r.measured["memory_saved"] = r.offloaded_bytes

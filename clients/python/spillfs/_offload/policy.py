@@ -202,8 +202,8 @@ class AdaptivePolicy:
     def _probe(self, off):
         """Bandwidths of the tiers (bytes/s), measured with `probe_bytes` now."""
         import torch
-        cuda = off._cuda is not None or (off._model is not None and any(
-            p.is_cuda for p in off._model.parameters()))
+        modules = [off._model] if off._model is not None else off.layers
+        cuda = off._cuda is not None or any(p.is_cuda for m in modules for p in m.parameters())
         n = self.probe_bytes or (64 * _MiB if cuda else 8 * _MiB)
         bw = {}
         if cuda:
