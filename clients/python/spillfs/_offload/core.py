@@ -144,7 +144,7 @@ class _Entry:
     __slots__ = ("key", "group", "nbytes", "dtype", "size", "stride", "dense", "device", "span", "tier", "src",
                  "src_weak", "version", "staging", "region", "d2h_event", "file", "file_off", "write_req",
                  "write_error", "loaded", "load_buf", "load_event", "read_req", "prefetched", "outstanding",
-                 "released", "forwarded", "step", "kept_reason")
+                 "released", "forwarded", "step", "kept_reason", "pool", "staged")
 
     def __init__(self, key, group, t, nbytes, dense, span, step):
         self.key, self.group, self.nbytes, self.dense, self.span, self.step = key, group, nbytes, dense, span, step
@@ -162,6 +162,8 @@ class _Entry:
         self.version = t._version
         self.staging = None
         self.region = self.d2h_event = None
+        self.pool = None  # the HostTier of region (host tier, or the staging of files)
+        self.staged = False  # the worker still writes region to the file (and frees it)
         self.file = self.file_off = self.write_req = self.write_error = None
         self.loaded = self.load_buf = self.load_event = self.read_req = None
         self.prefetched = False
@@ -254,6 +256,12 @@ class ActivationOffloader:
         self._fell_back_disk = False
         self._kept_keys = set()
         self._inflight = collections.deque()  # entries whose device-to-host copy may still run
+        self._staging = None  # HostTier staging the writes to files
+        # pinned bytes staging file writes (the original goes once copied out; 0: written from where it is)
+        self.staging_bytes = 512 * _MiB
+        # originals of groups more than this many before the current one go even where their copy still runs
+        # (the compute stream waits for the copy): what bounds the device memory of copies in flight
+        self.copy_window = 1
         self._cuda_marks = False
         self._t0 = 0.0
         self._trace = None  # tests: a list of (storage ptr, tier) of what was stored
@@ -268,7 +276,7 @@ class ActivationOffloader:
     def in_use(self):
         """What this offloader still holds: ``{"host_bytes", "files", "entries"}``."""
         with self._lock:
-            return {"host_bytes": self._host.in_use() if self._host is not None else 0,
+            return {"host_bytes": sum(p.in_use() for p in (self._host, self._staging) if p is not None),
                     "files": self._files.leftover() if self._files is not None else [],
                     "entries": sum(1 for e in self._step_entries if not e.released)}
 
@@ -281,6 +289,9 @@ class ActivationOffloader:
             if self._host is not None:
                 self._host.close()
                 self._host = None
+            if self._staging is not None:
+                self._staging.close()
+                self._staging = None
             if self._files is not None:
                 self._files.close()
                 self._files = None
@@ -358,8 +369,9 @@ class ActivationOffloader:
         self._worker.drain()
         with self._lock:
             self._poll()
-            if self._host is not None:
-                self._host._reclaim()  # regions whose host-to-device copies have landed (synchronized above)
+            for pool in (self._host, self._staging):
+                if pool is not None:
+                    pool._reclaim()  # regions whose host-to-device copies have landed (synchronized above)
         r = self.report
         r.measured["step_seconds"] = seconds
         r.measured["memory_saved"] = r.offloaded_bytes
@@ -575,7 +587,7 @@ class ActivationOffloader:
                 self._commit(previous)
             if not self.keep_last:
                 self._commit(entry)
-            self._poll()
+            self._poll(force_before=group - self.copy_window if isinstance(group, int) else None)
             return _Saved(self, entry, t)
 
     def _record_layer_bytes(self, e):
@@ -602,15 +614,16 @@ class ActivationOffloader:
         """The bytes of a dense tensor as a 1-D tensor of its dtype."""
         return t.as_strided((e.span,), (1,))
 
-    def _store_host(self, e):
-        if self._host is None:
-            self._host = HostTier(self.host_bytes, pinned=self._cuda is not None)
+    def _copy_out(self, e, pool):
+        """Copies e.src into a region of `pool` (a device-to-host copy on the copy stream for
+        CUDA: e.src stays, for forwarding, until the copy landed or the window forces it out).
+        None where the pool has no room."""
         t = e.src
         cuda = t.device.type == "cuda"
         d2h = self._cuda[0] if cuda else None
-        region = self._host.allocate(e.nbytes, wait_stream=d2h)
+        region = pool.allocate(e.nbytes, wait_stream=d2h)
         if region is None:
-            return False
+            return None
         dst = region.data.view(e.dtype) if e.nbytes else region.data
         if cuda:
             d2h.wait_stream(torch.cuda.current_stream(t.device))
@@ -621,16 +634,23 @@ class ActivationOffloader:
                     dst.as_strided(e.size, e.stride).copy_(t, non_blocking=True)
                 ev = torch.cuda.Event()
                 ev.record(d2h)
-            t.record_stream(d2h)
-            e.d2h_event = ev  # e.src stays until the copy landed (forwarding meanwhile)
+            e.d2h_event = ev
             self._inflight.append(e)
         else:
             if e.dense:
                 dst.copy_(self._flat(t, e))
             else:
                 dst.as_strided(e.size, e.stride).copy_(t)
+        e.region, e.pool = region, pool
+        return region
+
+    def _store_host(self, e):
+        if self._host is None:
+            self._host = HostTier(self.host_bytes, pinned=self._cuda is not None)
+        if self._copy_out(e, self._host) is None:
+            return False
+        if e.d2h_event is None:
             e.src = None
-        e.region = region
         e.tier = "host"
         if self._trace is not None:
             self._trace_tier(e, "host")
@@ -659,6 +679,22 @@ class ActivationOffloader:
         except OSError as err:
             self._disk_failed(err)
             return False
+        if self.staging_bytes > 0:
+            # through a staging region: the original goes once copied out (the disk is slower than PCIe)
+            if self._staging is None:
+                self._staging = HostTier(self.staging_bytes, pinned=self._cuda is not None)
+            if self._copy_out(e, self._staging) is not None:
+                e.file, e.file_off = f, f.reserve(e.nbytes)
+                e.staged = True
+                f.inflight += 1  # the write the worker will start
+                if e.d2h_event is None:
+                    e.src = None
+                e.tier = "ssd"
+                self.report.count("ssd", e.nbytes)
+                if self._trace is not None:
+                    self._trace_tier(e, "ssd")
+                self._worker.submit(self._staged_write, e, f)
+                return True
         # t: e.src, detached; a tensor with gaps is gathered into its stored (dense) layout first
         src = t if e.dense else torch.empty_strided(e.size, e.stride, dtype=e.dtype, device=t.device).copy_(t)
         stream = 0
@@ -696,6 +732,48 @@ class ActivationOffloader:
             self._fell_back_disk = err.errno == _errno.ENOSPC
             self._warnings.append(f"spillfs.torch.offload_activations: writing activations under {self.dir} "
                                   f"failed ({err}); keeping them in memory instead")
+
+    def _staged_write(self, e, f):
+        """Worker: once the copy into the staging region landed, writes it to the file, then frees it."""
+        ev = e.d2h_event
+        while ev is not None and not ev.query():
+            time.sleep(2e-4)
+        error = stats = None
+        submitted = time.perf_counter()
+        with self._lock:
+            f.inflight -= 1
+            skip = e.released
+            if not skip:
+                try:
+                    req = f.write(e.region.data.data_ptr(), e.nbytes, e.file_off, -1)
+                except OSError as err:
+                    error, req = err, None
+        if not skip and req is not None:
+            try:
+                stats = req.wait()
+            except OSError as err:
+                error = err
+            with self._lock:
+                f.done()
+        with self._lock:
+            e.staged = False
+            if stats is not None:
+                self.policy.observe_io("ssd_write", e.nbytes, submitted, stats.get("seconds", 0.0))
+            if error is not None:
+                # the bytes stay in the staging region and are served from there: never lost
+                r = self.report
+                r.ssd_count -= 1
+                r.ssd_bytes -= e.nbytes
+                r.count("host", e.nbytes)
+                e.tier = "host"
+                self._disk_failed(error)
+                if not e.released:
+                    f.live -= 1
+                    e.file = None
+            if e.region is not None and (error is None or e.released):
+                e.pool.free(e.region, e.load_event)  # a load from it may still run: reuse waits for it
+                e.region = None
+            self._maybe_close(f)
 
     def _complete_write(self, e, req, submitted):
         error = None
@@ -831,7 +909,7 @@ class ActivationOffloader:
         with ctx:
             out = torch.empty_strided(e.size, e.stride, dtype=e.dtype, device=e.device)
             buf = self._flat(out, e)  # the stored layout is dense: its bytes come back as they are
-            if e.tier == "host":
+            if e.region is not None:  # the host tier, or a staging region not yet written
                 src = e.region.data.view(e.dtype) if e.nbytes else e.region.data
                 if cuda:
                     if e.d2h_event is not None:
@@ -842,8 +920,8 @@ class ActivationOffloader:
                     e.load_event = ev
                 else:
                     buf.copy_(src)
-                self.report.read_host_bytes += e.nbytes
-                self.policy.observe_io("host_read", e.nbytes, None, None)
+                if e.tier == "host":
+                    self.report.read_host_bytes += e.nbytes
             else:
                 f = e.file
                 if cuda and not f.native:
@@ -910,13 +988,13 @@ class ActivationOffloader:
                 self._finish_load(e)
             except OSError:
                 pass
-        if e.region is not None:
+        if e.region is not None and not e.staged:  # a staged region is the worker's to free
             event = e.load_event if e.load_event is not None else e.d2h_event
-            self._host.free(e.region, event)
+            e.pool.free(e.region, event)
             e.region = None
         e.loaded = e.load_buf = None
         if e.write_req is None:
-            e.src = None
+            self._drop_src(e)
             e.staging = None
         if e.file is not None:
             e.file.live -= 1
@@ -939,23 +1017,43 @@ class ActivationOffloader:
                 if dead or e.outstanding <= 0:
                     self._release(e)
                     if dead:
-                        e.src = e.staging = None
+                        self._drop_src(e)
+                        e.staging = None
             self._pending = None
             if dead:
                 self._outstanding = 0
-            if self._host is not None:
-                self._host._reclaim()
+            for pool in (self._host, self._staging):
+                if pool is not None:
+                    pool._reclaim()
 
-    def _poll(self):
-        """Drops originals whose device-to-host copy landed (lock held; copies land in order)."""
+    def _drop_src(self, e):
+        """Lets the original go; where its device-to-host copy may still run, the copy stream
+        is recorded on it, so the allocator reuses its memory only after the copy."""
+        src, e.src = e.src, None
+        if src is not None and e.d2h_event is not None and src.is_cuda and not e.d2h_event.query():
+            src.record_stream(self._cuda[0])
+
+    def _poll(self, force_before=None):
+        """Drops originals whose device-to-host copy landed (lock held; copies land in order).
+        Those of groups before `force_before` go even where their copy may still run: the
+        compute stream waits for the copy first (their memory must be reusable: the window)."""
         q = self._inflight
         while q:
             e = q[0]
-            if e.src is not None and e.tier == "host" and not e.d2h_event.query():
-                break
-            q.popleft()
-            if e.tier == "host":
+            if e.src is None:
+                q.popleft()
+                continue
+            if e.d2h_event.query():
+                q.popleft()
                 e.src = None
+                continue
+            if force_before is not None and isinstance(e.group, int) and e.group < force_before:
+                torch.cuda.current_stream(e.device).wait_event(e.d2h_event)
+                self.report.copy_waits += 1
+                q.popleft()
+                e.src = None
+                continue
+            break
 
     def _flush_warnings(self):
         with self._lock:

@@ -31,7 +31,11 @@ class OffloadReport:
         stalls (int): tensors backward had to wait for (read not started, or
             not finished, when needed).
         stall_seconds (float): host time spent waiting for them.
-        write_errors (int): writes that failed (``ENOSPC``...), kept instead.
+        copy_waits (int): device-to-host copies the compute stream had to wait
+            for, so that the memory of their originals could be reused (the
+            copies lag more than ``copy_window`` layers behind the compute).
+        write_errors (int): writes that failed (``ENOSPC``...); the tensor was
+            kept (or, written from a staging region, served from that region).
         decisions (dict): layer index -> ``"keep"``, ``"host"``, ``"ssd"`` or
             ``"recompute"`` (``-1``: what runs before the first layer).
         layer_bytes (dict): layer index -> bytes of offload candidates saved.
@@ -61,6 +65,7 @@ class OffloadReport:
         self.prefetch_hits = 0
         self.stalls = 0
         self.stall_seconds = 0.0
+        self.copy_waits = 0
         self.write_errors = 0
         self.decisions = {}
         self.layer_bytes = {}
