@@ -922,6 +922,8 @@ class ActivationOffloader:
                     buf.copy_(src)
                 if e.tier == "host":
                     self.report.read_host_bytes += e.nbytes
+                else:
+                    self.report.read_staged_bytes += e.nbytes
             else:
                 f = e.file
                 if cuda and not f.native:

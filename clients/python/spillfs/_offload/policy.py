@@ -16,7 +16,8 @@ bandwidths from what the steps measure.
 The model: forward runs the layers back to back; layer i's copy to its tier
 starts when its forward ends and when the tier finished the copies before it
 (device to host and host to device are separate directions; a disk serves
-writes and reads in turn). Backward runs the layers in reverse; layer i's
+writes and reads in turn); layer i waits for the host copy of layer
+i - 1 - ``copy_window`` (the offloader's window). Backward runs the layers in reverse; layer i's
 read starts when layer ``i + prefetch_layers`` starts its backward (the
 prefetcher's trigger), when its write is done and the tier is free, and
 layer i waits for it. The predicted step is the measured keep step plus the
@@ -267,9 +268,11 @@ class AdaptivePolicy:
 
     # -- the model -------------------------------------------------------------
 
-    def simulate(self, decisions, prefetch_layers):
+    def simulate(self, decisions, prefetch_layers, copy_window=1):
         """Modelled seconds of a step (forward, head, backward; no optimizer)
-        under `decisions` (layer -> "keep"/"host"/"ssd") and the waits in it."""
+        under `decisions` (layer -> "keep"/"host"/"ssd"/"recompute") and the
+        waits in it (forward: for the host copies of the layer ``copy_window``
+        + 1 back, as the offloader's window makes the compute stream wait)."""
         p = self.profile
         fwd, bwd, nbytes, bw = p["fwd"], p["bwd"], p["bytes"], p["bandwidth"]
         n = len(fwd)
@@ -278,7 +281,12 @@ class AdaptivePolicy:
         bwd = [b + (fwd[i] if decisions.get(i) == "recompute" else 0.0) for i, b in enumerate(bwd)]
         free = {"host_write": 0.0, "ssd": 0.0}
         written = {}
+        fwd_stall = 0.0
         for i in range(n):
+            j = i - 1 - copy_window
+            if j >= 0 and decisions.get(j) == "host" and written[j] > t:
+                fwd_stall += written[j] - t
+                t = written[j]
             t += fwd[i]
             tier = decisions.get(i, "keep")
             if tier in ("keep", "recompute"):
@@ -307,7 +315,7 @@ class AdaptivePolicy:
             begin = max(t, ready.get(j, t))
             stall += begin - t
             t = begin + bwd[j]
-        return t, stall
+        return t, stall + fwd_stall
 
     def _decide(self, off):
         p = self.profile
@@ -316,7 +324,7 @@ class AdaptivePolicy:
             self.decisions = {g: "host" for g in p["bytes"]}
             self.prediction = {"step_seconds": p["step_seconds"], "memory_saved": sum(p["bytes"].values())}
             return
-        base, _ = self.simulate({}, off.prefetch_layers)
+        base, _ = self.simulate({}, off.prefetch_layers, off.copy_window)
         budget = p["step_seconds"] * self.max_overhead
         host_left = off.host_bytes
         ssd_ok = off.dir is not None and "ssd_write" in p["bandwidth"]
@@ -332,7 +340,7 @@ class AdaptivePolicy:
                     continue
                 trial = dict(decisions)
                 trial[i] = tier
-                t, _ = self.simulate(trial, off.prefetch_layers)
+                t, _ = self.simulate(trial, off.prefetch_layers, off.copy_window)
                 if t - base <= budget:
                     decisions = trial
                     if tier == "host":
@@ -344,11 +352,11 @@ class AdaptivePolicy:
             for i in rest:
                 trial = dict(decisions)
                 trial[i] = "recompute"
-                t, _ = self.simulate(trial, off.prefetch_layers)
+                t, _ = self.simulate(trial, off.prefetch_layers, off.copy_window)
                 if t - base <= budget:
                     decisions = trial
         self.decisions = {i: decisions.get(i, "keep") for i in range(n)}
-        t, stall = self.simulate(decisions, off.prefetch_layers)
+        t, stall = self.simulate(decisions, off.prefetch_layers, off.copy_window)
         self.prediction = {"step_seconds": p["step_seconds"] + (t - base),
                            "memory_saved": sum(p["bytes"].get(i, 0) for i in decisions),
                            "peak_saved": self._last_peak_saved,

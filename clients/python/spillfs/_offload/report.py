@@ -26,6 +26,8 @@ class OffloadReport:
         forwarded_count, forwarded_bytes: tensors served from the memory of the
             original (still alive, or its copy still in flight): no read.
         read_host_bytes, read_ssd_bytes: bytes brought back from each tier.
+        read_staged_bytes: bytes of files brought back from their staging
+            region, before the write to the file happened (no disk read).
         prefetch_hits (int): tensors whose read was started by the prefetcher
             before backward needed them.
         stalls (int): tensors backward had to wait for (read not started, or
@@ -62,6 +64,7 @@ class OffloadReport:
         self.kept_reasons = {}
         self.read_host_bytes = 0
         self.read_ssd_bytes = 0
+        self.read_staged_bytes = 0
         self.prefetch_hits = 0
         self.stalls = 0
         self.stall_seconds = 0.0
