@@ -468,8 +468,10 @@ def test_full_disk_keeps_and_warns(tmp_path, monkeypatch, when, staged):
                     between=_writes_land)
     assert_same(ref, got)
     assert any("keeping them in memory" in str(w.message) and issubclass(w.category, RuntimeWarning) for w in caught)
-    assert got[2].reports[0].write_errors > 0
-    assert got[2].reports[0].kept_reasons.get("error", 0) + got[2].reports[0].kept_reasons.get("no_room", 0) > 0
+    reports = got[2].reports
+    assert all(r.write_errors > 0 for r in reports)  # each step tries the disk again
+    if not staged:  # written from the tensor: kept; staged: served from the staging region
+        assert all(r.kept_reasons.get("error", 0) + r.kept_reasons.get("no_room", 0) > 0 for r in reports)
 
 
 @pytest.mark.parametrize("staged", [True, False], ids=["staged", "direct"])

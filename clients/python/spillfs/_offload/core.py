@@ -254,6 +254,7 @@ class ActivationOffloader:
         self._warnings = []
         self._marks = []
         self._fell_back_disk = False
+        self._warned_disk = False
         self._kept_keys = set()
         self._inflight = collections.deque()  # entries whose device-to-host copy may still run
         self._staging = None  # HostTier staging the writes to files
@@ -329,6 +330,7 @@ class ActivationOffloader:
         self._cum_bytes = 0
         self._marks = []
         self._kept_keys = set()
+        self._fell_back_disk = False
         self._cuda_marks = torch.cuda.is_available() and torch.cuda.is_initialized()
         self._param_ptrs = set()
         self._seen_modules = set()
@@ -728,8 +730,10 @@ class ActivationOffloader:
 
     def _disk_failed(self, err):
         self.report.write_errors += 1
-        if not self._fell_back_disk:
-            self._fell_back_disk = err.errno == _errno.ENOSPC
+        if err.errno == _errno.ENOSPC:
+            self._fell_back_disk = True  # for the rest of the step: its own files go when backward consumed them
+        if not self._warned_disk:
+            self._warned_disk = True
             self._warnings.append(f"spillfs.torch.offload_activations: writing activations under {self.dir} "
                                   f"failed ({err}); keeping them in memory instead")
 
