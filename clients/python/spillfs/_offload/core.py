@@ -196,8 +196,18 @@ class ActivationOffloader:
     r"""Offloads the tensors autograd saves in its ``with`` blocks (one block = one step).
 
     Made by :func:`spillfs.torch.offload_activations`, which documents the
-    arguments. Attributes: :attr:`reports` (one :class:`OffloadReport` per
-    step), :attr:`report` (the latest), :attr:`policy`.
+    arguments.
+
+    Attributes:
+        reports (list): one :class:`OffloadReport` per step; ``report``: the latest.
+        policy: the policy object (:class:`AdaptivePolicy`, or the plain one of
+            ``"all"`` / ``"none"``).
+        staging_bytes (int): host memory (pinned on CUDA) that file writes are
+            staged through, so an original goes once copied out rather than once
+            on disk (512 MiB; 0: written from where the tensor is).
+        copy_window (int): how many layers the device-to-host copies may lag
+            behind the layer being computed before the compute stream waits for
+            them (1); bounds the device memory of copies in flight.
     """
 
     def __init__(self, dir=None, *, host_bytes, min_bytes, prefetch_layers, policy, layers, group_bytes=64 * _MiB,
