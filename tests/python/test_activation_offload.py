@@ -697,3 +697,43 @@ def test_gradient_accumulation_in_one_block(tmp_path):
     assert r.kept_reasons.get("last") == 3 and r.kept_reasons.get("backward", 0) == 0
     assert r.prefetch_hits > 0
     assert off.in_use() == {"host_bytes": 0, "files": [], "entries": 0}
+
+
+def _policy_with(profile, host_bytes, files, recompute=False, max_overhead=0.05):
+    class Off:  # what _decide reads of an offloader
+        pass
+    off = Off()
+    off.host_bytes, off.dir, off.prefetch_layers, off.copy_window = host_bytes, ("/x" if files else None), 1, 1
+    pol = st.AdaptivePolicy(profile_steps=1, max_overhead=max_overhead, recompute=recompute)
+    pol.profile = profile
+    pol._decide(off)
+    return pol
+
+
+def _profile(n=8, fwd=0.010, nbytes=100 << 20, host_bw=50e9, ssd_bw=2e9):
+    return {"fwd": [fwd] * n, "bwd": [2 * fwd] * n, "head": 0.002, "bytes": {i: nbytes for i in range(n)},
+            "step_seconds": n * 3 * fwd + 0.002,
+            "bandwidth": {"host_write": host_bw, "host_read": host_bw, "ssd_write": ssd_bw, "ssd_read": ssd_bw}}
+
+
+def test_adaptive_model_decisions():
+    # PCIe hides a layer's copy (2 ms) behind its 10 ms forward: all but the last layers go to the host tier
+    pol = _policy_with(_profile(), host_bytes=1 << 40, files=False)
+    assert set(pol.decisions.values()) == {"host"}
+    assert pol.prediction["step_seconds"] <= _profile()["step_seconds"] * 1.05
+    assert pol.prediction["memory_saved"] == 8 * (100 << 20)
+    # no overhead allowed: the last layer (needed first in backward, its read cannot hide) stays
+    pol = _policy_with(_profile(), host_bytes=1 << 40, files=False, max_overhead=0.0)
+    assert pol.decisions[7] == "keep" and all(pol.decisions[i] == "host" for i in range(7)), pol.decisions
+    assert pol.prediction["step_seconds"] == pytest.approx(_profile()["step_seconds"])
+    # the host tier capped at two layers: the rest to the disk while it keeps up (50 ms a layer at 2 GB/s)
+    pol = _policy_with(_profile(), host_bytes=200 << 20, files=True)
+    assert sum(d == "host" for d in pol.decisions.values()) == 2
+    assert all(d in ("host", "ssd", "keep") for d in pol.decisions.values())
+    # the disk cannot hide a layer (50 ms against 30 ms of compute) and no host tier: little or nothing goes
+    pol = _policy_with(_profile(), host_bytes=0, files=True, max_overhead=0.0)
+    assert all(d == "keep" for d in pol.decisions.values()), pol.decisions
+    # recompute=True: what neither hides is recomputed while the budget allows (10 ms a layer, 24 ms budget)
+    pol = _policy_with(_profile(), host_bytes=0, files=False, recompute=True, max_overhead=0.1)
+    assert sum(d == "recompute" for d in pol.decisions.values()) == 2
+    assert pol.prediction["step_seconds"] == pytest.approx(_profile()["step_seconds"] + 0.020)
