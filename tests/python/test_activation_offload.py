@@ -526,8 +526,14 @@ def test_compiled_layers_inside_block(tmp_path):
         return m
 
     ref = train(make, gpt_batch, gpt_loss, steps=2)
-    got = train(make, gpt_batch, gpt_loss, offloader(tmp_path, "host_ample", min_bytes=512), steps=2)
+    try:
+        got = train(make, gpt_batch, gpt_loss, offloader(tmp_path, "host_ample", min_bytes=512), steps=2)
+    except RuntimeError as e:  # a torch that refuses even hooks around compiled code: say so, loudly
+        if "hook" in str(e).lower():
+            pytest.xfail(f"this torch refuses saved-tensor hooks around compiled code: {e}")
+        raise
     assert_same(ref, got)
+    assert got[2].report.offloaded_bytes > 0
 
 
 # -- CUDA (GPU machine) ------------------------------------------------------------
