@@ -94,8 +94,7 @@ def offload_activations(dir=None, *, host_bytes=4 * _GiB, min_bytes=1 * _MiB, pr
 
     .. note::
         Saved-tensor hooks are not traced by ``torch.compile``: enter the
-        block outside compiled functions (compiled layers inside it are fine;
-        what they save as graph outputs is offloaded like any other tensor).
+        block outside compiled functions (compiled layers inside it are fine).
     """
     return ActivationOffloader(dir, host_bytes=host_bytes, min_bytes=min_bytes, prefetch_layers=prefetch_layers,
                                policy=policy, layers=layers)
