@@ -1,0 +1,1099 @@
+"""The activation offloader: saved-tensor hooks, module hooks, dedup, forwarding, prefetch.
+
+One :class:`ActivationOffloader` serves many steps; each ``with`` block is a
+step. Inside it, :func:`torch.autograd.graph.saved_tensors_hooks` routes every
+tensor autograd saves through :meth:`ActivationOffloader._pack` and back
+through :meth:`ActivationOffloader._unpack`:
+
+- pack leaves small tensors, parameters, buffers and views of them (found by
+  their storage), tensors saved after the last layer (the head) and the last
+  one saved before backward where they are; it stores one copy of a region
+  saved several times (dedup: the same storage, offset, extent, dtype and
+  version), and it puts the others in the tier the policy chose for their
+  layer (host tier, then files, else kept);
+- unpack serves a tensor from the original's memory where that is still
+  alive or its copy still in flight (forwarding), else from what the
+  prefetcher brought back, else reads it (a stall); the stored copy is freed
+  once every save of it was unpacked (or dropped by autograd);
+- module hooks on the layers tag what each layer saves, time the layers, and
+  start reading layers ``prefetch_layers`` ahead of the one whose backward
+  begins (a hook on the layer's output gradient): the prefetcher follows
+  layers, not the order of unpacks, which autograd does not promise.
+
+CUDA: device-to-host copies run on a copy stream of their own that waits for
+the compute stream; host-to-device copies on another (allocations for them
+are made on it, and the tensor handed to autograd is recorded on the compute
+stream). The compute stream waits only for a tensor it is about to use. Files
+get device memory straight through libspillfs_client's pinned pool.
+
+Threading: a worker thread waits for file writes to complete (then drops the
+original tensor, or keeps it where the write failed) and releases what
+autograd dropped; all state is under ``self._lock``.
+"""
+
+import collections
+import errno as _errno
+import os
+import threading
+import time
+import warnings
+import weakref
+
+import torch
+
+from . import policy as _policy
+from .report import OffloadReport
+from .tiers import FileTier, HostTier
+
+__all__ = ["ActivationOffloader", "find_layers"]
+
+_HEAD = "head"
+_MiB = 1 << 20
+
+
+def _storage_ptr(t):
+    if hasattr(t, "untyped_storage"):
+        return t.untyped_storage().data_ptr()
+    return t._storage().data_ptr()
+
+
+def _span(t):
+    """Elements from the first to the last one the tensor addresses."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+
+
+def _dense_strides(size, stride):
+    """Strides of a dense tensor of `size` whose dimensions are ordered as `stride`'s."""
+    out = [0] * len(size)
+    step = 1
+    for d in sorted(range(len(size)), key=lambda d: (stride[d], d)):
+        out[d] = step
+        step *= max(size[d], 1)
+    return tuple(out)
+
+
+def find_layers(model):
+    r"""The repeated blocks of `model`: the longest :class:`torch.nn.ModuleList`
+    or :class:`torch.nn.Sequential` whose children are all of one type (the
+    most parameters on a tie), or the children of `model` itself where it is a
+    :class:`torch.nn.Sequential`; an empty list where there is none."""
+    best, best_key = None, None
+    for module in model.modules():
+        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        children = list(module.children())
+        if len(children) < 2 or len({type(c) for c in children}) != 1:
+            continue
+        key = (len(children), sum(p.numel() for p in module.parameters()))
+        if best_key is None or key > best_key:
+            best, best_key = children, key
+    if best is not None:
+        return best
+    if isinstance(model, torch.nn.Sequential):
+        return list(model.children())
+    return []
+
+
+class _Worker:
+    """One thread running tasks in order; :meth:`drain` waits until idle."""
+
+    def __init__(self, name):
+        self._cv = threading.Condition()
+        self._tasks = collections.deque()
+        self._busy = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn, *args):
+        with self._cv:
+            self._tasks.append((fn, args))
+            self._cv.notify_all()
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while not self._tasks:
+                    self._cv.wait()
+                fn, args = self._tasks.popleft()
+                self._busy = True
+            try:
+                if fn is None:
+                    return
+                fn(*args)
+            except BaseException as e:  # reported by the task itself; never kill the worker
+                warnings.warn(f"spillfs activation offload: background task failed: {e!r}")
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def drain(self):
+        with self._cv:
+            while self._tasks or self._busy:
+                self._cv.wait()
+
+    def stop(self):
+        self.submit(None)
+
+
+class _Entry:
+    """One stored region (several saves of it share the entry: dedup)."""
+
+    __slots__ = ("key", "group", "nbytes", "dtype", "size", "stride", "dense", "device", "span", "tier", "src",
+                 "src_weak", "version", "staging", "region", "d2h_event", "file", "file_off", "write_req",
+                 "write_error", "loaded", "load_buf", "load_event", "read_req", "prefetched", "outstanding",
+                 "released", "forwarded", "step", "kept_reason", "pool", "staged")
+
+    def __init__(self, key, group, t, nbytes, dense, span, step):
+        self.key, self.group, self.nbytes, self.dense, self.span, self.step = key, group, nbytes, dense, span, step
+        self.dtype, self.size, self.stride, self.device = t.dtype, tuple(t.shape), tuple(t.stride()), t.device
+        if not dense:
+            # gaps or overlap (q, k, v views of a fused projection; expanded tensors): stored and restored dense,
+            # in the same order of dimensions (as empty_like would), so a restored view costs its own bytes only
+            self.stride = _dense_strides(self.size, self.stride)
+            self.span = t.numel()
+        self.tier = None  # None: pending (not committed yet), "keep", "host", "ssd"
+        # detached: a strong reference to a tensor with a grad_fn would keep its whole graph alive
+        # (graph -> saved -> offloader -> tensor -> graph) where autograd drops it without backward
+        self.src = t.detach()
+        self.src_weak = weakref.ref(t)
+        self.version = t._version
+        self.staging = None
+        self.region = self.d2h_event = None
+        self.pool = None  # the HostTier of region (host tier, or the staging of files)
+        self.staged = False  # the worker still writes region to the file (and frees it)
+        self.file = self.file_off = self.write_req = self.write_error = None
+        self.loaded = self.load_buf = self.load_event = self.read_req = None
+        self.prefetched = False
+        self.outstanding = 0
+        self.released = False
+        self.forwarded = False
+        self.kept_reason = None
+
+
+class _Saved:
+    """What pack gives autograd for an offloaded tensor (one per save)."""
+
+    __slots__ = ("entry", "size", "stride", "value", "consumed", "owner", "__weakref__")
+
+    def __init__(self, owner, entry, t):
+        self.owner, self.entry = owner, entry
+        self.size, self.stride = tuple(t.shape), tuple(t.stride())
+        self.value = None
+        self.consumed = False
+
+    def __del__(self):
+        try:
+            if not self.consumed and self.owner is not None:
+                self.owner._dropped(self.entry)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class ActivationOffloader:
+    r"""Offloads the tensors autograd saves in its ``with`` blocks (one block = one step).
+
+    Made by :func:`spillfs.torch.offload_activations`, which documents the
+    arguments.
+
+    Attributes:
+        reports (list): one :class:`OffloadReport` per step; ``report``: the latest.
+        policy: the policy object (:class:`AdaptivePolicy`, or the plain one of
+            ``"all"`` / ``"none"``).
+        staging_bytes (int): host memory (pinned on CUDA) that file writes are
+            staged through, so an original goes once copied out rather than once
+            on disk (512 MiB; 0: written from where the tensor is).
+        copy_window (int): how many layers the device-to-host copies may lag
+            behind the layer being computed before the compute stream waits for
+            them (1); bounds the device memory of copies in flight.
+    """
+
+    def __init__(self, dir=None, *, host_bytes, min_bytes, prefetch_layers, policy, layers, group_bytes=64 * _MiB,
+                 io_backend="auto", keep_last=True):
+        if host_bytes is None or host_bytes < 0:
+            raise ValueError(f"host_bytes must be a non-negative number of bytes, not {host_bytes!r}")
+        if min_bytes < 0:
+            raise ValueError(f"min_bytes must be >= 0, not {min_bytes!r}")
+        if prefetch_layers < 0:
+            raise ValueError(f"prefetch_layers must be >= 0, not {prefetch_layers!r}")
+        self.dir = None if dir is None else os.fspath(dir)
+        self.host_bytes = int(host_bytes)
+        self.min_bytes = int(min_bytes)
+        self.prefetch_layers = int(prefetch_layers)
+        self.policy = _policy.make_policy(policy)
+        self.group_bytes = int(group_bytes)
+        self.io_backend = io_backend
+        self.keep_last = keep_last
+        self._model = None
+        if layers is None:
+            self._layers = []
+        elif isinstance(layers, torch.nn.Module) and not isinstance(layers, torch.nn.ModuleList):
+            self._model = layers
+            self._layers = find_layers(layers)
+        else:
+            self._layers = list(layers)
+            for m in self._layers:
+                if not isinstance(m, torch.nn.Module):
+                    raise TypeError(f"layers must be nn.Modules (or a model), got {type(m).__name__}")
+        self.reports = []
+        self.report = None
+        self._lock = threading.RLock()
+        self._worker = None
+        self._host = None
+        self._files = None
+        self._cuda = None  # (d2h stream, h2d stream) once a CUDA tensor was seen
+        self._step = -1
+        self._active = False
+        self._hooks_ctx = None
+        self._handles = []
+        self._entries = {}  # key -> live entry
+        self._step_entries = []
+        self._groups = collections.defaultdict(list)
+        self._prefetched_groups = set()
+        self._layer_files = {}
+        self._group_stack = []
+        self._pending = None
+        self._phase = "forward"
+        self._outstanding = 0
+        self._after_last_layer = False
+        self._param_ptrs = set()
+        self._seen_modules = set()
+        self._cum_bytes = 0
+        self._warnings = []
+        self._marks = []
+        self._fell_back_disk = False
+        self._warned_disk = False
+        self._kept_keys = set()
+        self._inflight = collections.deque()  # entries whose device-to-host copy may still run
+        self._staging = None  # HostTier staging the writes to files
+        # pinned bytes staging file writes (the original goes once copied out; 0: written from where it is)
+        self.staging_bytes = 512 * _MiB
+        # originals of groups more than this many before the current one go even where their copy still runs
+        # (the compute stream waits for the copy): what bounds the device memory of copies in flight
+        self.copy_window = 1
+        self._cuda_marks = False
+        self._t0 = 0.0
+        self._trace = None  # tests: a list of (storage ptr, tier) of what was stored
+
+    # -- public ---------------------------------------------------------------
+
+    @property
+    def layers(self):
+        """The modules whose hooks tag, time and prefetch (a list)."""
+        return list(self._layers)
+
+    def in_use(self):
+        """What this offloader still holds: ``{"host_bytes", "files", "entries"}``."""
+        with self._lock:
+            return {"host_bytes": sum(p.in_use() for p in (self._host, self._staging) if p is not None),
+                    "files": self._files.leftover() if self._files is not None else [],
+                    "entries": sum(1 for e in self._step_entries if not e.released)}
+
+    def close(self):
+        """Frees everything: host slabs, files, the directory, the worker thread."""
+        if self._active:
+            raise RuntimeError("close() inside the offloader's with block")
+        self._release_all()
+        with self._lock:
+            if self._host is not None:
+                self._host.close()
+                self._host = None
+            if self._staging is not None:
+                self._staging.close()
+                self._staging = None
+            if self._files is not None:
+                self._files.close()
+                self._files = None
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+
+    def __del__(self):
+        try:
+            if self._files is not None:
+                self._files.close()
+            if self._worker is not None:
+                self._worker.stop()
+        except Exception:
+            pass
+
+    # -- the step -------------------------------------------------------------
+
+    def __enter__(self):
+        if self._active:
+            raise RuntimeError("spillfs.torch.offload_activations: the offloader's with block is not reentrant")
+        self._release_all()  # what autograd still held from the previous step
+        self._step += 1
+        self._active = True
+        self._phase = "forward"
+        self._entries = {}
+        self._step_entries = []
+        self._groups = collections.defaultdict(list)
+        self._prefetched_groups = set()
+        self._layer_files = {}
+        self._group_stack = []
+        self._pending = None
+        self._outstanding = 0
+        self._after_last_layer = False
+        self._cum_bytes = 0
+        self._marks = []
+        self._kept_keys = set()
+        self._fell_back_disk = False
+        self._cuda_marks = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self._param_ptrs = set()
+        self._seen_modules = set()
+        if self._worker is None:
+            self._worker = _Worker("spillfs-offload")
+        if self._model is not None:
+            self._see_module(self._model)
+        self.report = OffloadReport(self._step, self.policy.name)
+        self.reports.append(self.report)
+        self.policy.begin_step(self, self.report)
+        if self._host is not None:
+            self._host.peak = self._host.used
+        self._install()
+        self._wrap_recompute(self.policy.recompute_layers())
+        self._t0 = time.perf_counter()
+        self._mark("step_start", None)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self._unwrap_recompute()
+            self._uninstall()
+        finally:
+            self._active = False
+        if exc_type is not None:
+            self._release_all(dead=True)
+        else:
+            self._mark("step_end", None)
+            self._finish_step()
+        self._flush_warnings()
+        return False
+
+    def _finish_step(self):
+        if self._cuda_marks or self._cuda is not None:
+            torch.cuda.current_stream().synchronize()
+        seconds = time.perf_counter() - self._t0
+        # a step whose backward ran inside the block has released everything; wait for the files to close
+        self._worker.drain()
+        with self._lock:
+            self._poll()
+            for pool in (self._host, self._staging):
+                if pool is not None:
+                    pool._reclaim()  # regions whose host-to-device copies have landed (synchronized above)
+        r = self.report
+        r.measured["step_seconds"] = seconds
+        r.measured["memory_saved"] = r.offloaded_bytes
+        if self._host is not None:
+            r.host_peak_bytes = self._host.peak
+        if self._files is not None:
+            r.io_backend = self._files.io_backend
+        self.policy.end_step(self, r, self._marks, seconds)
+
+    # -- hooks ----------------------------------------------------------------
+
+    def _install(self):
+        self._hooks_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks_ctx.__enter__()
+        mm = torch.nn.modules.module
+        self._handles = [mm.register_module_forward_pre_hook(self._global_pre_hook)]
+        for i, layer in enumerate(self._layers):
+            self._handles.append(layer.register_forward_pre_hook(self._make_pre_hook(i)))
+            self._handles.append(layer.register_forward_hook(self._make_post_hook(i)))
+
+    def _wrap_recompute(self, indices):
+        """Runs the layers at `indices` under non-reentrant activation checkpointing (this step)."""
+        import functools
+
+        import torch.utils.checkpoint as checkpoint
+        self._wrapped = []
+        for i in indices:
+            layer = self._layers[i]
+            had = "forward" in layer.__dict__
+            previous = layer.__dict__.get("forward")
+            inner = layer.forward
+
+            def forward(*args, _inner=inner, **kwargs):
+                fn = functools.partial(_inner, **kwargs) if kwargs else _inner
+                return checkpoint.checkpoint(fn, *args, use_reentrant=False)
+            layer.forward = forward
+            self._wrapped.append((layer, had, previous))
+
+    def _unwrap_recompute(self):
+        for layer, had, previous in getattr(self, "_wrapped", ()):
+            if had:
+                layer.forward = previous
+            else:
+                del layer.forward
+        self._wrapped = []
+
+    def _uninstall(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._hooks_ctx is not None:
+            ctx, self._hooks_ctx = self._hooks_ctx, None
+            ctx.__exit__(None, None, None)
+
+    def _see_module(self, module):
+        if id(module) in self._seen_modules:
+            return
+        for m in module.modules():
+            self._seen_modules.add(id(m))
+        for p in module.parameters():
+            if p.numel():
+                self._param_ptrs.add(_storage_ptr(p))
+        for b in module.buffers():
+            if b.numel():
+                self._param_ptrs.add(_storage_ptr(b))
+
+    def _global_pre_hook(self, module, args):
+        if id(module) not in self._seen_modules:
+            with self._lock:
+                self._see_module(module)
+
+    def _make_pre_hook(self, index):
+        def hook(module, args):
+            self._group_stack.append(index)
+            if self._phase == "forward":
+                self._mark("fwd_start", index)
+        return hook
+
+    def _make_post_hook(self, index):
+        def hook(module, args, output):
+            if self._group_stack and self._group_stack[-1] == index:
+                self._group_stack.pop()
+            if self._phase != "forward":
+                return
+            self._mark("fwd_end", index)
+            if index == len(self._layers) - 1:
+                self._after_last_layer = True
+            if torch.is_grad_enabled():
+                for t in _tensors(output):
+                    if t.requires_grad:
+                        t.register_hook(self._make_grad_hook(index))
+                        break
+        return hook
+
+    def _make_grad_hook(self, index):
+        fired = []
+
+        def hook(grad):
+            if not fired:
+                fired.append(True)
+                self._backward_starts()
+                self._mark("bwd_start", index)
+                with self._lock:
+                    self._prefetch_from(index)
+            return None
+        return hook
+
+    def _mark(self, kind, layer):
+        if self._cuda_marks:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._marks.append((kind, layer, ev))
+        else:
+            self._marks.append((kind, layer, time.perf_counter()))
+
+    def _current_group(self, nbytes):
+        if self._group_stack:
+            return self._group_stack[-1]
+        if self._layers:
+            return _HEAD if self._after_last_layer else -1
+        g = self._cum_bytes // self.group_bytes if self.group_bytes else 0
+        self._cum_bytes += nbytes
+        return g
+
+    def _is_parameter(self, t):
+        if isinstance(t, torch.nn.Parameter) or (t.is_leaf and t.requires_grad):
+            return True
+        base = t._base
+        if base is not None and (isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad)):
+            return True
+        return _storage_ptr(t) in self._param_ptrs
+
+    def _backward_starts(self):
+        if self._phase == "backward":
+            return
+        with self._lock:
+            self._phase = "backward"
+            if self._pending is not None:  # the last tensor saved before backward: keep it
+                e, self._pending = self._pending, None
+                e.tier = "keep"
+                e.kept_reason = "last"
+                self.report.keep("last", e.nbytes)
+                self._record_layer_bytes(e)
+            self._poll()
+
+    # -- pack -----------------------------------------------------------------
+
+    def _pack(self, t):
+        start = time.perf_counter()
+        try:
+            return self._pack_inner(t)
+        finally:
+            self.report.add_seconds("pack", time.perf_counter() - start)
+
+    def _pack_inner(self, t):
+        # What stays is returned detached: the tensor itself, where it is the output of the node saving it,
+        # would make a reference cycle through C++ (node -> saved -> tensor -> node) that nothing collects.
+        r = self.report
+        nbytes = t.numel() * t.element_size()
+        r.count("packed", nbytes)
+        if not self._active or self._phase != "forward":
+            if self._phase == "backward" and self._outstanding == 0:
+                # a new forward after a finished backward in the same block (gradient accumulation)
+                self._phase = "forward"
+                self._prefetched_groups = set()
+                self._after_last_layer = False
+            else:
+                r.keep("backward" if self._active else "inactive", nbytes)
+                return t.detach()
+        if nbytes < max(self.min_bytes, 1) or t.device.type not in ("cpu", "cuda") or t.is_sparse:
+            r.keep("small" if nbytes < max(self.min_bytes, 1) else "device", nbytes)
+            return t.detach()
+        if self._is_parameter(t):
+            r.keep("parameter", nbytes)
+            return t.detach()
+        group = self._current_group(nbytes)
+        if group == _HEAD:
+            r.keep("head", nbytes)
+            return t.detach()
+        span = _span(t)
+        dense = span == t.numel()
+        key = (t.device, _storage_ptr(t), t.storage_offset(), t.dtype, t._version,
+               span if dense else (tuple(t.shape), tuple(t.stride())))
+        decision = self.policy.decide(group)
+        r.decisions.setdefault(group, decision)
+        if decision == "keep":
+            r.keep("layer", nbytes)
+            if key not in self._kept_keys:  # bytes per layer, each region once (the policy's profile)
+                self._kept_keys.add(key)
+                r.layer_bytes[group] = r.layer_bytes.get(group, 0) + nbytes
+            return t.detach()
+        if t.device.type == "cuda" and self._cuda is None:
+            self._cuda = (torch.cuda.Stream(t.device), torch.cuda.Stream(t.device))
+        with self._lock:
+            entry = self._entries.get(key)
+            # the original must still live: once it died, its memory (and so the key) may be another tensor's
+            if entry is not None and not entry.released and entry.src_weak() is not None:
+                entry.outstanding += 1
+                self._outstanding += 1
+                r.count("deduped", entry.nbytes)
+                return _Saved(self, entry, t)
+            stored = (span if dense else t.numel()) * t.element_size()
+            entry = _Entry(key, group, t, stored, dense, span, self._step)
+            entry.outstanding = 1
+            self._outstanding += 1
+            self._entries[key] = entry
+            self._step_entries.append(entry)
+            self._groups[group].append(entry)
+            if self._trace is not None:
+                self._trace.append((_storage_ptr(t), entry))
+            previous, self._pending = self._pending, (entry if self.keep_last else None)
+            if previous is not None:
+                self._commit(previous)
+            if not self.keep_last:
+                self._commit(entry)
+            self._poll(force_before=group - self.copy_window if isinstance(group, int) else None)
+            return _Saved(self, entry, t)
+
+    def _record_layer_bytes(self, e):
+        r = self.report
+        r.layer_bytes[e.group] = r.layer_bytes.get(e.group, 0) + e.nbytes
+
+    def _commit(self, e):
+        """Stores a pending entry in the tier its layer's decision names."""
+        r = self.report
+        self._record_layer_bytes(e)
+        decision = self.policy.decide(e.group)
+        order = ("ssd", "host") if decision == "ssd" else ("host", "ssd")
+        for tier in order:
+            if tier == "host" and self.host_bytes > 0 and self._store_host(e):
+                r.count("host", e.nbytes)
+                return
+            if tier == "ssd" and self.dir is not None and not self._fell_back_disk and self._store_file(e):
+                return
+        e.tier = "keep"
+        e.kept_reason = "no_room"
+        r.keep("no_room", e.nbytes)
+
+    def _flat(self, t, e):
+        """The bytes of a dense tensor as a 1-D tensor of its dtype."""
+        return t.as_strided((e.span,), (1,))
+
+    def _copy_out(self, e, pool):
+        """Copies e.src into a region of `pool` (a device-to-host copy on the copy stream for
+        CUDA: e.src stays, for forwarding, until the copy landed or the window forces it out).
+        None where the pool has no room."""
+        t = e.src
+        cuda = t.device.type == "cuda"
+        d2h = self._cuda[0] if cuda else None
+        region = pool.allocate(e.nbytes, wait_stream=d2h)
+        if region is None:
+            return None
+        dst = region.data.view(e.dtype) if e.nbytes else region.data
+        if cuda:
+            d2h.wait_stream(torch.cuda.current_stream(t.device))
+            with torch.cuda.stream(d2h):
+                if e.dense:
+                    dst.copy_(self._flat(t, e), non_blocking=True)
+                else:
+                    dst.as_strided(e.size, e.stride).copy_(t, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record(d2h)
+            e.d2h_event = ev
+            self._inflight.append(e)
+        else:
+            if e.dense:
+                dst.copy_(self._flat(t, e))
+            else:
+                dst.as_strided(e.size, e.stride).copy_(t)
+        e.region, e.pool = region, pool
+        return region
+
+    def _store_host(self, e):
+        if self._host is None:
+            self._host = HostTier(self.host_bytes, pinned=self._cuda is not None)
+        if self._copy_out(e, self._host) is None:
+            return False
+        if e.d2h_event is None:
+            e.src = None
+        e.tier = "host"
+        if self._trace is not None:
+            self._trace_tier(e, "host")
+        return True
+
+    def _trace_tier(self, e, tier):
+        for i, row in enumerate(self._trace):
+            if row[1] is e:
+                self._trace[i] = (row[0], e, tier)
+
+    def _layer_file(self, group):
+        f = self._layer_files.get(group)
+        if f is None or f.closed:
+            if self._files is None:
+                self._files = FileTier(self.dir, backend=self.io_backend)
+            hint = self.policy.bytes_hint(group)
+            f = self._files.open(f"L{group}-s{self._step}.act", hint)
+            self._layer_files[group] = f
+        return f
+
+    def _store_file(self, e):
+        t = e.src
+        cuda = t.device.type == "cuda"
+        try:
+            f = self._layer_file(e.group)
+        except OSError as err:
+            self._disk_failed(err)
+            return False
+        if self.staging_bytes > 0:
+            # through a staging region: the original goes once copied out (the disk is slower than PCIe)
+            if self._staging is None:
+                self._staging = HostTier(self.staging_bytes, pinned=self._cuda is not None)
+            if self._copy_out(e, self._staging) is not None:
+                e.file, e.file_off = f, f.reserve(e.nbytes)
+                e.staged = True
+                f.inflight += 1  # the write the worker will start
+                if e.d2h_event is None:
+                    e.src = None
+                e.tier = "ssd"
+                self.report.count("ssd", e.nbytes)
+                if self._trace is not None:
+                    self._trace_tier(e, "ssd")
+                self._worker.submit(self._staged_write, e, f)
+                return True
+        # t: e.src, detached; a tensor with gaps is gathered into its stored (dense) layout first
+        src = t if e.dense else torch.empty_strided(e.size, e.stride, dtype=e.dtype, device=t.device).copy_(t)
+        stream = 0
+        if cuda and not f.native:
+            src = src.to("cpu")  # no segment I/O: through pageable memory (slow, but correct)
+        if src.device.type == "cuda":
+            device = src.device.index
+            stream = torch.cuda.current_stream(src.device).cuda_stream
+        else:
+            device = -1
+        if src is not t:
+            e.staging = src
+        off = f.reserve(e.nbytes)
+        e.file, e.file_off = f, off
+        try:
+            req = f.write(src.data_ptr(), e.nbytes, off, device, stream)
+        except OSError as err:
+            f.live -= 1
+            e.file = None
+            e.staging = None
+            self._maybe_close(f)
+            self._disk_failed(err)
+            return False
+        e.write_req = req
+        e.tier = "ssd"
+        self.report.count("ssd", e.nbytes)
+        if self._trace is not None:
+            self._trace_tier(e, "ssd")
+        self._worker.submit(self._complete_write, e, req, time.perf_counter())
+        return True
+
+    def _disk_failed(self, err):
+        self.report.write_errors += 1
+        if err.errno == _errno.ENOSPC:
+            self._fell_back_disk = True  # for the rest of the step: its own files go when backward consumed them
+        if not self._warned_disk:
+            self._warned_disk = True
+            self._warnings.append(f"spillfs.torch.offload_activations: writing activations under {self.dir} "
+                                  f"failed ({err}); keeping them in memory instead")
+
+    def _staged_write(self, e, f):
+        """Worker: once the copy into the staging region landed, writes it to the file, then frees it."""
+        ev = e.d2h_event
+        while ev is not None and not ev.query():
+            time.sleep(2e-4)
+        error = stats = None
+        submitted = time.perf_counter()
+        with self._lock:
+            f.inflight -= 1
+            skip = e.released
+            if not skip:
+                try:
+                    req = f.write(e.region.data.data_ptr(), e.nbytes, e.file_off, -1)
+                except OSError as err:
+                    error, req = err, None
+        if not skip and req is not None:
+            try:
+                stats = req.wait()
+            except OSError as err:
+                error = err
+            with self._lock:
+                f.done()
+        with self._lock:
+            e.staged = False
+            if stats is not None:
+                self.policy.observe_io("ssd_write", e.nbytes, submitted, stats.get("seconds", 0.0))
+            if error is not None:
+                # the bytes stay in the staging region and are served from there: never lost
+                r = self.report
+                r.ssd_count -= 1
+                r.ssd_bytes -= e.nbytes
+                r.count("host", e.nbytes)
+                e.tier = "host"
+                self._disk_failed(error)
+                if not e.released:
+                    f.live -= 1
+                    e.file = None
+            if e.region is not None and (error is None or e.released):
+                e.pool.free(e.region, e.load_event)  # a load from it may still run: reuse waits for it
+                e.region = None
+            self._maybe_close(f)
+
+    def _complete_write(self, e, req, submitted):
+        error = None
+        try:
+            stats = req.wait()
+        except OSError as err:
+            error = err
+            stats = None
+        with self._lock:
+            e.write_req = None
+            if e.file is not None:
+                e.file.done()
+            if stats is not None:
+                self.policy.observe_io("ssd_write", e.nbytes, submitted, stats.get("seconds", 0.0))
+            e.staging = None
+            if error is not None:
+                e.write_error = error
+                self.report.ssd_count -= 1
+                self.report.ssd_bytes -= e.nbytes
+                e.tier = "keep"
+                e.kept_reason = "error"
+                self.report.keep("error", e.nbytes)
+                self._disk_failed(error)
+            elif not e.released:
+                e.src = None  # on disk now: the original may go (forwarding while it lives)
+            if e.released:
+                self._maybe_close(e.file)
+
+    # -- unpack ---------------------------------------------------------------
+
+    def _unpack(self, saved):
+        if not isinstance(saved, _Saved):
+            return saved
+        if saved.value is not None:  # retain_graph: unpacked again
+            return saved.value
+        start = time.perf_counter()
+        try:
+            return self._unpack_inner(saved)
+        finally:
+            self.report.add_seconds("unpack", time.perf_counter() - start)
+
+    def _unpack_inner(self, saved):
+        self._backward_starts()
+        e = saved.entry
+        r = self.report
+        with self._lock:
+            if e.released:
+                raise RuntimeError("spillfs.torch.offload_activations: this saved tensor was released (its step "
+                                   "ended with an exception, or the offloader was closed); run forward again")
+            t = None
+            if e.src is not None:
+                t = e.src  # kept, or its copy still in flight
+                if e.tier in ("host", "ssd") and not e.forwarded:
+                    e.forwarded = True
+                    r.count("forwarded", e.nbytes)
+            else:
+                alive = e.src_weak()
+                if alive is not None and alive._version == e.version:
+                    t = alive.detach()
+                    if not e.forwarded:
+                        e.forwarded = True
+                        r.count("forwarded", e.nbytes)
+            if t is None:
+                if e.loaded is None:
+                    r.stalls += 1
+                    t0 = time.perf_counter()
+                    self._load(e)
+                    self._finish_load(e)
+                    r.stall_seconds += time.perf_counter() - t0
+                else:
+                    if e.prefetched and not getattr(e, "forwarded"):
+                        r.prefetch_hits += 1
+                        e.prefetched = False  # count once
+                    if e.read_req is not None:
+                        t0 = time.perf_counter()
+                        self._finish_load(e)
+                        waited = time.perf_counter() - t0
+                        if waited > 1e-4:
+                            r.stalls += 1
+                            r.stall_seconds += waited
+                t = e.loaded
+                if t.device.type == "cuda":
+                    cur = torch.cuda.current_stream(t.device)
+                    if e.load_event is not None:
+                        cur.wait_event(e.load_event)
+                    t.record_stream(cur)
+            if e.dense and (saved.size != tuple(t.shape) or saved.stride != tuple(t.stride())):
+                t = t.as_strided(saved.size, saved.stride)  # another view of the same bytes (dedup)
+            saved.value = t
+            saved.consumed = True
+            e.outstanding -= 1
+            self._outstanding -= 1
+            if e.outstanding == 0:
+                self._release(e)
+            if e.group != _HEAD:
+                self._prefetch_from(e.group)
+            return t
+
+    # -- prefetch and loads ---------------------------------------------------
+
+    def _prefetch_from(self, group):
+        """Starts reading `group` and the `prefetch_layers` groups before it."""
+        if not isinstance(group, int):
+            return
+        t0 = time.perf_counter()
+        for g in range(group, group - self.prefetch_layers - 1, -1):
+            if g < -1:
+                break
+            if g in self._prefetched_groups:
+                continue
+            self._prefetched_groups.add(g)
+            for e in self._groups.get(g, ()):
+                if e.released or e.loaded is not None or e.tier not in ("host", "ssd"):
+                    continue
+                if e.src is not None:
+                    continue  # still in memory: forwarded at unpack
+                alive = e.src_weak()
+                if alive is not None and alive._version == e.version:
+                    continue
+                self._load(e)
+                e.prefetched = True
+        self.report.add_seconds("prefetch", time.perf_counter() - t0)
+
+    def _load(self, e):
+        """Starts bringing `e` back (into e.loaded; e.read_req / e.load_event pending)."""
+        cuda = e.device.type == "cuda"
+        if cuda:
+            h2d = self._cuda[1]
+            ctx = torch.cuda.stream(h2d)
+        else:
+            h2d = None
+            ctx = _nullcontext()
+        with ctx:
+            out = torch.empty_strided(e.size, e.stride, dtype=e.dtype, device=e.device)
+            buf = self._flat(out, e)  # the stored layout is dense: its bytes come back as they are
+            if e.region is not None:  # the host tier, or a staging region not yet written
+                src = e.region.data.view(e.dtype) if e.nbytes else e.region.data
+                if cuda:
+                    if e.d2h_event is not None:
+                        h2d.wait_event(e.d2h_event)
+                    buf.copy_(src, non_blocking=True)
+                    ev = torch.cuda.Event()
+                    ev.record(h2d)
+                    e.load_event = ev
+                else:
+                    buf.copy_(src)
+                if e.tier == "host":
+                    self.report.read_host_bytes += e.nbytes
+                else:
+                    self.report.read_staged_bytes += e.nbytes
+            else:
+                f = e.file
+                if cuda and not f.native:
+                    host = torch.empty(buf.numel(), dtype=e.dtype)
+                    req = f.read(host.data_ptr(), e.nbytes, e.file_off, -1)
+                    e.read_req = (req, host, buf, time.perf_counter())
+                else:
+                    device = buf.device.index if cuda else -1
+                    stream = h2d.cuda_stream if cuda else 0
+                    req = f.read(buf.data_ptr(), e.nbytes, e.file_off, device, stream)
+                    e.read_req = (req, None, buf, time.perf_counter())
+                self.report.read_ssd_bytes += e.nbytes
+        e.loaded = out
+
+    def _finish_load(self, e):
+        """Waits for the read of `e` (file tier); makes e.loaded complete."""
+        if e.read_req is None:
+            return
+        (req, host, buf, submitted), e.read_req = e.read_req, None
+        try:
+            stats = req.wait()
+        finally:
+            e.file.done()
+        self.policy.observe_io("ssd_read", e.nbytes, submitted, stats.get("seconds", 0.0))
+        cuda = e.device.type == "cuda"
+        if cuda:
+            h2d = self._cuda[1]
+            with torch.cuda.stream(h2d):
+                if host is not None:
+                    buf.copy_(host, non_blocking=False)
+                ev = torch.cuda.Event()
+                ev.record(h2d)
+                e.load_event = ev
+
+    # -- release --------------------------------------------------------------
+
+    def _dropped(self, entry):
+        """A save autograd dropped without unpacking it (from __del__: any thread, any time)."""
+        worker = self._worker
+        if worker is not None:
+            worker.submit(self._dropped_task, entry)
+
+    def _dropped_task(self, e):
+        with self._lock:
+            if e.released:
+                return
+            e.outstanding -= 1
+            if e.step == self._step:
+                self._outstanding -= 1
+            if e.outstanding <= 0:
+                self._release(e)
+
+    def _release(self, e):
+        """Frees what `e` holds (host region, its part of a file); lock held."""
+        if e.released:
+            return
+        e.released = True
+        if self._entries.get(e.key) is e:
+            del self._entries[e.key]
+        if self._pending is e:
+            self._pending = None
+        if e.read_req is not None:
+            try:
+                self._finish_load(e)
+            except OSError:
+                pass
+        if e.region is not None and not e.staged:  # a staged region is the worker's to free
+            event = e.load_event if e.load_event is not None else e.d2h_event
+            e.pool.free(e.region, event)
+            e.region = None
+        e.loaded = e.load_buf = None
+        if e.write_req is None:
+            self._drop_src(e)
+            e.staging = None
+        if e.file is not None:
+            e.file.live -= 1
+            self._maybe_close(e.file)
+
+    def _maybe_close(self, f):
+        if f is not None and not f.closed and f.live <= 0 and f.inflight <= 0:
+            try:
+                f.close()
+            except OSError as err:
+                self._warnings.append(f"spillfs.torch.offload_activations: closing {f.path}: {err}")
+
+    def _release_all(self, dead=False):
+        """Releases every entry of the current step (after an exception: all of them)."""
+        if self._worker is None:
+            return
+        self._worker.drain()  # writes complete (each request is waited for exactly once)
+        with self._lock:
+            for e in self._step_entries:
+                if dead or e.outstanding <= 0:
+                    self._release(e)
+                    if dead:
+                        self._drop_src(e)
+                        e.staging = None
+            self._pending = None
+            if dead:
+                self._outstanding = 0
+            for pool in (self._host, self._staging):
+                if pool is not None:
+                    pool._reclaim()
+
+    def _drop_src(self, e):
+        """Lets the original go; where its device-to-host copy may still run, the copy stream
+        is recorded on it, so the allocator reuses its memory only after the copy."""
+        src, e.src = e.src, None
+        if src is not None and e.d2h_event is not None and src.is_cuda and not e.d2h_event.query():
+            src.record_stream(self._cuda[0])
+
+    def _poll(self, force_before=None):
+        """Drops originals whose device-to-host copy landed (lock held; copies land in order).
+        Those of groups before `force_before` go even where their copy may still run: the
+        compute stream waits for the copy first (their memory must be reusable: the window)."""
+        q = self._inflight
+        while q:
+            e = q[0]
+            if e.src is None:
+                q.popleft()
+                continue
+            if e.d2h_event.query():
+                q.popleft()
+                e.src = None
+                continue
+            if force_before is not None and isinstance(e.group, int) and e.group < force_before:
+                torch.cuda.current_stream(e.device).wait_event(e.d2h_event)
+                self.report.copy_waits += 1
+                q.popleft()
+                e.src = None
+                continue
+            break
+
+    def _flush_warnings(self):
+        with self._lock:
+            pending, self._warnings = self._warnings, []
+        for message in pending:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _tensors(output):
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, (list, tuple)):
+        for o in output:
+            yield from _tensors(o)
+    elif isinstance(output, dict):
+        for o in output.values():
+            yield from _tensors(o)
+    elif hasattr(output, "to_tuple"):  # transformers' ModelOutput
+        yield from _tensors(output.to_tuple())

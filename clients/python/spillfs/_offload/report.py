@@ -1,0 +1,118 @@
+"""What one step of :func:`spillfs.torch.offload_activations` did."""
+
+__all__ = ["OffloadReport"]
+
+
+class OffloadReport:
+    r"""What one step (one ``with`` block) of an activation offloader did.
+
+    Counts are of saved tensors (``*_count``) and their bytes (``*_bytes``);
+    a tensor is counted once however many times autograd saved it.
+
+    Attributes:
+        step (int): index of the step (0 for the first ``with`` block).
+        policy (str): ``"all"``, ``"none"``, ``"adaptive"`` (``"adaptive:profile"``
+            while the adaptive policy profiles).
+        packed_count, packed_bytes: every tensor autograd saved inside the region.
+        kept_count, kept_bytes: saved tensors left where they were, for any
+            reason (see ``kept_reasons``: ``"small"``, ``"parameter"``,
+            ``"head"``, ``"last"``, ``"layer"`` (the policy kept the layer),
+            ``"backward"`` (saved during backward: recomputation),
+            ``"no_room"`` (no tier could take it), ``"error"`` (a write failed)).
+        host_count, host_bytes: tensors copied to the host tier.
+        ssd_count, ssd_bytes: tensors written to files.
+        deduped_count, deduped_bytes: saves of a tensor already stored (same
+            storage, offset, extent and version), served by the one copy.
+        forwarded_count, forwarded_bytes: tensors served from the memory of the
+            original (still alive, or its copy still in flight): no read.
+        read_host_bytes, read_ssd_bytes: bytes brought back from each tier.
+        read_staged_bytes: bytes of files brought back from their staging
+            region, before the write to the file happened (no disk read).
+        prefetch_hits (int): tensors whose read was started by the prefetcher
+            before backward needed them.
+        stalls (int): tensors backward had to wait for (read not started, or
+            not finished, when needed).
+        stall_seconds (float): host time spent waiting for them.
+        copy_waits (int): device-to-host copies the compute stream had to wait
+            for, so that the memory of their originals could be reused (the
+            copies lag more than ``copy_window`` layers behind the compute).
+        write_errors (int): writes that failed (``ENOSPC``...); the tensor was
+            kept (or, written from a staging region, served from that region).
+        decisions (dict): layer index -> ``"keep"``, ``"host"``, ``"ssd"`` or
+            ``"recompute"`` (``-1``: what runs before the first layer).
+        layer_bytes (dict): layer index -> bytes of offload candidates saved.
+        predicted (dict): the policy's prediction for this step
+            (``step_seconds``, ``memory_saved``), empty when it made none.
+        measured (dict): ``step_seconds`` (the ``with`` block, the GPU
+            synchronized at its end), ``memory_saved`` (bytes moved off the
+            device: host plus SSD), ``baseline_seconds`` (the profiled
+            keep-everything step).
+        io_backend (str or None): how files were reached (``"direct_path"``,
+            ``"mount"``, ``"direct_io"``, ``"buffered"``, ``"posix"``).
+        host_peak_bytes (int): the host tier's peak occupancy this step.
+        seconds (dict): host seconds in ``pack``, ``unpack``, ``prefetch``.
+    """
+
+    _COUNTERS = ("packed", "kept", "host", "ssd", "deduped", "forwarded")
+
+    def __init__(self, step=0, policy="all"):
+        self.step = step
+        self.policy = policy
+        for name in self._COUNTERS:
+            setattr(self, name + "_count", 0)
+            setattr(self, name + "_bytes", 0)
+        self.kept_reasons = {}
+        self.read_host_bytes = 0
+        self.read_ssd_bytes = 0
+        self.read_staged_bytes = 0
+        self.prefetch_hits = 0
+        self.stalls = 0
+        self.stall_seconds = 0.0
+        self.copy_waits = 0
+        self.write_errors = 0
+        self.decisions = {}
+        self.layer_bytes = {}
+        self.predicted = {}
+        self.measured = {}
+        self.io_backend = None
+        self.host_peak_bytes = 0
+        self.seconds = {}
+
+    def count(self, what, nbytes):
+        setattr(self, what + "_count", getattr(self, what + "_count") + 1)
+        setattr(self, what + "_bytes", getattr(self, what + "_bytes") + nbytes)
+
+    def keep(self, reason, nbytes):
+        self.count("kept", nbytes)
+        self.kept_reasons[reason] = self.kept_reasons.get(reason, 0) + 1
+
+    def add_seconds(self, name, dt):
+        self.seconds[name] = self.seconds.get(name, 0.0) + dt
+
+    @property
+    def offloaded_bytes(self):
+        """Bytes moved off the device (host tier and files)."""
+        return self.host_bytes + self.ssd_bytes
+
+    def as_dict(self):
+        """The attributes as a plain dict (for ``json.dumps``)."""
+        d = {k: (dict(v) if isinstance(v, dict) else v) for k, v in vars(self).items()}
+        d["decisions"] = {str(k): v for k, v in self.decisions.items()}
+        d["layer_bytes"] = {str(k): v for k, v in self.layer_bytes.items()}
+        return d
+
+    def summary(self):
+        """One line for logs."""
+        mb = 1 << 20
+        line = (f"step {self.step} [{self.policy}]: saved {self.packed_bytes / mb:.1f} MiB in {self.packed_count}, "
+                f"host {self.host_bytes / mb:.1f} MiB, ssd {self.ssd_bytes / mb:.1f} MiB, "
+                f"kept {self.kept_bytes / mb:.1f} MiB, deduped {self.deduped_count}, "
+                f"forwarded {self.forwarded_count}, prefetch hits {self.prefetch_hits}, "
+                f"stalls {self.stalls} ({self.stall_seconds * 1e3:.1f} ms)")
+        if self.predicted:
+            line += (f", predicted {self.predicted.get('step_seconds', 0) * 1e3:.1f} ms"
+                     f" / measured {self.measured.get('step_seconds', 0) * 1e3:.1f} ms")
+        return line
+
+    def __repr__(self):
+        return f"OffloadReport({self.summary()})"

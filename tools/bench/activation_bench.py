@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""The ROK curve: activation memory against step time, for keep, recompute, save_on_cpu and spillfs.
+
+    SPILLFS_BIN=.devrun/bin/spillfs SPILLFS_CLIENT_LIB=.devrun/lib/libspillfs_client.so \\
+        python3 tools/bench/activation_bench.py --dir /root/actbench \\
+        --json-out $OUT/activations.json --png-out $OUT/activations.png
+
+A GPT-style decoder (pre-LN blocks, scaled_dot_product_attention, GELU MLP,
+bf16, random weights) in the sizes of --sizes (default: the issue's reference
+16 x 2048 at seq 2048 batch 8, a 4096 one, and an 8192 one; all fit one 80 GB
+H100). For each size, one forward and backward per step (no optimizer: its
+time is the same for every strategy), after --warmup steps, the median of
+--steps steps, for:
+
+* ``keep``: everything stays on the GPU;
+* ``recompute``: ``torch.utils.checkpoint`` around every block (non-reentrant);
+* ``save_on_cpu``: ``torch.autograd.graph.save_on_cpu(pin_memory=True)``;
+* ``spillfs-ample``: spillfs.torch with the host tier large enough for all;
+* ``spillfs-capped``: the host tier at --cap of the activation bytes, the
+  rest to files on the SSD;
+* ``spillfs-zero``: no host tier, files only;
+
+each with ``policy="adaptive"`` (its profile steps are part of the warm-up)
+and, with --all-policy, ``policy="all"`` too (SSD-heavy ones are slow: the
+disk writes ~2 GB/s), and with --recompute ``AdaptivePolicy(recompute=True)``
+(layers neither tier hides are recomputed instead of kept). Files go to a spillfs volume made and mounted under
+--dir by this script (root, /dev/fuse, $SPILLFS_BIN or --spillfs), or straight
+into --dir with --no-mount.
+
+Per row: step ms, overhead against keep, peak GPU memory, the activation peak
+(the peak above weights and gradients), its reduction against keep, and for
+spillfs the report of the last step (bytes per tier, stalls, the policy's
+predicted and measured step). The first step of each strategy is checked
+against keep's loss (bit for bit). Prints a table; writes JSON and a PNG of
+activation peak against step time (matplotlib, when importable).
+"""
+
+import argparse
+import contextlib
+import gc
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import torch.utils.checkpoint  # noqa: E402
+
+import spillfs.torch as st  # noqa: E402
+
+GIB = 1 << 30
+
+SIZES = {
+    # name: layers, hidden, heads, seq, batch
+    "h2048": (16, 2048, 16, 2048, 8),
+    "h4096": (12, 4096, 32, 2048, 4),
+    "h8192": (6, 8192, 64, 2048, 4),
+    "tiny": (4, 256, 4, 128, 2),  # a smoke run (also on the CPU: --device cpu)
+}
+
+
+class Block(nn.Module):
+    def __init__(self, h, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+    def forward(self, x):
+        b, t, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        if hasattr(F, "scaled_dot_product_attention"):
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # torch 1.x (the CPU smoke run: --device cpu)
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+            s = (q @ k.transpose(-1, -2)) / math.sqrt(h // self.heads)
+            a = s.masked_fill(mask, float("-inf")).softmax(-1) @ v
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, h, heads, seq, vocab):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, h), nn.Embedding(seq, h)
+        self.blocks = nn.ModuleList(Block(h, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(h)
+        self.head = nn.Linear(h, vocab, bias=False)
+        self.recompute = False
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.blocks:
+            if self.recompute:
+                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
+        return self.head(self.ln(x))
+
+
+def sh(*args):
+    return subprocess.run(list(args), check=True, capture_output=True, text=True).stdout
+
+
+class Volume:
+    def __init__(self, spillfs_bin, work, size):
+        self.bin, self.image, self.mnt = spillfs_bin, os.path.join(work, "vol"), os.path.join(work, "mnt")
+        os.makedirs(self.mnt, exist_ok=True)
+        sh(self.bin, "mkfs", self.image, "--size", size)
+        sh(self.bin, "mount", self.image, self.mnt)
+
+    def close(self):
+        subprocess.run([self.bin, "umount", self.mnt], capture_output=True)
+
+
+def _cuda(dev):
+    return dev.type == "cuda"
+
+
+def sync(dev):
+    if _cuda(dev):
+        torch.cuda.synchronize(dev)
+
+
+def release_memory(dev):
+    """Cached device and pinned host blocks back (save_on_cpu's pinned blocks stay cached otherwise)."""
+    gc.collect()
+    if _cuda(dev):
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+        if hasattr(torch._C, "_host_emptyCache"):
+            torch._C._host_emptyCache()
+
+
+def run_mode(model, idx, tgt, mode, args, offloader=None):
+    """(median step seconds, peak bytes, activation peak bytes, first loss, offloader)."""
+    dev = idx.device
+
+    def step():
+        if mode == "save_on_cpu":
+            ctx = torch.autograd.graph.save_on_cpu(pin_memory=_cuda(dev))
+        elif offloader is not None:
+            ctx = offloader
+        else:
+            ctx = contextlib.nullcontext()
+        with ctx:
+            logits = model(idx)
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), tgt.view(-1))
+            loss.backward()
+        return loss.detach()
+
+    model.recompute = mode == "recompute"
+    first_loss = None
+    times, peaks, act_peaks = [], [], []
+    warmup = args.warmup + (3 if offloader is not None and offloader.policy.name == "adaptive" else 0)
+    for i in range(warmup + args.steps):
+        model.zero_grad(set_to_none=False)  # gradients stay allocated: the base below holds weights and grads
+        gc.collect()
+        sync(dev)
+        base = torch.cuda.memory_allocated(dev) if _cuda(dev) else 0
+        if _cuda(dev):
+            torch.cuda.reset_peak_memory_stats(dev)
+        t0 = time.perf_counter()
+        loss = step()
+        sync(dev)
+        dt = time.perf_counter() - t0
+        if first_loss is None:
+            first_loss = loss.item()
+        if i >= warmup:
+            times.append(dt)
+            peak = torch.cuda.max_memory_allocated(dev) if _cuda(dev) else 0
+            peaks.append(peak)
+            act_peaks.append(peak - base)
+    model.recompute = False
+    times.sort()
+    return times[len(times) // 2], max(peaks), max(act_peaks), first_loss
+
+
+def bench_size(name, args, files_dir, rows):
+    layers, h, heads, seq, batch = SIZES[name]
+    dev = torch.device(args.device)
+    torch.manual_seed(0)
+    if _cuda(dev) and hasattr(torch, "get_default_device"):  # initialised on the GPU: seconds, not minutes
+        with torch.device(dev):
+            model = GPT(layers, h, heads, seq, args.vocab)
+    else:
+        model = GPT(layers, h, heads, seq, args.vocab)
+    model = model.to(dev, torch.bfloat16 if _cuda(dev) else torch.float32)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    idx = torch.randint(0, args.vocab, (batch, seq), generator=g).to(dev)
+    tgt = torch.randint(0, args.vocab, (batch, seq), generator=g).to(dev)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"\n== {name}: {layers} layers, hidden {h}, heads {heads}, seq {seq}, batch {batch}, "
+          f"{params / 1e9:.2f} B params", flush=True)
+    results = {}
+
+    def record(mode, t, peak, act, loss, off=None, extra=None):
+        keep = results.get("keep")
+        row = {"size": name, "layers": layers, "hidden": h, "seq": seq, "batch": batch, "mode": mode,
+               "step_ms": round(t * 1e3, 2), "peak_gib": round(peak / GIB, 3), "act_peak_gib": round(act / GIB, 3)}
+        if keep is not None:
+            row["overhead"] = round(t / keep["t"] - 1, 4)
+            row["act_reduction"] = round(1 - act / keep["act"], 4) if keep["act"] else 0.0
+            row["loss_equal_keep"] = loss == keep["loss"]
+        if off is not None:
+            r = off.report
+            row["report"] = {k: v for k, v in r.as_dict().items() if k in (
+                "policy", "host_bytes", "ssd_bytes", "kept_bytes", "deduped_bytes", "forwarded_bytes",
+                "prefetch_hits", "stalls", "stall_seconds", "predicted", "measured", "decisions", "io_backend",
+                "write_errors", "kept_reasons")}
+            pred = r.predicted.get("step_seconds")
+            if pred:
+                row["predicted_ms"] = round(pred * 1e3, 2)
+                row["prediction_error"] = round(pred / t - 1, 4)
+        row.update(extra or {})
+        results[mode] = {"t": t, "act": act, "loss": loss}
+        rows.append(row)
+        print(f"{mode:28} {row['step_ms']:9.1f} ms {row.get('overhead', 0) * 100:+7.1f}%  peak {row['peak_gib']:7.2f} "
+              f"GiB  act {row['act_peak_gib']:7.2f} GiB ({row.get('act_reduction', 0) * 100:5.1f}% less)"
+              + (f"  predicted {row['predicted_ms']:.1f} ms" if "predicted_ms" in row else "")
+              + (f"  host {row['report']['host_bytes'] / GIB:.2f} GiB ssd {row['report']['ssd_bytes'] / GIB:.2f} GiB"
+                 f" stalls {row['report']['stalls']}" if "report" in row else ""), flush=True)
+
+    for mode in ("keep", "recompute", "save_on_cpu"):
+        if mode in args.skip:
+            continue
+        record(mode, *run_mode(model, idx, tgt, mode, args))
+        release_memory(dev)
+    act_bytes = results["keep"]["act"]
+    avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if not act_bytes:  # CPU smoke run: no memory statistics
+        act_bytes = 4 * layers * 34 * batch * seq * h
+    tiers = {"ample": min(int(act_bytes * 1.25), int(avail * 0.6)),
+             "capped": int(act_bytes * args.cap), "zero": 0}
+    policies = ["adaptive"] + (["all"] if args.all_policy else []) + (["recompute"] if args.recompute else [])
+    for tier, host_bytes in tiers.items():
+        for policy in policies:
+            mode = f"spillfs-{tier}" + ("" if policy == "adaptive" else f"-{policy}")
+            if mode in args.skip or (tier != "ample" and files_dir is None):
+                continue
+            pol = st.AdaptivePolicy(recompute=True, max_overhead=args.max_overhead) if policy == "recompute" else (
+                st.AdaptivePolicy(max_overhead=args.max_overhead) if policy == "adaptive" else policy)
+            off = st.offload_activations(None if tier == "ample" else files_dir, host_bytes=host_bytes,
+                                         min_bytes=args.min_bytes, prefetch_layers=args.prefetch_layers,
+                                         policy=pol, layers=model)
+            try:
+                record(mode, *run_mode(model, idx, tgt, mode, args, off), off=off,
+                       extra={"host_tier_bytes": host_bytes})
+            finally:
+                off.close()
+            release_memory(dev)
+    del model
+    release_memory(dev)
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not importable: no {path}")
+        return
+    sizes = sorted({r["size"] for r in rows}, key=lambda s: list(SIZES).index(s))
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.5), squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        sel = [r for r in rows if r["size"] == size]
+        keep = next(r for r in sel if r["mode"] == "keep")
+        for r in sel:
+            x = r["step_ms"] / keep["step_ms"]
+            marker = "o" if r["mode"].startswith("spillfs") else "s"
+            ax.scatter([x], [r["act_peak_gib"]], marker=marker)
+            ax.annotate(r["mode"], (x, r["act_peak_gib"]), fontsize=7, xytext=(4, 2), textcoords="offset points")
+        ax.axvline(1.05, color="grey", lw=0.6, ls="--")
+        ax.set_xscale("log")
+        ax.set_xlabel("step time / keep's")
+        ax.set_ylabel("activation peak (GiB)")
+        ax.set_title(f"{size}: {keep['layers']}x{keep['hidden']}, seq {keep['seq']}, batch {keep['batch']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    print(f"wrote {path}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", required=True, help="directory on the SSD (the volume, or the files with --no-mount)")
+    ap.add_argument("--sizes", default="h2048,h4096,h8192", help=f"comma-separated, of {', '.join(SIZES)}")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--cap", type=float, default=0.4, help="host tier of spillfs-capped, as a fraction of keep's "
+                    "activation peak")
+    ap.add_argument("--min-bytes", type=int, default=1 << 20)
+    ap.add_argument("--prefetch-layers", type=int, default=1)
+    ap.add_argument("--all-policy", action="store_true", help="also policy='all' for each host tier")
+    ap.add_argument("--recompute", action="store_true", help="also AdaptivePolicy(recompute=True) for each host "
+                    "tier (mode spillfs-<tier>-recompute)")
+    ap.add_argument("--max-overhead", type=float, default=0.03, help="the adaptive policy's step-time budget")
+    ap.add_argument("--skip", default="", help="modes to leave out, comma-separated")
+    ap.add_argument("--spillfs", default=os.environ.get("SPILLFS_BIN", os.path.join(ROOT, "build", "bin",
+                                                                                    "spillfs")))
+    ap.add_argument("--volume-size", default="40G", help="sparse; the GPU machines have 64 GiB disks")
+    ap.add_argument("--no-mount", action="store_true", help="files straight into --dir (no spillfs volume)")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu is a smoke run of the script (no memory figures)")
+    ap.add_argument("--json-out")
+    ap.add_argument("--png-out")
+    args = ap.parse_args()
+    args.skip = set(filter(None, args.skip.split(",")))
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("activation_bench.py needs a CUDA device (--device cpu: a smoke run)")
+    os.makedirs(args.dir, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="activation_bench.", dir=args.dir)
+    volume = None
+    if args.no_mount:
+        files_dir = os.path.join(work, "act")
+    else:
+        volume = Volume(args.spillfs, work, args.volume_size)
+        files_dir = os.path.join(volume.mnt, "act")
+    rows = []
+    meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
+            "files_dir": files_dir,
+            "mount": volume is not None, "command": " ".join(sys.argv)}
+    print(json.dumps(meta), flush=True)
+    try:
+        for name in args.sizes.split(","):
+            bench_size(name, args, files_dir, rows)
+            if args.json_out:  # after each size: a later one may run out of time
+                with open(args.json_out, "w") as f:
+                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    finally:
+        if volume is not None:
+            volume.close()
+        subprocess.run(["rm", "-rf", work])
+    if args.png_out and rows:
+        plot(rows, args.png_out)
+
+
+if __name__ == "__main__":
+    main()
