@@ -27,9 +27,9 @@
 
 #include <gtest/gtest.h>
 
-#include "errno_names.h"
-#include "eventually.h"
-#include "mounted_volume.h"
+#include "support/errno_names.h"
+#include "support/eventually.h"
+#include "support/mounted_volume.h"
 
 namespace spillfs::testing {
 namespace {

@@ -32,8 +32,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "eventually.h"
-#include "mounted_volume.h"
+#include "support/eventually.h"
+#include "support/mounted_volume.h"
 
 namespace spillfs::testing {
 namespace {

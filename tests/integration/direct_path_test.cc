@@ -25,9 +25,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "eventually.h"
-#include "mounted_volume.h"
 #include "spillfs/client.h"
+#include "support/eventually.h"
+#include "support/mounted_volume.h"
 
 namespace spillfs::testing {
 namespace {

@@ -27,8 +27,8 @@
 #include <thread>
 #include <vector>
 
-#include "mounted_volume.h"
-#include "random_bytes.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
 
 namespace spillfs::testing {
 namespace {

@@ -45,7 +45,7 @@
 #include <string>
 #include <vector>
 
-#include "mounted_volume.h"
+#include "support/mounted_volume.h"
 
 namespace spillfs::testing {
 namespace {

@@ -21,8 +21,8 @@
 
 #include <gtest/gtest.h>
 
-#include "errno_names.h"
-#include "mounted_volume.h"
+#include "support/errno_names.h"
+#include "support/mounted_volume.h"
 
 namespace spillfs::testing {
 namespace {

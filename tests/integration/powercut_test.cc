@@ -75,8 +75,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "mounted_volume.h"
 #include "spillfs/kvindex/powercut.h"
+#include "support/mounted_volume.h"
 
 namespace spillfs::testing {
 namespace {

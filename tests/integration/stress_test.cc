@@ -48,7 +48,7 @@
 #include <thread>
 #include <vector>
 
-#include "mounted_volume.h"
+#include "support/mounted_volume.h"
 
 namespace spillfs::testing {
 namespace {

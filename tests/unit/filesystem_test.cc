@@ -23,15 +23,19 @@
 #include <thread>
 #include <vector>
 
-#include "eventually.h"
-#include "read_bytes.h"
 #include "spillfs/fs/volume.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
-#include "temp_dir.h"
+#include "support/eventually.h"
+#include "support/read_bytes.h"
+#include "support/temp_dir.h"
 
 namespace spillfs {
 namespace {
+
+using testing::Eventually;
+using testing::ReadBytes;
+using testing::TempDir;
 
 constexpr uint64_t kVolumeSize = 64ull << 20;
 constexpr uint64_t kBlock = Volume::kBlockSize;

@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "read_bytes.h"
-#include "spillfs/common/aligned_buffer.h"
 #include "core/filesystem.h"
+#include "spillfs/common/aligned_buffer.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
+#include "support/read_bytes.h"
 
 namespace spillfs {
 namespace {
@@ -28,6 +28,7 @@ using fsck::Checker;
 using fsck::Problem;
 using fsck::ProblemKind;
 using fsck::Report;
+using testing::ReadBytes;
 
 constexpr uint64_t kBlock = 4096;
 
