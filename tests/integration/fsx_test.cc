@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "support/env.h"
 #include "support/mounted_volume.h"
 
 namespace spillfs::testing {
@@ -160,12 +161,6 @@ struct OpRecord {
     return buf;
   }
 };
-
-uint64_t EnvU64(const char* name, uint64_t fallback) {
-  const char* value = getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
-  return strtoull(value, nullptr, 0);
-}
 
 std::string Errno(const char* what) {
   int e = errno;
