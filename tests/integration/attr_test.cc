@@ -32,6 +32,7 @@
 #include "support/file_io.h"
 #include "support/mounted_volume.h"
 #include "support/random_bytes.h"
+#include "support/shared_volume.h"
 
 namespace spillfs::testing {
 namespace {
@@ -156,31 +157,7 @@ std::string GetXattr(const std::string& path, const std::string& name) {
 constexpr off_t kKiB = 1024;
 constexpr off_t kMiB = 1024 * 1024;
 
-class AttrTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    umask(0);
-    try {
-      volume_ = std::make_unique<MountedVolume>();
-    } catch (const std::exception& e) {
-      setup_error_ = e.what();
-    }
-  }
-  static void TearDownTestSuite() { volume_.reset(); }
-
-  void SetUp() override {
-    ASSERT_NE(volume_, nullptr) << "could not mount a volume: " << setup_error_;
-    umask(0);
-    dir_ = volume_->Path(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_EQ(mkdir(dir_.c_str(), 0755), 0) << "mkdir " << dir_ << ": " << ErrnoName(errno);
-  }
-
-  std::string P(const std::string& relative) const { return dir_ + "/" + relative; }
-
-  static inline std::unique_ptr<MountedVolume> volume_;
-  static inline std::string setup_error_;
-  std::string dir_;
-};
+class AttrTest : public SharedVolumeTest {};
 
 // ---------------------------------------------------------------------- chmod
 

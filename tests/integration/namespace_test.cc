@@ -32,6 +32,7 @@
 #include "support/file_io.h"
 #include "support/mounted_volume.h"
 #include "support/random_bytes.h"
+#include "support/shared_volume.h"
 
 namespace spillfs::testing {
 namespace {
@@ -96,32 +97,7 @@ std::set<std::string> ListDir(const std::string& path) {
 
 constexpr uint64_t kMiB = 1 << 20;
 
-class NamespaceTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    umask(0);
-    try {
-      volume_ = std::make_unique<MountedVolume>();
-    } catch (const std::exception& e) {
-      setup_error_ = e.what();
-    }
-  }
-  static void TearDownTestSuite() { volume_.reset(); }
-
-  void SetUp() override {
-    ASSERT_NE(volume_, nullptr) << "could not mount a volume: " << setup_error_;
-    umask(0);
-    dir_ = volume_->Path(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_EQ(mkdir(dir_.c_str(), 0755), 0) << "mkdir " << dir_ << ": " << ErrnoName(errno);
-  }
-
-  // A path inside this test's own directory.
-  std::string P(const std::string& relative) const { return dir_ + "/" + relative; }
-
-  static inline std::unique_ptr<MountedVolume> volume_;
-  static inline std::string setup_error_;
-  std::string dir_;
-};
+class NamespaceTest : public SharedVolumeTest {};
 
 // ---------------------------------------------------------------- create/open
 

@@ -23,6 +23,7 @@
 
 #include "support/errno_names.h"
 #include "support/mounted_volume.h"
+#include "support/shared_volume.h"
 
 namespace spillfs::testing {
 namespace {
@@ -117,38 +118,23 @@ void MakeParentTraversable(const std::string& mountpoint) {
   ASSERT_EQ(chmod(parent.c_str(), 0755), 0) << parent << ": " << ErrnoName(errno);
 }
 
-class PermissionsTest : public ::testing::Test {
+class PermissionsTest : public SharedVolumeTest {
  protected:
   static void SetUpTestSuite() {
-    umask(0);
-    try {
-      MountedVolume::Options options;
-      options.mount_options = "allow_other";
-      volume_ = std::make_unique<MountedVolume>(options);
-    } catch (const std::exception& e) {
-      setup_error_ = e.what();
-    }
+    MountedVolume::Options options;
+    options.mount_options = "allow_other";
+    MountSharedVolume(options);
   }
-  static void TearDownTestSuite() { volume_.reset(); }
 
   void SetUp() override {
-    ASSERT_NE(volume_, nullptr) << "could not mount a volume: " << setup_error_;
-    umask(0);
+    ASSERT_NO_FATAL_FAILURE(SharedVolumeTest::SetUp());
     MakeParentTraversable(volume_->mountpoint());
     ASSERT_EQ(chmod(volume_->mountpoint().c_str(), 0755), 0) << ErrnoName(errno);
-    dir_ = volume_->Path(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_EQ(mkdir(dir_.c_str(), 0755), 0) << "mkdir " << dir_ << ": " << ErrnoName(errno);
     // The child must be able to work at all: this is the control for every
     // denial below.
     ASSERT_EQ(AsNobody([&] { return Err(access(dir_.c_str(), R_OK | X_OK)); }), 0)
         << "uid 65534 cannot reach the test directory";
   }
-
-  std::string P(const std::string& relative) const { return dir_ + "/" + relative; }
-
-  static inline std::unique_ptr<MountedVolume> volume_;
-  static inline std::string setup_error_;
-  std::string dir_;
 };
 
 TEST_F(PermissionsTest, ReadingAnOwnerOnlyRootFileIsDenied) {
