@@ -10,8 +10,8 @@
 #include <random>
 #include <string>
 
-#include "mounted_volume.h"
-#include "random_bytes.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
 
 namespace spillfs::testing {
 namespace {

@@ -27,9 +27,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mounted_volume.h"
-#include "random_bytes.h"
 #include "spillfs/client.h"
+#include "support/file_io.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
 
 namespace spillfs::testing {
 namespace {
@@ -60,23 +61,6 @@ int RunRequest(spill_file* f, const std::vector<spill_segment>& segments, bool w
                  : spill_file_read_segments(f, segments.data(), segments.size(), 0, &request);
   if (rc != 0) return rc;
   return spill_request_wait(request, stats);
-}
-
-std::string ReadWhole(const std::string& path) {
-  std::string out;
-  int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) {
-    ADD_FAILURE() << "open " << path << ": " << Errno();
-    return out;
-  }
-  char buf[1 << 16];
-  for (;;) {
-    ssize_t n = read(fd, buf, sizeof(buf));
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  return out;
 }
 
 uint64_t SizeOf(const std::string& path) {
@@ -266,11 +250,11 @@ TEST_P(SegmentFileTest, OddSegmentsRoundTripWithTheExactSize) {
     EXPECT_TRUE(whole == s.image);
     EXPECT_TRUE(odd == s.image.substr(12345, 100000));
   }
-  EXPECT_TRUE(ReadWhole(path) == s.image);
+  EXPECT_TRUE(ReadFile(path) == s.image);
   EXPECT_EQ(SizeOf(path), s.image.size());
   if (volume_) {
     ASSERT_TRUE(volume_->Remount());
-    EXPECT_TRUE(ReadWhole(path) == s.image);
+    EXPECT_TRUE(ReadFile(path) == s.image);
   }
 }
 
@@ -291,7 +275,7 @@ TEST_P(SegmentFileTest, SmallChunksAndAShallowQueue) {
   std::string whole(s.image.size(), 'y');
   ASSERT_EQ(RunRequest(f.get(), {spill_segment{whole.data(), whole.size(), 0, -1}}, false), 0) << spill_last_error();
   EXPECT_TRUE(whole == s.image);
-  EXPECT_TRUE(ReadWhole(path) == s.image);
+  EXPECT_TRUE(ReadFile(path) == s.image);
 }
 
 // A write covers blocks in part: the rest of each block keeps the file's
@@ -320,7 +304,7 @@ TEST_P(SegmentFileTest, PartlyWrittenBlocksKeepTheirBytes) {
     ASSERT_EQ(RunRequest(f.get(), s.list, true), 0) << spill_last_error();
     EXPECT_EQ(SizeOf(path), 100010u);
   }
-  EXPECT_TRUE(ReadWhole(path) == image);
+  EXPECT_TRUE(ReadFile(path) == image);
 }
 
 // Several requests in flight at once on disjoint blocks, waited for in
@@ -355,7 +339,7 @@ TEST_P(SegmentFileTest, RequestsInFlightAtOnce) {
   }
   if (f == nullptr) f = Open(path, SPILL_FILE_READ | SPILL_FILE_WRITE);
   EXPECT_EQ(SizeOf(path), image.size());
-  EXPECT_TRUE(ReadWhole(path) == image);
+  EXPECT_TRUE(ReadFile(path) == image);
   ASSERT_EQ(spill_file_sync(f.get()), 0) << spill_last_error();
   ASSERT_EQ(spill_file_truncate(f.get(), 1000), 0) << spill_last_error();
   EXPECT_EQ(SizeOf(path), 1000u);
@@ -528,7 +512,7 @@ TEST_P(SegmentDedupTest, SecondSaveMapsTheUnitsByReference) {
   EXPECT_EQ(std::count(second.begin(), second.end(), 0), 32) << "every unit is the volume's already";
   const uint64_t physical2 = Stat(*volume_)["physical_bytes"].get<uint64_t>();
   EXPECT_LT(physical2 - physical1, 64 * kKiB) << physical1 << " then " << physical2;
-  EXPECT_TRUE(ReadWhole(volume_->Path("step2")) == data + tail);
+  EXPECT_TRUE(ReadFile(volume_->Path("step2")) == data + tail);
 
   // One unit changed: only it is written.
   std::string changed = data;
@@ -538,7 +522,7 @@ TEST_P(SegmentDedupTest, SecondSaveMapsTheUnitsByReference) {
   for (size_t i = 0; i < third.size(); ++i) EXPECT_EQ(third[i], i == 5 ? 1 : 0) << "unit " << i;
   const uint64_t physical3 = Stat(*volume_)["physical_bytes"].get<uint64_t>();
   EXPECT_LT(physical3 - physical2, kUnit + 64 * kKiB);
-  EXPECT_TRUE(ReadWhole(volume_->Path("step3")) == changed + tail);
+  EXPECT_TRUE(ReadFile(volume_->Path("step3")) == changed + tail);
 
   // Through the library too, on both paths of reading.
   {
@@ -551,7 +535,7 @@ TEST_P(SegmentDedupTest, SecondSaveMapsTheUnitsByReference) {
   // The shared units outlive the file they came from.
   ASSERT_EQ(unlink(volume_->Path("step1").c_str()), 0);
   ASSERT_TRUE(volume_->Remount());
-  EXPECT_TRUE(ReadWhole(volume_->Path("step2")) == data + tail);
+  EXPECT_TRUE(ReadFile(volume_->Path("step2")) == data + tail);
   ASSERT_TRUE(volume_->Unmount());
   std::string output;
   EXPECT_EQ(RunSpillfs("fsck " + volume_->volume(), &output), 0) << output;
@@ -576,9 +560,9 @@ TEST_P(SegmentDedupTest, CachedBytesOfTheRangeAreNotLeftOnTop) {
     EXPECT_EQ(std::count(needed.begin(), needed.end(), 0), 8);
   }
   ASSERT_EQ(close(fd), 0);  // flushes what the tier still holds of the file
-  EXPECT_TRUE(ReadWhole(path) == data + older.substr(data.size()));
+  EXPECT_TRUE(ReadFile(path) == data + older.substr(data.size()));
   ASSERT_TRUE(volume_->Remount());
-  EXPECT_TRUE(ReadWhole(path) == data + older.substr(data.size()));
+  EXPECT_TRUE(ReadFile(path) == data + older.substr(data.size()));
 }
 
 TEST_P(SegmentDedupTest, MisalignedOffsetsAreRefused) {
