@@ -218,7 +218,7 @@ RuntimeStats ControlPlane::Runtime() const {
   r.mounted = true;
   r.has_free_bytes = true;
   r.free_bytes = fs_->free_bytes();
-  WriteBackCache::Stats tier = fs_->ram_tier_stats();
+  RamTier::Stats tier = fs_->ram_tier_stats();
   r.ram_tier_bytes = tier.dirty_bytes;
   r.ram_tier_capacity_bytes = tier.capacity_bytes;
   const FsCounters& c = fs_->counters();

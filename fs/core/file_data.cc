@@ -208,7 +208,7 @@ Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, A
   std::shared_lock io_lock(IoLock(ino));
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (S_ISDIR(record.mode)) return Status::Error(EISDIR, "read of a directory");
-  if (auto overlay = cache_.GetOverlay(ino)) record.size = overlay->size;
+  if (auto overlay = ram_tier_.GetOverlay(ino)) record.size = overlay->size;
   if (offset >= record.size || size == 0) {
     sink(nullptr, 0);
     return size_t{0};
@@ -269,8 +269,8 @@ Result<size_t> Filesystem::Write(InodeNumber ino, uint64_t offset, const char* d
   // The RAM tier takes the write when it has room (waiting briefly for the
   // flusher to make some); otherwise the write goes straight to new blocks.
   // At most the chunks the write spans (some may be there already).
-  const uint64_t chunks = DivideRoundingUp(offset % WriteBackCache::kChunkBytes + size, WriteBackCache::kChunkBytes);
-  if (cache_.capacity() > 0 && cache_.WaitForRoom(chunks * WriteBackCache::kChunkBytes, std::chrono::seconds(5))) {
+  const uint64_t chunks = DivideRoundingUp(offset % RamTier::kChunkBytes + size, RamTier::kChunkBytes);
+  if (ram_tier_.capacity() > 0 && ram_tier_.WaitForRoom(chunks * RamTier::kChunkBytes, std::chrono::seconds(5))) {
     return WriteCached(ino, offset, data, size, accepted);
   }
   return WriteThrough(ino, offset, data, size);

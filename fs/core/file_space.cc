@@ -50,7 +50,7 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
     io_lock.lock();
     change.emplace(&read_ahead_, ino);
     SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
-    if (auto overlay = cache_.GetOverlay(ino)) record.size = overlay->size;
+    if (auto overlay = ram_tier_.GetOverlay(ino)) record.size = overlay->size;
     if (S_ISDIR(record.mode)) return Status::Error(EISDIR, "truncate of a directory");
     if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "truncate of a special file");
     if (*request.size > (1ull << 62)) return Status::Error(EFBIG, "file too large");
@@ -75,14 +75,14 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
     }
     // Cached data past the new size is cancelled, never written; a cached
     // partial last block gets its tail zeroed.
-    if (auto file = cache_.Find(ino)) {
+    if (auto file = ram_tier_.Find(ino)) {
       uint64_t keep_blocks = RoundUp(size, block_size_) / block_size_;
-      allocator_.ReleaseHold(cache_.DropFrom(ino, *file, keep_blocks, /*cancelled=*/true));
+      allocator_.ReleaseHold(ram_tier_.DropFrom(ino, *file, keep_blocks, /*cancelled=*/true));
       if (size % block_size_ != 0) {
         uint64_t block = size / block_size_;
-        auto it = file->chunks.find(block / cache_.blocks_per_chunk());
-        if (it != file->chunks.end() && it->second.valid[block % cache_.blocks_per_chunk()]) {
-          char* bytes = it->second.data.data() + (block % cache_.blocks_per_chunk()) * block_size_;
+        auto it = file->chunks.find(block / ram_tier_.blocks_per_chunk());
+        if (it != file->chunks.end() && it->second.valid[block % ram_tier_.blocks_per_chunk()]) {
+          char* bytes = it->second.data.data() + (block % ram_tier_.blocks_per_chunk()) * block_size_;
           std::memset(bytes + size % block_size_, 0, block_size_ - size % block_size_);
         }
       }
@@ -110,21 +110,21 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
         record.allocated_bytes += block_size_;
       }
     }
-    if (auto overlay = cache_.GetOverlay(ino)) record.size = overlay->size;
+    if (auto overlay = ram_tier_.GetOverlay(ino)) record.size = overlay->size;
     if (size != record.size) record.mtime_ns = now;
     record.size = size;
   }
   auto resolve = [now](int64_t t) { return t == SetAttrRequest::kTimeNow ? now : t; };
   if (request.atime_ns) record.atime_ns = resolve(*request.atime_ns);
   if (request.mtime_ns) record.mtime_ns = resolve(*request.mtime_ns);
-  if (auto file = cache_.Find(ino)) {
+  if (auto file = ram_tier_.Find(ino)) {
     // Only what the request changed moves the overlay: a chmod must not pull
     // a cached file back to its committed size.
     std::optional<uint64_t> size;
     std::optional<int64_t> mtime;
     if (request.size) size = record.size;
     if (request.size || request.mtime_ns) mtime = record.mtime_ns;
-    cache_.SetAttrs(*file, size, mtime);
+    ram_tier_.SetAttrs(*file, size, mtime);
   }
   record.ctime_ns = request.ctime_ns ? resolve(*request.ctime_ns) : now;
   PutInode(&txn, ino, record);

@@ -1,8 +1,8 @@
 // Filesystem: opening and recovery, inode bookkeeping, open files and sync.
 // The namespace operations are in namespace_ops.cc; the data operations in
 // file_data.cc (read, write) and file_space.cc (truncate, fallocate, seek);
-// extended attributes in xattr.cc; the RAM tier in cached_io.cc (reads and
-// writes it serves) and write_back.cc (its flushes).
+// extended attributes in xattr.cc; the RAM tier in ram_tier_io.cc (reads and
+// writes it serves) and ram_tier_flush.cc (its flushes).
 #include "core/filesystem.h"
 
 #include <fcntl.h>
@@ -53,7 +53,7 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
       allocator_(block_size_),
       gate_(
           [this](const std::vector<PhysicalExtent>& extents, uint64_t commit) { allocator_.Release(extents, commit); }),
-      cache_(options.ram_tier_bytes, block_size_),
+      ram_tier_(options.ram_tier_bytes, block_size_),
       read_ahead_(ReadAhead::Options::ForBytesAhead(options.read_ahead_bytes, options.read_request_bytes),
                   [this](InodeNumber ino, uint64_t offset, uint64_t length, char* out) {
                     return FetchAhead(ino, offset, length, out);
@@ -72,7 +72,7 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
 Filesystem::~Filesystem() {
   if (flusher_.joinable()) {
     stopping_ = true;
-    cache_.WakeFlusher();
+    ram_tier_.WakeFlusher();
     flusher_.join();
   }
   Status s = FlushAll();
@@ -95,7 +95,7 @@ Result<std::unique_ptr<Filesystem>> Filesystem::Open(std::unique_ptr<Volume> vol
   SPILLFS_ASSIGN_OR_RETURN(fs->next_ino_, fs->index_.GetMetaU64(keys::kNextIno));
   SPILLFS_RETURN_IF_ERROR(fs->Recover());
   if (options.ram_tier_bytes > 0) {
-    fs->cache_.WarmUp(options.ram_tier_warm_bytes);
+    fs->ram_tier_.WarmUp(options.ram_tier_warm_bytes);
     fs->flusher_ = std::thread([raw = fs.get()] { raw->FlusherLoop(); });
   }
   fs->opened_ = true;
@@ -252,11 +252,11 @@ Status Filesystem::CommitTxn(Txn* txn) {
 void Filesystem::CountLookup(InodeNumber ino) { ++inodes_[ino].lookups; }
 
 Entry Filesystem::MakeEntry(InodeNumber ino, const InodeRecord& record) const {
-  return MakeEntry(ino, record, S_ISREG(record.mode) ? cache_.GetOverlay(ino) : std::nullopt);
+  return MakeEntry(ino, record, S_ISREG(record.mode) ? ram_tier_.GetOverlay(ino) : std::nullopt);
 }
 
 Entry Filesystem::MakeEntry(InodeNumber ino, const InodeRecord& r,
-                            const std::optional<WriteBackCache::Overlay>& overlay) const {
+                            const std::optional<RamTier::Overlay>& overlay) const {
   Entry entry;
   entry.ino = ino;
   entry.generation = r.generation;
@@ -305,7 +305,7 @@ void Filesystem::DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& recor
   }
   txn->batch.Delete(Family::kInode, keys::Ino(ino));
   txn->batch.Delete(Family::kOrphan, keys::Ino(ino));
-  allocator_.ReleaseHold(cache_.Remove(ino, /*cancelled=*/true));  // unflushed data never reaches the SSD
+  allocator_.ReleaseHold(ram_tier_.Remove(ino, /*cancelled=*/true));  // unflushed data never reaches the SSD
 }
 
 Result<Entry> Filesystem::CreateInode(InodeNumber parent, std::string_view name, InodeRecord record) {

@@ -27,16 +27,16 @@
 #include <unordered_map>
 #include <vector>
 
-#include "spillfs/common/aligned_buffer.h"
-#include "store/allocator.h"
 #include "core/background_sync.h"
+#include "core/ram_tier.h"
 #include "core/read_ahead.h"
-#include "store/reclaim_gate.h"
-#include "spillfs/fs/volume.h"
 #include "core/waited_mutex.h"
-#include "core/write_back_cache.h"
-#include "spillfs/kvindex/records.h"
+#include "spillfs/common/aligned_buffer.h"
 #include "spillfs/common/status.h"
+#include "spillfs/fs/volume.h"
+#include "spillfs/kvindex/records.h"
+#include "store/allocator.h"
+#include "store/reclaim_gate.h"
 
 namespace spillfs {
 
@@ -212,7 +212,7 @@ class Filesystem {
 
   Volume& volume() { return *volume_; }
   const FsCounters& counters() const { return counters_; }
-  WriteBackCache::Stats ram_tier_stats() const { return cache_.stats(); }
+  RamTier::Stats ram_tier_stats() const { return ram_tier_.stats(); }
   ReadAhead::Stats read_ahead_stats() const { return read_ahead_.stats(); }
   // Space that new data can still use (free minus RAM-tier promises).
   uint64_t free_bytes() const { return allocator_.available_bytes(); }
@@ -244,7 +244,7 @@ class Filesystem {
   };
   static constexpr size_t kIoLockStripes = 256;
   // Dedup works on whole, aligned units of this size (one RAM-tier chunk).
-  static constexpr uint64_t kDedupUnit = WriteBackCache::kChunkBytes;
+  static constexpr uint64_t kDedupUnit = RamTier::kChunkBytes;
   // A commit in progress: one index batch and the space it frees.
   struct Txn {
     explicit Txn(const Index& index) : batch(index) {}
@@ -279,8 +279,7 @@ class Filesystem {
   // a getattr meanwhile may show its older committed size.) Taken in that
   // order, st_blocks may count a batch being flushed twice for a moment.
   Entry MakeEntry(InodeNumber ino, const InodeRecord& record) const;
-  Entry MakeEntry(InodeNumber ino, const InodeRecord& record,
-                  const std::optional<WriteBackCache::Overlay>& overlay) const;
+  Entry MakeEntry(InodeNumber ino, const InodeRecord& record, const std::optional<RamTier::Overlay>& overlay) const;
   // Serializes data changes of an inode (exclusive) against reads (shared).
   std::shared_mutex& IoLock(InodeNumber ino) { return io_locks_[ino % kIoLockStripes]; }
   // Held for the whole of a flush of the inode, by every operation that
@@ -344,7 +343,7 @@ class Filesystem {
     kBackground,  // all but a partly filled last chunk, which a writer is likely filling;
                   // and, for a durable file, chunks filled while the flush runs
   };
-  // A batch of cached chunks on its way to the SSD (write_back.cc).
+  // A batch of cached chunks on its way to the SSD (ram_tier_flush.cc).
   struct FlushBatch;
   // Flushes the file's cached data. The I/O lock is held only to pick chunks
   // and to commit their mapping; the SSD writes run without it, so writers of
@@ -356,14 +355,14 @@ class Filesystem {
   Status FlushLocked(InodeNumber ino);
   Status FlushChunks(InodeNumber ino, FlushScope scope, bool locked);
   // Takes FlushLock(ino) for a background flush, or says to skip the file
-  // (false): see write_back.cc.
+  // (false): see ram_tier_flush.cc.
   bool BackgroundFlushLock(InodeNumber ino, std::unique_lock<WaitedMutex>* flush_lock);
   // The I/O lock, exclusive, unless the caller holds it (`held`).
   std::unique_lock<std::shared_mutex> IoLockUnlessHeld(InodeNumber ino, bool held);
   // The file's chunks that a flush of `scope` takes now, in file order; for
   // a `refill`, none already on its way to the SSD (I/O lock held by the
   // caller).
-  std::vector<uint64_t> ChunksToFlush(const WriteBackCache::File& file, FlushScope scope, bool refill) const;
+  std::vector<uint64_t> ChunksToFlush(const RamTier::File& file, FlushScope scope, bool refill) const;
   // Starts a planned batch's SSD writes and the flush after them (on their
   // own thread, or deferred to the wait when the caller holds the locks).
   void StartBatchWrites(InodeNumber ino, FlushBatch* batch, bool locked);
@@ -401,7 +400,7 @@ class Filesystem {
   // FlushLock(ino) (which SetXattr takes to change the ephemeral flag).
   Status FlushBeforeMapping(const InodeRecord& record);
   Status FlushBeforeMapping(InodeNumber ino);
-  // A flush batch's writes, then FlushBeforeMapping (write_back.cc).
+  // A flush batch's writes, then FlushBeforeMapping (ram_tier_flush.cc).
   Status WriteForMapping(InodeNumber ino, const std::vector<IoSlice>& slices);
   // Before a change of the ephemeral flag: takes `flush_lock` (the file's
   // FlushLock), and flushes the data area when an ephemeral regular file
@@ -409,7 +408,7 @@ class Filesystem {
   Status FlushForEphemeralChange(InodeNumber ino, bool clears, std::unique_lock<WaitedMutex>* flush_lock);
   Status ApplyBlobRefs(Txn* txn);
   void FlusherLoop();
-  static void ApplyOverlay(const WriteBackCache::Overlay& overlay, Entry* entry);
+  static void ApplyOverlay(const RamTier::Overlay& overlay, Entry* entry);
   // Unmaps [start, end) (block aligned; end may be UINT64_MAX) into txn.
   Status UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_t end, uint64_t* unmapped_bytes);
   // Unmaps several sorted, disjoint ranges in one pass.
@@ -429,7 +428,7 @@ class Filesystem {
   Allocator allocator_;
   ReclaimGate gate_;
   FsCounters counters_;
-  WriteBackCache cache_;
+  RamTier ram_tier_;
   std::array<std::shared_mutex, kIoLockStripes> io_locks_;
   std::array<WaitedMutex, kIoLockStripes> flush_locks_;
   ReadAhead read_ahead_;  // after what its fetches use: destroyed (joined) first

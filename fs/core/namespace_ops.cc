@@ -49,10 +49,10 @@ Result<Entry> Filesystem::GetAttr(InodeNumber ino) {
   // mark tells, and such a read is done again once the commit is over (it
   // holds mu_ throughout).
   for (;;) {
-    std::optional<WriteBackCache::Overlay> overlay = cache_.GetOverlay(ino);
+    std::optional<RamTier::Overlay> overlay = ram_tier_.GetOverlay(ino);
     SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
     if (!overlay || !S_ISREG(record.mode)) return MakeEntry(ino, record, std::nullopt);
-    if (overlay->commit_mark.second % 2 == 0 && cache_.CommitMark(ino) == overlay->commit_mark) {
+    if (overlay->commit_mark.second % 2 == 0 && ram_tier_.CommitMark(ino) == overlay->commit_mark) {
       return MakeEntry(ino, record, overlay);
     }
     std::lock_guard wait_for_commit(mu_);

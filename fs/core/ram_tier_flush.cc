@@ -1,6 +1,6 @@
 // Filesystem: flushes of the write-back RAM tier to the SSD (batches written
 // with io_uring, synced, then mapped in the index) and the background flusher.
-// Reads and writes served by the tier are in cached_io.cc.
+// Reads and writes served by the tier are in ram_tier_io.cc.
 #include <fmt/format.h>
 
 #include <pthread.h>
@@ -13,16 +13,16 @@
 #include <system_error>
 #include <thread>
 
-#include "spillfs/common/clock.h"
 #include "core/filesystem.h"
 #include "spillfs/common/block_checksum.h"
+#include "spillfs/common/clock.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {
 
 struct Filesystem::FlushBatch {
-  std::shared_ptr<WriteBackCache::File> file;
+  std::shared_ptr<RamTier::File> file;
   std::vector<uint64_t> chunks;  // chunk indexes, marked flushing
   std::vector<Segment> segments;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // file ranges replaced, sorted
@@ -56,7 +56,7 @@ constexpr int64_t kAppendingNs = 1'000'000'000;
 }  // namespace
 
 Status Filesystem::FlushFile(InodeNumber ino, FlushScope scope) {
-  if (!cache_.Find(ino)) return Status::OK();
+  if (!ram_tier_.Find(ino)) return Status::OK();
   if (scope == FlushScope::kBackground) {
     std::unique_lock<WaitedMutex> flush_lock;
     if (!BackgroundFlushLock(ino, &flush_lock)) return Status::OK();
@@ -72,7 +72,7 @@ bool Filesystem::BackgroundFlushLock(InodeNumber ino, std::unique_lock<WaitedMut
   // an fsync (or truncate, or a writer of a chunk being flushed) out for
   // many flushes. So while memory is not short, a file whose lock is taken
   // or waited for is left alone; its holder flushes it, or the next pass.
-  if (!cache_.Pressed()) {
+  if (!ram_tier_.Pressed()) {
     *flush_lock = std::unique_lock(mu, std::try_to_lock);
     return flush_lock->owns_lock() && !mu.waited();
   }
@@ -85,7 +85,7 @@ bool Filesystem::BackgroundFlushLock(InodeNumber ino, std::unique_lock<WaitedMut
 }
 
 Status Filesystem::FlushLocked(InodeNumber ino) {
-  if (!cache_.Find(ino)) return Status::OK();
+  if (!ram_tier_.Find(ino)) return Status::OK();
   return FlushChunks(ino, FlushScope::kAll, /*locked=*/true);
 }
 
@@ -93,7 +93,7 @@ std::unique_lock<std::shared_mutex> Filesystem::IoLockUnlessHeld(InodeNumber ino
   return held ? std::unique_lock<std::shared_mutex>() : std::unique_lock<std::shared_mutex>(IoLock(ino));
 }
 
-std::vector<uint64_t> Filesystem::ChunksToFlush(const WriteBackCache::File& file, FlushScope scope, bool refill) const {
+std::vector<uint64_t> Filesystem::ChunksToFlush(const RamTier::File& file, FlushScope scope, bool refill) const {
   // A partly filled last chunk stays while a writer is likely filling it; an
   // idle file's goes too, or files that each end in one (small ephemeral
   // files, which close does not flush) would hold the tier full for good.
@@ -103,7 +103,7 @@ std::vector<uint64_t> Filesystem::ChunksToFlush(const WriteBackCache::File& file
     if (!refill || !chunk.flushing) chunks.push_back(index);
   }
   if (scope == FlushScope::kBackground && !chunks.empty() &&
-      file.chunks.at(chunks.back()).valid_blocks < cache_.blocks_per_chunk() &&
+      file.chunks.at(chunks.back()).valid_blocks < ram_tier_.blocks_per_chunk() &&
       SteadyNowNs() - file.last_write_ns < kAppendingNs) {
     chunks.pop_back();
   }
@@ -111,7 +111,7 @@ std::vector<uint64_t> Filesystem::ChunksToFlush(const WriteBackCache::File& file
 }
 
 Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
-  auto file = cache_.Find(ino);
+  auto file = ram_tier_.Find(ino);
   if (!file) return Status::OK();
   // After a failed sync of the data area no batch of a durable file can be
   // mapped (FlushBeforeMapping): fail before writing it to the SSD again.
@@ -133,7 +133,7 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
     nothing.file = file;
     return CommitBatch(ino, &nothing);
   }
-  const uint64_t chunks_per_batch = std::max<uint64_t>(1, options_.flush_batch_bytes / WriteBackCache::kChunkBytes);
+  const uint64_t chunks_per_batch = std::max<uint64_t>(1, options_.flush_batch_bytes / RamTier::kChunkBytes);
   std::deque<std::unique_ptr<FlushBatch>> in_flight;  // oldest first; mapped in that order
   uint64_t started_bytes = 0;
   Status first;
@@ -227,12 +227,12 @@ Status Filesystem::MapWrittenBatch(InodeNumber ino, std::unique_ptr<FlushBatch> 
 }
 
 void Filesystem::GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* batch) {
-  WriteBackCache::File& file = *batch->file;
-  const uint64_t per_chunk = cache_.blocks_per_chunk();
+  RamTier::File& file = *batch->file;
+  const uint64_t per_chunk = ram_tier_.blocks_per_chunk();
   for (uint64_t index : chunks) {
     auto it = file.chunks.find(index);
     if (it == file.chunks.end()) continue;
-    WriteBackCache::Chunk& chunk = it->second;
+    RamTier::Chunk& chunk = it->second;
     chunk.flushing = true;
     batch->chunks.push_back(index);
     for (uint64_t i = 0; i < per_chunk;) {
@@ -254,7 +254,7 @@ void Filesystem::GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* ba
       i = j;
     }
   }
-  batch->hold = cache_.TakeHold(file, batch->total);
+  batch->hold = ram_tier_.TakeHold(file, batch->total);
 }
 
 Status Filesystem::PlanBatch(FlushBatch* batch, bool dedup) {
@@ -275,9 +275,9 @@ void Filesystem::AbandonBatch(FlushBatch* batch) {
   // Keep the space promise for a retry: a hold not yet used goes back to the
   // file; what became the reservation (returned by the caller) is promised
   // again. A retry without dedup may need more; it reserves that then.
-  if (batch->hold > 0) cache_.AddHold(*batch->file, batch->hold);
+  if (batch->hold > 0) ram_tier_.AddHold(*batch->file, batch->hold);
   if (batch->reserved_from_hold > 0 && allocator_.Hold(batch->reserved_from_hold).ok()) {
-    cache_.AddHold(*batch->file, batch->reserved_from_hold);
+    ram_tier_.AddHold(*batch->file, batch->reserved_from_hold);
   }
   batch->hold = batch->reserved_from_hold = 0;
   for (uint64_t index : batch->chunks) {
@@ -290,25 +290,25 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
   // The bytes stay the same, but read-ahead windows started while they were
   // only in the RAM tier hold the SSD's older bytes.
   ContentChange change(&read_ahead_, ino);
-  WriteBackCache::File& file = *batch->file;
+  RamTier::File& file = *batch->file;
   auto& extents = batch->plan.extents;
   std::lock_guard lock(mu_);
   // Read under mu_: a chmod or utimens changes the overlay and the record
   // under mu_ without waiting for this flush, and one read before would be
   // put back over it.
-  auto overlay = cache_.GetOverlay(ino);
+  auto overlay = ram_tier_.GetOverlay(ino);
   // GetAttr, which does not take mu_, must not see the record with this
   // batch and the overlay still with it too.
-  cache_.BeginCommit(file);
+  ram_tier_.BeginCommit(file);
   struct EndCommit {
-    WriteBackCache& cache;
-    WriteBackCache::File& file;
-    ~EndCommit() { cache.EndCommit(file); }
-  } end_commit{cache_, file};
+    RamTier& tier;
+    RamTier::File& file;
+    ~EndCommit() { tier.EndCommit(file); }
+  } end_commit{ram_tier_, file};
   auto record = LoadInode(ino);
   if (!record.ok()) {
     allocator_.Unreserve(batch->plan.space);  // reclaimed while we wrote: never mapped
-    cache_.FinishFlush(ino, file, batch->chunks);
+    ram_tier_.FinishFlush(ino, file, batch->chunks);
     return record.status().code() == ENOENT ? Status::OK() : record.status();
   }
   Txn txn(index_);
@@ -367,7 +367,7 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
     return committed;
   }
   counters_.bytes_deduplicated.fetch_add(batch->shared.size() * kDedupUnit, std::memory_order_relaxed);
-  cache_.FinishFlush(ino, file, batch->chunks);
+  ram_tier_.FinishFlush(ino, file, batch->chunks);
   return Status::OK();
 }
 
@@ -430,14 +430,14 @@ void Filesystem::Deduplicate(std::vector<Segment>* segments, std::vector<SharedR
 }
 
 Status Filesystem::Flush(InodeNumber ino) {
-  auto file = cache_.Find(ino);
+  auto file = ram_tier_.Find(ino);
   if (!file || file->ephemeral) return Status::OK();
   return FlushFile(ino);
 }
 
 Status Filesystem::FlushAll() {
   Status first;
-  for (InodeNumber ino : cache_.PickVictims(NowNs(), 0, /*all=*/true)) {
+  for (InodeNumber ino : ram_tier_.PickVictims(NowNs(), 0, /*all=*/true)) {
     Status s = FlushFile(ino);
     if (first.ok() && !s.ok()) first = s;
   }
@@ -453,8 +453,8 @@ void Filesystem::FlusherLoop() {
   pthread_setname_np(pthread_self(), "spillfs-flush");
   const int64_t max_age_ns = options_.flush_age_ms * 1000000;
   while (!stopping_) {
-    cache_.WaitForWork(std::chrono::milliseconds(200));
-    for (InodeNumber ino : cache_.PickVictims(NowNs(), max_age_ns, /*all=*/false)) {
+    ram_tier_.WaitForWork(std::chrono::milliseconds(200));
+    for (InodeNumber ino : ram_tier_.PickVictims(NowNs(), max_age_ns, /*all=*/false)) {
       if (stopping_) break;
       Status s = FlushFile(ino, FlushScope::kBackground);
       if (!s.ok()) fmt::print(stderr, "spillfs: background flush of inode {} failed: {}\n", ino, s.ToString());

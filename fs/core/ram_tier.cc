@@ -1,4 +1,4 @@
-#include "core/write_back_cache.h"
+#include "core/ram_tier.h"
 
 #include <algorithm>
 #include <utility>
@@ -12,19 +12,18 @@ constexpr uint64_t kSlabBytes = 32 << 20;
 
 }  // namespace
 
-WriteBackCache::WriteBackCache(uint64_t capacity_bytes, uint64_t block_size)
+RamTier::RamTier(uint64_t capacity_bytes, uint64_t block_size)
     : capacity_(capacity_bytes), block_size_(block_size), pool_(kChunkBytes, kSlabBytes) {}
 
-void WriteBackCache::WarmUp(uint64_t bytes) { pool_.Warm(std::min(bytes, capacity_)); }
+void RamTier::WarmUp(uint64_t bytes) { pool_.Warm(std::min(bytes, capacity_)); }
 
-std::shared_ptr<WriteBackCache::File> WriteBackCache::Find(InodeNumber ino) const {
+std::shared_ptr<RamTier::File> RamTier::Find(InodeNumber ino) const {
   std::lock_guard lock(mu_);
   auto it = files_.find(ino);
   return it == files_.end() ? nullptr : it->second;
 }
 
-std::shared_ptr<WriteBackCache::File> WriteBackCache::GetOrCreate(InodeNumber ino, uint64_t size, int64_t mtime_ns,
-                                                                  bool ephemeral) {
+std::shared_ptr<RamTier::File> RamTier::GetOrCreate(InodeNumber ino, uint64_t size, int64_t mtime_ns, bool ephemeral) {
   std::lock_guard lock(mu_);
   auto& file = files_[ino];
   if (!file) {
@@ -37,7 +36,7 @@ std::shared_ptr<WriteBackCache::File> WriteBackCache::GetOrCreate(InodeNumber in
   return file;
 }
 
-std::optional<WriteBackCache::Overlay> WriteBackCache::GetOverlay(InodeNumber ino) const {
+std::optional<RamTier::Overlay> RamTier::GetOverlay(InodeNumber ino) const {
   std::lock_guard lock(mu_);
   auto it = files_.find(ino);
   if (it == files_.end()) return std::nullopt;
@@ -45,24 +44,24 @@ std::optional<WriteBackCache::Overlay> WriteBackCache::GetOverlay(InodeNumber in
   return Overlay{file.size, file.mtime_ns, file.dirty_bytes, {file.id, file.commit_seq}};
 }
 
-std::optional<std::pair<uint64_t, uint64_t>> WriteBackCache::CommitMark(InodeNumber ino) const {
+std::optional<std::pair<uint64_t, uint64_t>> RamTier::CommitMark(InodeNumber ino) const {
   std::lock_guard lock(mu_);
   auto it = files_.find(ino);
   if (it == files_.end()) return std::nullopt;
   return std::make_pair(it->second->id, it->second->commit_seq);
 }
 
-void WriteBackCache::BeginCommit(File& file) {
+void RamTier::BeginCommit(File& file) {
   std::lock_guard lock(mu_);
   ++file.commit_seq;
 }
 
-void WriteBackCache::EndCommit(File& file) {
+void RamTier::EndCommit(File& file) {
   std::lock_guard lock(mu_);
   ++file.commit_seq;
 }
 
-WriteBackCache::Chunk& WriteBackCache::ChunkFor(File& file, uint64_t block) {
+RamTier::Chunk& RamTier::ChunkFor(File& file, uint64_t block) {
   uint64_t index = block / blocks_per_chunk();
   auto it = file.chunks.find(index);
   if (it != file.chunks.end()) return it->second;
@@ -74,13 +73,13 @@ WriteBackCache::Chunk& WriteBackCache::ChunkFor(File& file, uint64_t block) {
   return chunk;
 }
 
-char* WriteBackCache::CachedBlock(File& file, uint64_t block) const {
+char* RamTier::CachedBlock(File& file, uint64_t block) const {
   auto it = file.chunks.find(block / blocks_per_chunk());
   if (it == file.chunks.end() || !it->second.valid[block % blocks_per_chunk()]) return nullptr;
   return it->second.data.data() + (block % blocks_per_chunk()) * block_size_;
 }
 
-void WriteBackCache::MarkValid(File& file, uint64_t block, uint64_t count) {
+void RamTier::MarkValid(File& file, uint64_t block, uint64_t count) {
   uint64_t added = 0;
   for (uint64_t b = block; b < block + count; ++b) {
     Chunk& chunk = file.chunks.at(b / blocks_per_chunk());
@@ -96,7 +95,7 @@ void WriteBackCache::MarkValid(File& file, uint64_t block, uint64_t count) {
   dirty_bytes_ += added * block_size_;
 }
 
-void WriteBackCache::NoteWrite(File& file, uint64_t end_offset, int64_t mtime_ns) {
+void RamTier::NoteWrite(File& file, uint64_t end_offset, int64_t mtime_ns) {
   std::lock_guard lock(mu_);
   file.size = std::max(file.size, end_offset);
   file.mtime_ns = mtime_ns;
@@ -104,25 +103,25 @@ void WriteBackCache::NoteWrite(File& file, uint64_t end_offset, int64_t mtime_ns
   if (file.first_dirty_ns == 0) file.first_dirty_ns = mtime_ns;
 }
 
-void WriteBackCache::SetAttrs(File& file, std::optional<uint64_t> size, std::optional<int64_t> mtime_ns) {
+void RamTier::SetAttrs(File& file, std::optional<uint64_t> size, std::optional<int64_t> mtime_ns) {
   std::lock_guard lock(mu_);
   if (size) file.size = *size;
   if (mtime_ns) file.mtime_ns = *mtime_ns;
 }
 
-void WriteBackCache::AddHold(File& file, uint64_t bytes) {
+void RamTier::AddHold(File& file, uint64_t bytes) {
   std::lock_guard lock(mu_);
   file.held_bytes += bytes;
 }
 
-uint64_t WriteBackCache::TakeHold(File& file, uint64_t max_bytes) {
+uint64_t RamTier::TakeHold(File& file, uint64_t max_bytes) {
   std::lock_guard lock(mu_);
   uint64_t taken = std::min(file.held_bytes, max_bytes);
   file.held_bytes -= taken;
   return taken;
 }
 
-uint64_t WriteBackCache::DropFrom(InodeNumber ino, File& file, uint64_t block, bool cancelled) {
+uint64_t RamTier::DropFrom(InodeNumber ino, File& file, uint64_t block, bool cancelled) {
   uint64_t dropped_blocks = 0;
   uint64_t freed_chunks = 0;
   for (auto it = file.chunks.lower_bound(block / blocks_per_chunk()); it != file.chunks.end();) {
@@ -156,7 +155,7 @@ uint64_t WriteBackCache::DropFrom(InodeNumber ino, File& file, uint64_t block, b
   return hold;
 }
 
-uint64_t WriteBackCache::Remove(InodeNumber ino, bool cancelled) {
+uint64_t RamTier::Remove(InodeNumber ino, bool cancelled) {
   std::lock_guard lock(mu_);
   auto it = files_.find(ino);
   if (it == files_.end()) return 0;
@@ -173,7 +172,7 @@ uint64_t WriteBackCache::Remove(InodeNumber ino, bool cancelled) {
   return hold;
 }
 
-void WriteBackCache::FinishFlush(InodeNumber ino, File& file, const std::vector<uint64_t>& flushed_chunks) {
+void RamTier::FinishFlush(InodeNumber ino, File& file, const std::vector<uint64_t>& flushed_chunks) {
   uint64_t bytes = 0, erased = 0;
   for (uint64_t index : flushed_chunks) {
     auto it = file.chunks.find(index);
@@ -195,7 +194,7 @@ void WriteBackCache::FinishFlush(InodeNumber ino, File& file, const std::vector<
   room_.notify_all();
 }
 
-std::vector<InodeNumber> WriteBackCache::PickVictims(int64_t now_ns, int64_t max_age_ns, bool all) const {
+std::vector<InodeNumber> RamTier::PickVictims(int64_t now_ns, int64_t max_age_ns, bool all) const {
   std::lock_guard lock(mu_);
   std::vector<std::pair<int64_t, InodeNumber>> candidates;
   // A waiting writer is pressure too: below the watermark, nothing would be
@@ -221,12 +220,12 @@ std::vector<InodeNumber> WriteBackCache::PickVictims(int64_t now_ns, int64_t max
   return out;
 }
 
-bool WriteBackCache::WantsFlush(const File& file) const {
+bool RamTier::WantsFlush(const File& file) const {
   std::lock_guard lock(mu_);
   return OverHighWatermarkLocked() || (!file.ephemeral && file.dirty_bytes >= kWriteBehindBytes);
 }
 
-bool WriteBackCache::WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeout) {
+bool RamTier::WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
   if (used_bytes_ + bytes <= capacity_) return true;
   if (bytes > capacity_) return false;
@@ -239,25 +238,25 @@ bool WriteBackCache::WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeo
   return room;
 }
 
-bool WriteBackCache::Pressed() const {
+bool RamTier::Pressed() const {
   std::lock_guard lock(mu_);
   return PressedLocked();
 }
 
-void WriteBackCache::WakeFlusher() {
+void RamTier::WakeFlusher() {
   std::lock_guard lock(mu_);
   work_pending_ = true;
   work_.notify_all();
 }
 
-bool WriteBackCache::WaitForWork(std::chrono::milliseconds timeout) {
+bool RamTier::WaitForWork(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
   bool woken = work_.wait_for(lock, timeout, [&] { return work_pending_; });
   work_pending_ = false;
   return woken;
 }
 
-WriteBackCache::Stats WriteBackCache::stats() const {
+RamTier::Stats RamTier::stats() const {
   std::lock_guard lock(mu_);
   return Stats{capacity_, used_bytes_, dirty_bytes_, cancelled_bytes_, files_.size(), room_wait_timeouts_};
 }

@@ -1,9 +1,10 @@
-// WriteBackCache: the RAM tier. Dirty file data waits here in aligned host
+// RamTier: the write-back RAM tier (README "RAM tier", --ram-tier, the
+// ram_tier_* stats). Dirty file data waits here in aligned host
 // memory and is written to the SSD later as large extents (flush by fsync,
 // close, age or memory pressure). Data truncated away or unlinked before it
 // was flushed costs no SSD I/O at all.
 //
-// Locking: the cache's own mutex guards the table of files, their logical
+// Locking: the tier's own mutex guards the table of files, their logical
 // size/mtime overlay and the byte accounting. A file's chunk contents are
 // guarded by that inode's I/O lock in Filesystem (exclusive to change,
 // shared to read). Files are shared_ptr so a flush in progress keeps its
@@ -21,12 +22,12 @@
 #include <utility>
 #include <vector>
 
-#include "store/buffer_pool.h"
 #include "spillfs/kvindex/records.h"
+#include "store/buffer_pool.h"
 
 namespace spillfs {
 
-class WriteBackCache {
+class RamTier {
  public:
   static constexpr uint64_t kChunkBytes = 256 << 10;
   // A non-ephemeral file with this much dirty data is flushed in the
@@ -54,10 +55,10 @@ class WriteBackCache {
     int64_t last_write_ns = 0;   // SteadyNowNs() of the last write (utimes does not move it)
     bool ephemeral = false;
     uint64_t dirty_bytes = 0;  // valid bytes held (accounting)
-    uint64_t chunk_count = 0;  // chunks.size(), readable under the cache mutex
+    uint64_t chunk_count = 0;  // chunks.size(), readable under the tier's mutex
     uint64_t held_bytes = 0;   // space promised by Allocator::Hold for this data
     // Odd while a flush of the file commits its mapping (BeginCommit to
-    // EndCommit), under the cache mutex: a reader of the overlay and the
+    // EndCommit), under the tier's mutex: a reader of the overlay and the
     // committed record that straddled a commit sees it changed. With `id`
     // (unique among the entries ever made), since an entry whose data is
     // all committed goes, and the next write makes a new one.
@@ -76,7 +77,7 @@ class WriteBackCache {
     uint64_t room_wait_timeouts = 0;
   };
 
-  WriteBackCache(uint64_t capacity_bytes, uint64_t block_size);
+  RamTier(uint64_t capacity_bytes, uint64_t block_size);
 
   uint64_t capacity() const { return capacity_; }
   // Faults in `bytes` (at most the capacity) of chunk memory now, so the
@@ -85,7 +86,7 @@ class WriteBackCache {
   uint64_t block_size() const { return block_size_; }
   uint64_t blocks_per_chunk() const { return kChunkBytes / block_size_; }
 
-  // The file's cache entry, or null.
+  // The file's entry, or null.
   std::shared_ptr<File> Find(InodeNumber ino) const;
   // The file's entry, created with the given committed size/mtime.
   std::shared_ptr<File> GetOrCreate(InodeNumber ino, uint64_t size, int64_t mtime_ns, bool ephemeral);
