@@ -78,14 +78,7 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
     if (auto file = ram_tier_.Find(ino)) {
       uint64_t keep_blocks = RoundUp(size, block_size_) / block_size_;
       allocator_.ReleaseHold(ram_tier_.DropFrom(ino, *file, keep_blocks, /*cancelled=*/true));
-      if (size % block_size_ != 0) {
-        uint64_t block = size / block_size_;
-        auto it = file->chunks.find(block / ram_tier_.blocks_per_chunk());
-        if (it != file->chunks.end() && it->second.valid[block % ram_tier_.blocks_per_chunk()]) {
-          char* bytes = it->second.data.data() + (block % ram_tier_.blocks_per_chunk()) * block_size_;
-          std::memset(bytes + size % block_size_, 0, block_size_ - size % block_size_);
-        }
-      }
+      ram_tier_.ZeroBlockTail(*file, size);
     }
   }
 

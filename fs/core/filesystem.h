@@ -359,18 +359,14 @@ class Filesystem {
   bool BackgroundFlushLock(InodeNumber ino, std::unique_lock<WaitedMutex>* flush_lock);
   // The I/O lock, exclusive, unless the caller holds it (`held`).
   std::unique_lock<std::shared_mutex> IoLockUnlessHeld(InodeNumber ino, bool held);
-  // The file's chunks that a flush of `scope` takes now, in file order; for
-  // a `refill`, none already on its way to the SSD (I/O lock held by the
-  // caller).
-  std::vector<uint64_t> ChunksToFlush(const RamTier::File& file, FlushScope scope, bool refill) const;
   // Starts a planned batch's SSD writes and the flush after them (on their
   // own thread, or deferred to the wait when the caller holds the locks).
   void StartBatchWrites(InodeNumber ino, FlushBatch* batch, bool locked);
   // Waits for a started batch's writes and maps them; a batch that cannot be
   // mapped is given back (AbandonBatch). Retries once without dedup.
   Status MapWrittenBatch(InodeNumber ino, std::unique_ptr<FlushBatch> batch, bool locked);
-  // Marks the chunks flushing and collects their valid blocks (I/O lock
-  // exclusive held by the caller).
+  // Freezes the chunks (RamTier::Freeze) and makes their valid runs the
+  // batch's segments (I/O lock exclusive held by the caller).
   void GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* batch);
   // Deduplicates and reserves space; fills the batch's I/O slices and extents.
   Status PlanBatch(FlushBatch* batch, bool dedup);

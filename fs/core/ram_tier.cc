@@ -1,6 +1,7 @@
 #include "core/ram_tier.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "spillfs/common/clock.h"
@@ -9,6 +10,8 @@ namespace spillfs {
 namespace {
 
 constexpr uint64_t kSlabBytes = 32 << 20;
+// A file written within this long is taken to be still appended to.
+constexpr int64_t kAppendingNs = 1'000'000'000;
 
 }  // namespace
 
@@ -30,10 +33,15 @@ std::shared_ptr<RamTier::File> RamTier::GetOrCreate(InodeNumber ino, uint64_t si
     file = std::make_shared<File>();
     file->size = size;
     file->mtime_ns = mtime_ns;
-    file->ephemeral = ephemeral;
+    file->is_ephemeral = ephemeral;
     file->id = ++files_made_;
   }
   return file;
+}
+
+uint64_t RamTier::CachedSize(const File& file) const {
+  std::lock_guard lock(mu_);
+  return file.size;
 }
 
 std::optional<RamTier::Overlay> RamTier::GetOverlay(InodeNumber ino) const {
@@ -77,6 +85,53 @@ char* RamTier::CachedBlock(File& file, uint64_t block) const {
   auto it = file.chunks.find(block / blocks_per_chunk());
   if (it == file.chunks.end() || !it->second.valid[block % blocks_per_chunk()]) return nullptr;
   return it->second.data.data() + (block % blocks_per_chunk()) * block_size_;
+}
+
+uint64_t RamTier::CountMissingBlocks(const File& file, uint64_t first_block, uint64_t last_block) const {
+  const uint64_t per_chunk = blocks_per_chunk();
+  uint64_t missing = 0;
+  for (uint64_t block = first_block; block < last_block; ++block) {
+    auto it = file.chunks.find(block / per_chunk);
+    if (it == file.chunks.end() || !it->second.valid[block % per_chunk]) ++missing;
+  }
+  return missing;
+}
+
+void RamTier::MakeChunks(File& file, uint64_t first_block, uint64_t last_block) {
+  const uint64_t per_chunk = blocks_per_chunk();
+  for (uint64_t chunk = first_block / per_chunk; chunk <= (last_block - 1) / per_chunk; ++chunk) {
+    ChunkFor(file, chunk * per_chunk);
+  }
+}
+
+char* RamTier::BlockSlot(File& file, uint64_t block) {
+  return ChunkFor(file, block).data.data() + (block % blocks_per_chunk()) * block_size_;
+}
+
+void RamTier::CopyIn(File& file, uint64_t offset, const char* data, uint64_t size) {
+  const uint64_t end = offset + size;
+  for (uint64_t chunk = offset / kChunkBytes; chunk <= (end - 1) / kChunkBytes; ++chunk) {
+    uint64_t chunk_start = chunk * kChunkBytes;
+    uint64_t from = std::max(offset, chunk_start);
+    uint64_t to = std::min(end, chunk_start + kChunkBytes);
+    char* dst = ChunkFor(file, chunk * blocks_per_chunk()).data.data();
+    std::memcpy(dst + (from - chunk_start), data + (from - offset), to - from);
+  }
+}
+
+void RamTier::ZeroBlockTail(File& file, uint64_t offset) {
+  const uint64_t in_block = offset % block_size_;
+  if (in_block == 0) return;
+  if (char* bytes = CachedBlock(file, offset / block_size_)) std::memset(bytes + in_block, 0, block_size_ - in_block);
+}
+
+bool RamTier::HasChunkIn(const File& file, uint64_t first_block, uint64_t last_block, bool flushing_only) const {
+  const uint64_t per_chunk = blocks_per_chunk();
+  auto it = file.chunks.lower_bound(first_block / per_chunk);
+  for (; it != file.chunks.end() && it->first <= (last_block - 1) / per_chunk; ++it) {
+    if (!flushing_only || it->second.flushing) return true;
+  }
+  return false;
 }
 
 void RamTier::MarkValid(File& file, uint64_t block, uint64_t count) {
@@ -172,6 +227,57 @@ uint64_t RamTier::Remove(InodeNumber ino, bool cancelled) {
   return hold;
 }
 
+std::vector<uint64_t> RamTier::ChunksToFlush(const File& file, bool background, bool refill) const {
+  // A partly filled last chunk stays while a writer is likely filling it; an
+  // idle file's goes too, or files that each end in one (small ephemeral
+  // files, which close does not flush) would hold the tier full for good.
+  // A refill skips the chunks already on their way (this flush's batches).
+  std::vector<uint64_t> chunks;
+  for (const auto& [index, chunk] : file.chunks) {
+    if (!refill || !chunk.flushing) chunks.push_back(index);
+  }
+  if (background && !chunks.empty() && file.chunks.at(chunks.back()).valid_blocks < blocks_per_chunk() &&
+      SteadyNowNs() - file.last_write_ns < kAppendingNs) {
+    chunks.pop_back();
+  }
+  return chunks;
+}
+
+std::vector<uint64_t> RamTier::Freeze(File& file, const std::vector<uint64_t>& chunks, std::vector<Run>* runs) {
+  const uint64_t per_chunk = blocks_per_chunk();
+  std::vector<uint64_t> frozen;
+  for (uint64_t index : chunks) {
+    auto it = file.chunks.find(index);
+    if (it == file.chunks.end()) continue;
+    Chunk& chunk = it->second;
+    chunk.flushing = true;
+    frozen.push_back(index);
+    for (uint64_t i = 0; i < per_chunk;) {
+      if (!chunk.valid[i]) {
+        ++i;
+        continue;
+      }
+      uint64_t j = i;
+      while (j < per_chunk && chunk.valid[j]) ++j;
+      runs->push_back(
+          Run{(index * per_chunk + i) * block_size_, chunk.data.data() + i * block_size_, (j - i) * block_size_});
+      i = j;
+    }
+  }
+  return frozen;
+}
+
+void RamTier::Thaw(File& file, const std::vector<uint64_t>& chunks) {
+  for (uint64_t index : chunks) {
+    auto it = file.chunks.find(index);
+    if (it != file.chunks.end()) it->second.flushing = false;
+  }
+}
+
+bool RamTier::HoldsOnly(const File& file, const std::vector<uint64_t>& chunks) const {
+  return file.chunks.size() == chunks.size();
+}
+
 void RamTier::FinishFlush(InodeNumber ino, File& file, const std::vector<uint64_t>& flushed_chunks) {
   uint64_t bytes = 0, erased = 0;
   for (uint64_t index : flushed_chunks) {
@@ -203,7 +309,7 @@ std::vector<InodeNumber> RamTier::PickVictims(int64_t now_ns, int64_t max_age_ns
   for (const auto& [ino, file] : files_) {
     if (file->chunk_count == 0) continue;
     bool old =
-        !file->ephemeral && (now_ns - file->first_dirty_ns > max_age_ns || file->dirty_bytes >= kWriteBehindBytes);
+        !file->is_ephemeral && (now_ns - file->first_dirty_ns > max_age_ns || file->dirty_bytes >= kWriteBehindBytes);
     if (all || old || pressure) candidates.emplace_back(file->first_dirty_ns, ino);
   }
   std::sort(candidates.begin(), candidates.end());
@@ -212,7 +318,8 @@ std::vector<InodeNumber> RamTier::PickVictims(int64_t now_ns, int64_t max_age_ns
   uint64_t projected = used_bytes_;
   for (auto& [when, ino] : candidates) {
     const File& file = *files_.at(ino);
-    bool old = !file.ephemeral && (now_ns - file.first_dirty_ns > max_age_ns || file.dirty_bytes >= kWriteBehindBytes);
+    bool old =
+        !file.is_ephemeral && (now_ns - file.first_dirty_ns > max_age_ns || file.dirty_bytes >= kWriteBehindBytes);
     if (!all && !old && projected <= target) continue;
     out.push_back(ino);
     projected -= std::min(projected, file.chunk_count * kChunkBytes);
@@ -222,7 +329,7 @@ std::vector<InodeNumber> RamTier::PickVictims(int64_t now_ns, int64_t max_age_ns
 
 bool RamTier::WantsFlush(const File& file) const {
   std::lock_guard lock(mu_);
-  return OverHighWatermarkLocked() || (!file.ephemeral && file.dirty_bytes >= kWriteBehindBytes);
+  return OverHighWatermarkLocked() || (!file.is_ephemeral && file.dirty_bytes >= kWriteBehindBytes);
 }
 
 bool RamTier::WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeout) {

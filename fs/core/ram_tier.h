@@ -35,36 +35,10 @@ class RamTier {
   // SSD busy instead of waiting for fsync or memory pressure.
   static constexpr uint64_t kWriteBehindBytes = 64 << 20;
 
-  // A fixed, chunk-aligned window of a file; `valid` marks blocks whose bytes
-  // here are the file's current contents.
-  struct Chunk {
-    explicit Chunk(BufferPool* pool) : data(pool) {}
-    PooledBuffer data;
-    std::vector<bool> valid;
-    uint64_t valid_blocks = 0;
-    // Being written to the SSD: its bytes and valid bits must not change
-    // until the flush commits (a writer waits on Filesystem::FlushLock).
-    bool flushing = false;
-  };
-
-  struct File {
-    std::map<uint64_t, Chunk> chunks;  // chunk index -> chunk
-    uint64_t size = 0;                 // logical size including cached data
-    int64_t mtime_ns = 0;
-    int64_t first_dirty_ns = 0;  // when the oldest unflushed data arrived
-    int64_t last_write_ns = 0;   // SteadyNowNs() of the last write (utimes does not move it)
-    bool ephemeral = false;
-    uint64_t dirty_bytes = 0;  // valid bytes held (accounting)
-    uint64_t chunk_count = 0;  // chunks.size(), readable under the tier's mutex
-    uint64_t held_bytes = 0;   // space promised by Allocator::Hold for this data
-    // Odd while a flush of the file commits its mapping (BeginCommit to
-    // EndCommit), under the tier's mutex: a reader of the overlay and the
-    // committed record that straddled a commit sees it changed. With `id`
-    // (unique among the entries ever made), since an entry whose data is
-    // all committed goes, and the next write makes a new one.
-    uint64_t commit_seq = 0;
-    uint64_t id = 0;
-  };
+  // One file's data in the tier (defined below). Outside the tier it is only
+  // a handle: Filesystem finds or makes it, holds it (a flush in progress
+  // keeps the buffers alive through it) and hands it back to these methods.
+  class File;
 
   struct Stats {
     uint64_t capacity_bytes = 0;
@@ -86,10 +60,13 @@ class RamTier {
   uint64_t block_size() const { return block_size_; }
   uint64_t blocks_per_chunk() const { return kChunkBytes / block_size_; }
 
+  // --- files and their attribute overlay ---
   // The file's entry, or null.
   std::shared_ptr<File> Find(InodeNumber ino) const;
   // The file's entry, created with the given committed size/mtime.
   std::shared_ptr<File> GetOrCreate(InodeNumber ino, uint64_t size, int64_t mtime_ns, bool ephemeral);
+  // The file's logical size, its cached data included.
+  uint64_t CachedSize(const File& file) const;
   // Size and mtime overlay for getattr; nullopt when nothing is cached.
   struct Overlay {
     uint64_t size;
@@ -105,33 +82,69 @@ class RamTier {
   // between).
   void BeginCommit(File& file);
   void EndCommit(File& file);
-
-  // Chunk for block `block` of `file`, created (all blocks invalid) if absent.
-  // Caller holds the inode's I/O lock exclusively.
-  Chunk& ChunkFor(File& file, uint64_t block);
-  // The bytes of `block` when `file` holds them (valid), else null. Caller
-  // holds the inode's I/O lock (shared is enough).
-  char* CachedBlock(File& file, uint64_t block) const;
-  // Marks `count` blocks from `block` valid and accounts for the new ones.
-  void MarkValid(File& file, uint64_t block, uint64_t count);
   // Updates the overlay after a write.
   void NoteWrite(File& file, uint64_t end_offset, int64_t mtime_ns);
   // Sets the overlay after setattr (truncate, utimens).
   void SetAttrs(File& file, std::optional<uint64_t> size, std::optional<int64_t> mtime_ns);
 
-  // Space holds: added after Allocator::Hold succeeds; taken by a flush that
-  // converts them into a reservation; returned if the flush fails.
+  // --- blocks: the caller holds the inode's I/O lock, exclusively to change
+  // them, shared to read them ---
+  // How many blocks of [first_block, last_block) the file does not hold yet.
+  uint64_t CountMissingBlocks(const File& file, uint64_t first_block, uint64_t last_block) const;
+  // Makes the chunks that blocks [first_block, last_block) fall in (all
+  // blocks invalid in a new one).
+  void MakeChunks(File& file, uint64_t first_block, uint64_t last_block);
+  // Where `block` lives in its chunk (made by MakeChunks), valid or not.
+  char* BlockSlot(File& file, uint64_t block);
+  // The bytes of `block` when `file` holds them (valid), else null.
+  char* CachedBlock(File& file, uint64_t block) const;
+  // Marks `count` blocks from `block` valid and accounts for the new ones.
+  void MarkValid(File& file, uint64_t block, uint64_t count);
+  // Copies `size` bytes to file offset `offset`, into chunks MakeChunks made.
+  void CopyIn(File& file, uint64_t offset, const char* data, uint64_t size);
+  // Zeroes the bytes from `offset` to the end of its block, where the file
+  // holds that block (a truncate into the middle of a cached block).
+  void ZeroBlockTail(File& file, uint64_t offset);
+  // True when a chunk (with `flushing_only`: one being flushed) holds a block
+  // of [first_block, last_block).
+  bool HasChunkIn(const File& file, uint64_t first_block, uint64_t last_block, bool flushing_only) const;
+
+  // --- space holds ---
+  // Added after Allocator::Hold succeeds; taken by a flush that converts
+  // them into a reservation; returned if the flush fails.
   void AddHold(File& file, uint64_t bytes);
   // Takes at most `max_bytes` of the file's hold.
   uint64_t TakeHold(File& file, uint64_t max_bytes = UINT64_MAX);
   // Drops cached blocks at or past `block` (truncate). Returns the hold to
-  // give back to the allocator.
+  // give back to the allocator. I/O lock exclusive.
   uint64_t DropFrom(InodeNumber ino, File& file, uint64_t block, bool cancelled);
   // Removes the whole entry (reclaimed inode). Returns the hold to give back.
   uint64_t Remove(InodeNumber ino, bool cancelled);
+
+  // --- flushes: the caller holds the inode's I/O lock exclusively ---
+  // The file's chunks that a flush takes now, in file order. A `background`
+  // flush leaves a partly filled last chunk while a writer is likely still
+  // filling it; a `refill` skips the chunks already on their way (frozen).
+  std::vector<uint64_t> ChunksToFlush(const File& file, bool background, bool refill) const;
+  // A run of valid blocks of a frozen chunk: the bytes to write.
+  struct Run {
+    uint64_t file_offset;
+    const char* data;
+    uint64_t length;
+  };
+  // Freezes those of `chunks` the file still holds: their bytes and valid
+  // bits do not change until FinishFlush or Thaw (a writer waits on
+  // Filesystem::FlushLock). Appends their valid runs, in file order, to
+  // `runs`; returns the chunks frozen.
+  std::vector<uint64_t> Freeze(File& file, const std::vector<uint64_t>& chunks, std::vector<Run>* runs);
+  // Lets frozen chunks change again (a flush that will not commit them).
+  void Thaw(File& file, const std::vector<uint64_t>& chunks);
+  // True when `chunks` (frozen) are all the file holds: the last cached data.
+  bool HoldsOnly(const File& file, const std::vector<uint64_t>& chunks) const;
   // After a flush wrote every valid block it saw: releases those chunks.
   void FinishFlush(InodeNumber ino, File& file, const std::vector<uint64_t>& flushed_chunks);
 
+  // --- the flusher ---
   // Files to flush now, oldest first: all when `all`, else those dirty for
   // longer than `max_age_ns` or holding kWriteBehindBytes (non-ephemeral)
   // plus, while memory is above the high watermark or a writer waits for
@@ -154,12 +167,24 @@ class RamTier {
   Stats stats() const;
 
  private:
+  // A fixed, chunk-aligned window of a file; `valid` marks blocks whose bytes
+  // here are the file's current contents.
+  struct Chunk {
+    explicit Chunk(BufferPool* pool) : data(pool) {}
+    PooledBuffer data;
+    std::vector<bool> valid;
+    uint64_t valid_blocks = 0;
+    // Being written to the SSD: its bytes and valid bits must not change
+    // until the flush commits (Freeze).
+    bool flushing = false;
+  };
+
+  // Chunk for block `block` of `file`, created (all blocks invalid) if absent.
+  Chunk& ChunkFor(File& file, uint64_t block);
   // mu_ held. Chunk memory above 3/4 of the tier.
   bool OverHighWatermarkLocked() const { return used_bytes_ > capacity_ / 4 * 3; }
   // mu_ held. Over the high watermark, or a writer waits for room.
   bool PressedLocked() const { return OverHighWatermarkLocked() || room_wanted_bytes_ > 0; }
-
-  void AccountChunk(int64_t delta);
 
   const uint64_t capacity_;
   const uint64_t block_size_;
@@ -175,6 +200,32 @@ class RamTier {
   uint64_t dirty_bytes_ = 0;
   uint64_t cancelled_bytes_ = 0;
   uint64_t room_wait_timeouts_ = 0;
+};
+
+// Only RamTier reads or changes a File's state.
+class RamTier::File {
+ public:
+  bool ephemeral() const { return is_ephemeral; }
+
+ private:
+  friend class RamTier;
+
+  std::map<uint64_t, Chunk> chunks;  // chunk index -> chunk
+  uint64_t size = 0;                 // logical size including cached data
+  int64_t mtime_ns = 0;
+  int64_t first_dirty_ns = 0;  // when the oldest unflushed data arrived
+  int64_t last_write_ns = 0;   // SteadyNowNs() of the last write (utimes does not move it)
+  bool is_ephemeral = false;   // fixed when the entry is made
+  uint64_t dirty_bytes = 0;    // valid bytes held (accounting)
+  uint64_t chunk_count = 0;    // chunks.size(), readable under the tier's mutex
+  uint64_t held_bytes = 0;     // space promised by Allocator::Hold for this data
+  // Odd while a flush of the file commits its mapping (BeginCommit to
+  // EndCommit), under the tier's mutex: a reader of the overlay and the
+  // committed record that straddled a commit sees it changed. With `id`
+  // (unique among the entries ever made), since an entry whose data is
+  // all committed goes, and the next write makes a new one.
+  uint64_t commit_seq = 0;
+  uint64_t id = 0;
 };
 
 }  // namespace spillfs

@@ -50,8 +50,6 @@ constexpr size_t kFlushBatchesInFlight = 4;
 // chunk being flushed, a truncate) or the file system stops. Ephemeral files
 // are flushed only to relieve pressure: no more than they hold then.
 constexpr uint64_t kBackgroundFlushBytes = 1 << 30;
-// A file written within this long is taken to be still appended to.
-constexpr int64_t kAppendingNs = 1'000'000'000;
 
 }  // namespace
 
@@ -93,36 +91,19 @@ std::unique_lock<std::shared_mutex> Filesystem::IoLockUnlessHeld(InodeNumber ino
   return held ? std::unique_lock<std::shared_mutex>() : std::unique_lock<std::shared_mutex>(IoLock(ino));
 }
 
-std::vector<uint64_t> Filesystem::ChunksToFlush(const RamTier::File& file, FlushScope scope, bool refill) const {
-  // A partly filled last chunk stays while a writer is likely filling it; an
-  // idle file's goes too, or files that each end in one (small ephemeral
-  // files, which close does not flush) would hold the tier full for good.
-  // A refill skips the chunks already on their way (this flush's batches).
-  std::vector<uint64_t> chunks;
-  for (const auto& [index, chunk] : file.chunks) {
-    if (!refill || !chunk.flushing) chunks.push_back(index);
-  }
-  if (scope == FlushScope::kBackground && !chunks.empty() &&
-      file.chunks.at(chunks.back()).valid_blocks < ram_tier_.blocks_per_chunk() &&
-      SteadyNowNs() - file.last_write_ns < kAppendingNs) {
-    chunks.pop_back();
-  }
-  return chunks;
-}
-
 Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
   auto file = ram_tier_.Find(ino);
   if (!file) return Status::OK();
   // After a failed sync of the data area no batch of a durable file can be
   // mapped (FlushBeforeMapping): fail before writing it to the SSD again.
-  if (Status failed = store_.sync_error(); !failed.ok() && !file->ephemeral) return failed;
+  if (Status failed = store_.sync_error(); !failed.ok() && !file->ephemeral()) return failed;
   // The chunks to flush, fixed now (the I/O lock is held only for the short
   // steps): data written later is a later flush's, except that a background
   // flush takes chunks filled meanwhile too, up to kBackgroundFlushBytes.
   std::vector<uint64_t> todo;
   {
     auto lock = IoLockUnlessHeld(ino, locked);
-    todo = ChunksToFlush(*file, scope, /*refill=*/false);
+    todo = ram_tier_.ChunksToFlush(*file, scope == FlushScope::kBackground, /*refill=*/false);
   }
   if (todo.empty()) {
     if (scope == FlushScope::kBackground) return Status::OK();
@@ -138,10 +119,10 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
   uint64_t started_bytes = 0;
   Status first;
   for (size_t next = 0; first.ok();) {
-    if (next == todo.size() && scope == FlushScope::kBackground && !file->ephemeral &&
+    if (next == todo.size() && scope == FlushScope::kBackground && !file->ephemeral() &&
         started_bytes < kBackgroundFlushBytes && !FlushLock(ino).waited() && !stopping_) {
       auto lock = IoLockUnlessHeld(ino, locked);
-      todo = ChunksToFlush(*file, scope, /*refill=*/true);
+      todo = ram_tier_.ChunksToFlush(*file, scope == FlushScope::kBackground, /*refill=*/true);
       next = 0;
     }
     if (next == todo.size()) break;
@@ -227,34 +208,18 @@ Status Filesystem::MapWrittenBatch(InodeNumber ino, std::unique_ptr<FlushBatch> 
 }
 
 void Filesystem::GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* batch) {
-  RamTier::File& file = *batch->file;
-  const uint64_t per_chunk = ram_tier_.blocks_per_chunk();
-  for (uint64_t index : chunks) {
-    auto it = file.chunks.find(index);
-    if (it == file.chunks.end()) continue;
-    RamTier::Chunk& chunk = it->second;
-    chunk.flushing = true;
-    batch->chunks.push_back(index);
-    for (uint64_t i = 0; i < per_chunk;) {
-      if (!chunk.valid[i]) {
-        ++i;
-        continue;
-      }
-      uint64_t j = i;
-      while (j < per_chunk && chunk.valid[j]) ++j;
-      uint64_t file_offset = (index * per_chunk + i) * block_size_;
-      uint64_t length = (j - i) * block_size_;
-      batch->segments.push_back(Segment{file_offset, chunk.data.data() + i * block_size_, length, {}, {}, {}});
-      batch->total += length;
-      if (!batch->ranges.empty() && batch->ranges.back().second == file_offset) {
-        batch->ranges.back().second += length;
-      } else {
-        batch->ranges.emplace_back(file_offset, file_offset + length);
-      }
-      i = j;
+  std::vector<RamTier::Run> runs;
+  batch->chunks = ram_tier_.Freeze(*batch->file, chunks, &runs);
+  for (const RamTier::Run& run : runs) {
+    batch->segments.push_back(Segment{run.file_offset, run.data, run.length, {}, {}, {}});
+    batch->total += run.length;
+    if (!batch->ranges.empty() && batch->ranges.back().second == run.file_offset) {
+      batch->ranges.back().second += run.length;
+    } else {
+      batch->ranges.emplace_back(run.file_offset, run.file_offset + run.length);
     }
   }
-  batch->hold = ram_tier_.TakeHold(file, batch->total);
+  batch->hold = ram_tier_.TakeHold(*batch->file, batch->total);
 }
 
 Status Filesystem::PlanBatch(FlushBatch* batch, bool dedup) {
@@ -280,10 +245,7 @@ void Filesystem::AbandonBatch(FlushBatch* batch) {
     ram_tier_.AddHold(*batch->file, batch->reserved_from_hold);
   }
   batch->hold = batch->reserved_from_hold = 0;
-  for (uint64_t index : batch->chunks) {
-    auto it = batch->file->chunks.find(index);
-    if (it != batch->file->chunks.end()) it->second.flushing = false;
-  }
+  ram_tier_.Thaw(*batch->file, batch->chunks);
 }
 
 Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
@@ -354,7 +316,7 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
     // overlay's (later chunks keep the file in the cache until they commit).
     uint64_t committed_end = batch->ranges.empty() ? 0 : batch->ranges.back().second;
     record->size = std::max(record->size, std::min(overlay->size, committed_end));
-    if (file.chunks.size() == batch->chunks.size()) record->size = overlay->size;  // the last cached data
+    if (ram_tier_.HoldsOnly(file, batch->chunks)) record->size = overlay->size;  // the last cached data
     record->mtime_ns = overlay->mtime_ns;
     record->ctime_ns = std::max(record->ctime_ns, overlay->mtime_ns);
   }
@@ -431,7 +393,7 @@ void Filesystem::Deduplicate(std::vector<Segment>* segments, std::vector<SharedR
 
 Status Filesystem::Flush(InodeNumber ino) {
   auto file = ram_tier_.Find(ino);
-  if (!file || file->ephemeral) return Status::OK();
+  if (!file || file->ephemeral()) return Status::OK();
   return FlushFile(ino);
 }
 

@@ -35,7 +35,6 @@ void LockSpinning(std::unique_lock<std::shared_mutex>& lock, std::chrono::micros
 
 Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const char* data, size_t size,
                                        const WriteAccepted* accepted) {
-  const uint64_t per_chunk = ram_tier_.blocks_per_chunk();
   uint64_t first_block = offset / block_size_;
   uint64_t end = offset + size;
   uint64_t last_block = DivideRoundingUp(end, block_size_);
@@ -55,28 +54,21 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
   auto file = ram_tier_.GetOrCreate(ino, record.size, record.mtime_ns, record.flags & kInodeEphemeral);
   // Every block that becomes dirty needs a new block at flush (redirect-on-
   // write): promise that space now, so a full volume fails this write.
-  uint64_t new_blocks = 0;
-  for (uint64_t block = first_block; block < last_block; ++block) {
-    auto it = file->chunks.find(block / per_chunk);
-    if (it == file->chunks.end() || !it->second.valid[block % per_chunk]) ++new_blocks;
-  }
+  uint64_t new_blocks = ram_tier_.CountMissingBlocks(*file, first_block, last_block);
   SPILLFS_RETURN_IF_ERROR(allocator_.Hold(new_blocks * block_size_));
   ram_tier_.AddHold(*file, new_blocks * block_size_);
   // Everything that can fail first: the chunks, and the old bytes of an edge
   // block that is only partly written and touched for the first time.
-  const uint64_t first_chunk = first_block / per_chunk;
-  const uint64_t last_chunk = (last_block - 1) / per_chunk;
-  for (uint64_t chunk = first_chunk; chunk <= last_chunk; ++chunk) ram_tier_.ChunkFor(*file, chunk * per_chunk);
+  ram_tier_.MakeChunks(*file, first_block, last_block);
   // The old bytes of a block past both the committed and the cached size are
   // zeros: no index lookup (an unaligned sequential writer, such as a direct_io
   // handle under torch.save, has such a block at the end of every write).
-  const uint64_t size_before = std::max(record.size, file->size);
+  const uint64_t size_before = std::max(record.size, ram_tier_.CachedSize(*file));
   auto prime_edge = [&](uint64_t block) -> Status {
     uint64_t block_start = block * block_size_;
-    RamTier::Chunk& chunk = ram_tier_.ChunkFor(*file, block);
     if (offset <= block_start && end >= block_start + block_size_) return Status::OK();  // wholly written
-    if (chunk.valid[block % per_chunk]) return Status::OK();
-    char* old_bytes = chunk.data.data() + (block % per_chunk) * block_size_;
+    if (ram_tier_.CachedBlock(*file, block) != nullptr) return Status::OK();
+    char* old_bytes = ram_tier_.BlockSlot(*file, block);
     if (block_start >= size_before) {
       std::memset(old_bytes, 0, block_size_);
       return Status::OK();
@@ -93,13 +85,7 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
   // next request is on its way. Readers and the flusher wait for the I/O
   // lock, so nobody sees the blocks before the copy is done.
   if (accepted != nullptr) (*accepted)(size);
-  for (uint64_t chunk = first_chunk; chunk <= last_chunk; ++chunk) {
-    uint64_t chunk_start = chunk * RamTier::kChunkBytes;
-    uint64_t from = std::max(offset, chunk_start);
-    uint64_t to = std::min(end, chunk_start + RamTier::kChunkBytes);
-    char* dst = ram_tier_.ChunkFor(*file, chunk * per_chunk).data.data();
-    std::memcpy(dst + (from - chunk_start), data + (from - offset), to - from);
-  }
+  ram_tier_.CopyIn(*file, offset, data, size);
   counters_.bytes_written.fetch_add(size, std::memory_order_relaxed);
   counters_.writes.fetch_add(1, std::memory_order_relaxed);
   if (ram_tier_.WantsFlush(*file)) ram_tier_.WakeFlusher();
@@ -108,13 +94,7 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
 
 bool Filesystem::FindCachedChunk(InodeNumber ino, uint64_t first_block, uint64_t last_block, bool flushing_only) const {
   auto file = ram_tier_.Find(ino);
-  if (!file) return false;
-  const uint64_t per_chunk = ram_tier_.blocks_per_chunk();
-  auto it = file->chunks.lower_bound(first_block / per_chunk);
-  for (; it != file->chunks.end() && it->first <= (last_block - 1) / per_chunk; ++it) {
-    if (!flushing_only || it->second.flushing) return true;
-  }
-  return false;
+  return file && ram_tier_.HasChunkIn(*file, first_block, last_block, flushing_only);
 }
 
 bool Filesystem::CachedPieces(InodeNumber ino, uint64_t offset, uint64_t end, std::vector<iovec>* pieces) {
