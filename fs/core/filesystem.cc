@@ -50,6 +50,7 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
       block_size_(volume_->superblock().block_size),
       checksums_(volume_->superblock().checksums),
       options_(options),
+      deduper_(index_, [this](const char* data, uint64_t length) { return Checksums(data, length); }),
       allocator_(block_size_),
       gate_(
           [this](const std::vector<PhysicalExtent>& extents, uint64_t commit) { allocator_.Release(extents, commit); }),
@@ -200,41 +201,8 @@ Result<bool> Filesystem::DirIsEmpty(InodeNumber ino) {
   return empty;
 }
 
-// Applies the txn's blob reference changes; a blob whose last reference
-// went is freed (its whole range) in the same batch.
-Status Filesystem::ApplyBlobRefs(Txn* txn) {
-  for (auto& [physical, delta] : txn->blob_refs) {
-    if (delta == 0) continue;
-    BlobRecord blob;
-    auto fresh = txn->new_blobs.find(physical);
-    if (fresh != txn->new_blobs.end()) {
-      blob = fresh->second;
-    } else {
-      std::string value;
-      Status found = index_.Get(Family::kBlob, keys::BlobByPhysical(physical), &value);
-      if (!found.ok()) return Status::Corruption(fmt::format("extent names blob {} that does not exist", physical));
-      SPILLFS_ASSIGN_OR_RETURN(blob, BlobRecord::Decode(value));
-    }
-    int64_t refs = static_cast<int64_t>(blob.refs) + delta;
-    if (refs > 0) {
-      blob.refs = static_cast<uint64_t>(refs);
-      txn->batch.Put(Family::kBlob, keys::BlobByPhysical(physical), blob.Encode());
-      if (fresh != txn->new_blobs.end())
-        txn->batch.Put(Family::kBlob, keys::BlobByHash(blob.hash), EncodeMetaU64(physical));
-      continue;
-    }
-    txn->batch.Delete(Family::kBlob, keys::BlobByPhysical(physical));
-    std::string owner;
-    if (index_.Get(Family::kBlob, keys::BlobByHash(blob.hash), &owner).ok() && owner == EncodeMetaU64(physical)) {
-      txn->batch.Delete(Family::kBlob, keys::BlobByHash(blob.hash));
-    }
-    txn->freed.push_back(PhysicalExtent{physical, blob.length});
-  }
-  return Status::OK();
-}
-
 Status Filesystem::CommitTxn(Txn* txn) {
-  SPILLFS_RETURN_IF_ERROR(ApplyBlobRefs(txn));
+  SPILLFS_RETURN_IF_ERROR(deduper_.ApplyBlobRefs(txn->blob_refs, txn->new_blobs, &txn->batch, &txn->freed));
   allocator_.CommitFreed(txn->freed, &txn->batch);
   SPILLFS_RETURN_IF_ERROR(index_.Commit(&txn->batch));
   // The freed space stays unused until readers are done with it and this

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/background_sync.h"
+#include "core/dedup.h"
 #include "core/ram_tier.h"
 #include "core/read_ahead.h"
 #include "core/waited_mutex.h"
@@ -224,32 +225,13 @@ class Filesystem {
     uint64_t lookups = 0;
     uint32_t opens = 0;
   };
-  // Contiguous file bytes in memory, to be written as one or more extents.
-  struct Segment {
-    uint64_t file_offset;
-    const char* data;
-    uint64_t length;
-    std::string blob_hash;  // non-empty: write as one dedup blob with this hash
-    // Worked out ahead by HashSegments (empty: not yet): the checksum of each
-    // block, and the dedup hash of a whole dedup unit.
-    std::vector<uint32_t> block_sums;
-    std::string content_hash;
-  };
-  // A dedup hit: this file range will reference an existing blob.
-  struct SharedRef {
-    uint64_t file_offset;
-    uint64_t blob;  // physical offset
-    std::string hash;
-    const char* data;
-  };
   static constexpr size_t kIoLockStripes = 256;
-  // Dedup works on whole, aligned units of this size (one RAM-tier chunk).
-  static constexpr uint64_t kDedupUnit = RamTier::kChunkBytes;
   // A commit in progress: one index batch and the space it frees.
   struct Txn {
     explicit Txn(const Index& index) : batch(index) {}
     Index::Batch batch;
     std::vector<PhysicalExtent> freed;
+    // Applied by CommitTxn (Dedup::ApplyBlobRefs).
     std::map<uint64_t, int64_t> blob_refs;     // blob physical offset -> reference delta
     std::map<uint64_t, BlobRecord> new_blobs;  // blobs first written by this txn
   };
@@ -368,7 +350,8 @@ class Filesystem {
   // Freezes the chunks (RamTier::Freeze) and makes their valid runs the
   // batch's segments (I/O lock exclusive held by the caller).
   void GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* batch);
-  // Deduplicates and reserves space; fills the batch's I/O slices and extents.
+  // Hashes (Dedup::HashSegments), deduplicates (Dedup::Deduplicate) and
+  // reserves space; fills the batch's I/O slices and extents.
   Status PlanBatch(FlushBatch* batch, bool dedup);
   // Maps the written batch; EAGAIN when a dedup hit vanished meanwhile (the
   // batch is then undone for a retry without dedup). I/O lock exclusive held.
@@ -376,15 +359,6 @@ class Filesystem {
   Status CommitBatch(InodeNumber ino, FlushBatch* batch);
   // Gives back what a batch that will not commit took (I/O lock held).
   void AbandonBatch(FlushBatch* batch);
-  // Splits whole dedup units (the segments HashSegments gave a content hash)
-  // whose content is already stored out of `segments` into `shared`, and tags
-  // the other whole units as new blobs.
-  void Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* shared);
-  // Hashes the segments (block checksums, and dedup hashes with `dedup`) on
-  // several threads: one thread hashing a flush kept up with only ~2 GB/s.
-  void HashSegments(std::vector<Segment>* segments, bool dedup) const;
-  // The dedup hash of one dedup unit.
-  static std::string DedupHash(const char* data);
   // Crash order rule 2 (docs/design.md): makes the data area durable before a
   // batch that maps data just written to it is committed. Whatever reaches
   // RocksDB's WAL may reach the media at any moment (kernel write-back of
@@ -402,7 +376,6 @@ class Filesystem {
   // FlushLock), and flushes the data area when an ephemeral regular file
   // stops being one (`clears`) (xattr.cc).
   Status FlushForEphemeralChange(InodeNumber ino, bool clears, std::unique_lock<WaitedMutex>* flush_lock);
-  Status ApplyBlobRefs(Txn* txn);
   void FlusherLoop();
   static void ApplyOverlay(const RamTier::Overlay& overlay, Entry* entry);
   // Unmaps [start, end) (block aligned; end may be UINT64_MAX) into txn.
@@ -421,6 +394,7 @@ class Filesystem {
   const bool checksums_;
   bool dedup_ = false;
   const FilesystemOptions options_;
+  Dedup deduper_;  // over index_, with Checksums
   Allocator allocator_;
   ReclaimGate gate_;
   FsCounters counters_;

@@ -6,18 +6,13 @@
 #include <pthread.h>
 
 #include <chrono>
-#include <cstring>
 #include <deque>
 #include <future>
-#include <set>
 #include <system_error>
 #include <thread>
 
 #include "core/filesystem.h"
-#include "spillfs/common/block_checksum.h"
 #include "spillfs/common/clock.h"
-#include "spillfs/kvindex/coding.h"
-#include "spillfs/kvindex/keys.h"
 
 namespace spillfs {
 
@@ -223,8 +218,8 @@ void Filesystem::GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* ba
 }
 
 Status Filesystem::PlanBatch(FlushBatch* batch, bool dedup) {
-  HashSegments(&batch->segments, dedup);
-  if (dedup) Deduplicate(&batch->segments, &batch->shared);
+  deduper_.HashSegments(&batch->segments, dedup);
+  if (dedup) deduper_.Deduplicate(&batch->segments, &batch->shared);
   uint64_t fresh_bytes = batch->total - batch->shared.size() * kDedupUnit;
   // Taken from the hold only once the space is reserved: a failed plan
   // leaves the whole hold to AbandonBatch.
@@ -273,26 +268,13 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
     ram_tier_.FinishFlush(ino, file, batch->chunks);
     return record.status().code() == ENOENT ? Status::OK() : record.status();
   }
+  if (Status shared = deduper_.CheckShared(batch->shared); !shared.ok()) {
+    allocator_.Unreserve(batch->plan.space);
+    AbandonBatch(batch);
+    return shared;
+  }
   Txn txn(index_);
-  for (const SharedRef& ref : batch->shared) {
-    std::string value;
-    auto blob = index_.Get(Family::kBlob, keys::BlobByPhysical(ref.blob), &value).ok()
-                    ? BlobRecord::Decode(value)
-                    : Result<BlobRecord>(Status::NotFound());
-    if (!blob.ok() || blob->hash != ref.hash || blob->length != kDedupUnit) {
-      allocator_.Unreserve(batch->plan.space);
-      AbandonBatch(batch);
-      return Status::Error(EAGAIN, "dedup target vanished");
-    }
-  }
-  for (auto& [offset, extent] : extents) {
-    if (extent.blob_id == 0) continue;
-    for (const Segment& segment : batch->segments) {
-      if (segment.file_offset == offset && !segment.blob_hash.empty()) {
-        txn.new_blobs[extent.blob_id] = BlobRecord{segment.blob_hash, extent.length, 0};
-      }
-    }
-  }
+  Dedup::NoteNewBlobs(extents, batch->segments, &txn.new_blobs);
   uint64_t unmapped = 0;
   Status unmapped_ok = UnmapRanges(&txn, ino, batch->ranges, &unmapped);
   if (!unmapped_ok.ok()) {
@@ -301,15 +283,7 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
     return unmapped_ok;
   }
   MapExtents(&txn, ino, extents);
-  for (const SharedRef& ref : batch->shared) {
-    ExtentRecord extent;
-    extent.physical = ref.blob;
-    extent.length = kDedupUnit;
-    extent.blob_id = ref.blob;
-    extent.block_checksums = Checksums(ref.data, kDedupUnit);
-    txn.batch.Put(Family::kExtent, keys::Extent(ino, ref.file_offset), extent.Encode());
-    ++txn.blob_refs[ref.blob];
-  }
+  deduper_.MapShared(ino, batch->shared, &txn.batch, &txn.blob_refs);
   record->allocated_bytes += batch->total - unmapped;
   if (overlay) {
     // Only data of this batch is committed; a size past it is still the
@@ -331,64 +305,6 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
   counters_.bytes_deduplicated.fetch_add(batch->shared.size() * kDedupUnit, std::memory_order_relaxed);
   ram_tier_.FinishFlush(ino, file, batch->chunks);
   return Status::OK();
-}
-
-std::string Filesystem::DedupHash(const char* data) {
-  XXH128_hash_t h = ContentHash128(data, kDedupUnit);
-  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
-}
-
-void Filesystem::HashSegments(std::vector<Segment>* segments, bool dedup) const {
-  constexpr unsigned kThreads = 4;
-  constexpr uint64_t kBytesPerThread = 4 << 20;  // less is hashed here
-  auto hash = [&](Segment& segment) {
-    segment.block_sums = Checksums(segment.data, segment.length);
-    if (dedup && segment.length == kDedupUnit && segment.file_offset % kDedupUnit == 0) {
-      segment.content_hash = DedupHash(segment.data);
-    }
-  };
-  uint64_t total = 0;
-  for (const Segment& segment : *segments) total += segment.length;
-  const unsigned helpers = static_cast<unsigned>(std::min<uint64_t>(kThreads, total / kBytesPerThread));
-  if (helpers <= 1) {
-    for (Segment& segment : *segments) hash(segment);
-    return;
-  }
-  // Segments dealt round-robin; this thread takes share 0.
-  auto share = [&](unsigned k) {
-    for (size_t i = k; i < segments->size(); i += helpers) hash((*segments)[i]);
-  };
-  std::vector<std::future<void>> others;
-  for (unsigned k = 1; k < helpers; ++k) {
-    try {
-      others.push_back(std::async(std::launch::async, [&share, k] {
-        pthread_setname_np(pthread_self(), "spillfs-hash");
-        share(k);
-      }));
-    } catch (const std::system_error&) {
-      share(k);  // no thread to be had: hash that share here
-    }
-  }
-  share(0);
-  for (auto& f : others) f.get();
-}
-
-void Filesystem::Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* shared) {
-  std::vector<Segment> to_write;
-  std::set<std::string> new_hashes;  // within one flush, only the first copy becomes a blob
-  for (Segment& segment : *segments) {
-    if (!segment.content_hash.empty()) {  // a whole dedup unit (HashSegments)
-      const std::string& hash = segment.content_hash;
-      std::string value;
-      if (index_.Get(Family::kBlob, keys::BlobByHash(hash), &value).ok() && value.size() == 8) {
-        shared->push_back(SharedRef{segment.file_offset, coding::DecodeFixed64BE(value.data()), hash, segment.data});
-        continue;
-      }
-      if (new_hashes.insert(hash).second) segment.blob_hash = hash;
-    }
-    to_write.push_back(std::move(segment));
-  }
-  *segments = std::move(to_write);
 }
 
 Status Filesystem::Flush(InodeNumber ino) {
