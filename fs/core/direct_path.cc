@@ -12,7 +12,7 @@ namespace spillfs {
 
 Result<DirectLayout> Filesystem::GetDirectLayout(InodeNumber ino) {
   SPILLFS_RETURN_IF_ERROR(FlushFile(ino));  // the SSD must hold what the client will read
-  std::shared_lock io_lock(IoLock(ino));
+  ReaderLock io_lock(&IoLock(ino));
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "layouts exist only for regular files");
   DirectLayout layout;
@@ -49,8 +49,8 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
     return Status::Error(EFBIG, "commit range is past the largest file offset");
   }
   if (size > file_offset + length) return Status::Error(EINVAL, "size lies past the committed data");
-  std::lock_guard flush_lock(FlushLock(ino));
-  std::unique_lock io_lock(IoLock(ino));
+  ExclusiveLock flush_lock(&FlushLock(ino));
+  WriterLock io_lock(&IoLock(ino));
   ContentChange change(&read_ahead_, ino);    // before io_lock lets readers in
   SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));  // older cached data must not land on top later
   std::vector<std::pair<uint64_t, ExtentRecord>> extents;
@@ -67,7 +67,7 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
     at += piece.length;
   }
   SPILLFS_RETURN_IF_ERROR(FlushBeforeMapping(ino));  // the client's writes have completed
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "commit target is not a regular file");
   // Written blocks past EOF would show through a later truncate up. Checked

@@ -41,13 +41,13 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
   // flushes and readers out. Attributes alone (chmod, chown, utimens) change
   // the record under mu_ only, as a flush's commit does, and need not wait
   // for a flush in progress.
-  std::unique_lock flush_lock(FlushLock(ino), std::defer_lock);
-  std::unique_lock io_lock(IoLock(ino), std::defer_lock);
+  ExclusiveLock flush_lock(&FlushLock(ino), kDeferLock);
+  WriterLock io_lock(&IoLock(ino), kDeferLock);
   std::optional<ContentChange> change;  // before io_lock lets readers in
   std::optional<BlockRewrite> tail;
   if (request.size) {
-    flush_lock.lock();
-    io_lock.lock();
+    flush_lock.Lock();
+    io_lock.Lock();
     change.emplace(&read_ahead_, ino);
     SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
     if (auto overlay = ram_tier_.GetOverlay(ino)) record.size = overlay->size;
@@ -82,7 +82,7 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
     }
   }
 
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   int64_t now = NowNs();
   Txn txn(index_);
@@ -162,11 +162,11 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
       SPILLFS_RETURN_IF_ERROR(zero_span(offset, inner_start));
       SPILLFS_RETURN_IF_ERROR(zero_span(inner_end, end));
       if (inner_start < inner_end) {
-        std::lock_guard flush_lock(FlushLock(ino));
-        std::unique_lock io_lock(IoLock(ino));
+        ExclusiveLock flush_lock(&FlushLock(ino));
+        WriterLock io_lock(&IoLock(ino));
         ContentChange change(&read_ahead_, ino);
         SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));  // the edges just went through the RAM tier
-        std::lock_guard lock(mu_);
+        MutexLock lock(&mu_);
         SPILLFS_ASSIGN_OR_RETURN(record, LoadInode(ino));
         Txn txn(index_);
         uint64_t unmapped = 0;
@@ -181,8 +181,8 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
   }
 
   // Allocate unwritten extents over the holes of [offset, end).
-  std::lock_guard flush_lock(FlushLock(ino));
-  std::unique_lock io_lock(IoLock(ino));
+  ExclusiveLock flush_lock(&FlushLock(ino));
+  WriterLock io_lock(&IoLock(ino));
   ContentChange change(&read_ahead_, ino);  // before io_lock lets readers in
   SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));
   uint64_t start = RoundDown(offset, block_size_);
@@ -214,7 +214,7 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
       reserved.push_back(piece);
     }
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(record, LoadInode(ino));
   Txn txn(index_);
   MapExtents(&txn, ino, extents);
@@ -231,7 +231,7 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
 
 Result<uint64_t> Filesystem::Lseek(InodeNumber ino, uint64_t offset, int whence) {
   SPILLFS_RETURN_IF_ERROR(FlushFile(ino));  // holes and data as the SSD will hold them
-  std::shared_lock io_lock(IoLock(ino));
+  ReaderLock io_lock(&IoLock(ino));
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (offset >= record.size) return Status::Error(ENXIO, "offset is past the end of the file");
   std::optional<uint64_t> data;

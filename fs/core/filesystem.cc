@@ -93,7 +93,11 @@ Filesystem::~Filesystem() {
 Result<std::unique_ptr<Filesystem>> Filesystem::Open(std::unique_ptr<Volume> volume, const FilesystemOptions& options) {
   std::unique_ptr<Filesystem> fs(new Filesystem(std::move(volume), options));
   SPILLFS_RETURN_IF_ERROR(fs->allocator_.Load(fs->index_));
-  SPILLFS_ASSIGN_OR_RETURN(fs->next_ino_, fs->index_.GetMetaU64(keys::kNextIno));
+  SPILLFS_ASSIGN_OR_RETURN(InodeNumber next_ino, fs->index_.GetMetaU64(keys::kNextIno));
+  {
+    MutexLock lock(&fs->mu_);
+    fs->next_ino_ = next_ino;
+  }
   SPILLFS_RETURN_IF_ERROR(fs->Recover());
   if (options.ram_tier_bytes > 0) {
     fs->ram_tier_.WarmUp(options.ram_tier_warm_bytes);
@@ -123,7 +127,7 @@ Status Filesystem::Recover() {
     orphans.push_back(keys::DecodeIno(cursor->key()));
   }
   SPILLFS_RETURN_IF_ERROR(cursor->status());
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (InodeNumber ino : orphans) {
     Txn txn(index_);
     auto record = index_.GetInode(ino);
@@ -150,7 +154,7 @@ Status Filesystem::ReclaimEphemeral() {
   }
   SPILLFS_RETURN_IF_ERROR(inodes->status());
   if (doomed.empty()) return Status::OK();
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Txn txn(index_);
   auto dirents = index_.NewCursor(Family::kDirent, "");
   for (dirents->Seek(""); dirents->Valid(); dirents->Next()) {
@@ -167,7 +171,7 @@ Status Filesystem::ReclaimEphemeral() {
   return index_.Sync();
 }
 
-// ---- helpers (mu_ held) ----
+// ---- index helpers ----
 
 Result<InodeRecord> Filesystem::LoadInode(InodeNumber ino) {
   auto record = index_.GetInode(ino);
@@ -278,7 +282,7 @@ void Filesystem::DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& recor
 
 Result<Entry> Filesystem::CreateInode(InodeNumber parent, std::string_view name, InodeRecord record) {
   SPILLFS_RETURN_IF_ERROR(CheckName(name));
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord dir, LoadDir(parent));
   if (dir.nlink == 0) return Status::Error(ENOENT, "directory was removed");
   if (index_.GetDirent(parent, name).ok()) return Status::Error(EEXIST, fmt::format("{} exists", name));
@@ -311,14 +315,14 @@ Result<Entry> Filesystem::CreateInode(InodeNumber parent, std::string_view name,
 // ---- open files ----
 
 Status Filesystem::Open(InodeNumber ino) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   ++inodes_[ino].opens;
   return Status::OK();
 }
 
 Status Filesystem::Release(InodeNumber ino) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = inodes_.find(ino);
   if (it == inodes_.end() || it->second.opens == 0) return Status::OK();
   if (--it->second.opens > 0) return Status::OK();

@@ -21,13 +21,13 @@ RamTier::RamTier(uint64_t capacity_bytes, uint64_t block_size)
 void RamTier::WarmUp(uint64_t bytes) { pool_.Warm(std::min(bytes, capacity_)); }
 
 std::shared_ptr<RamTier::File> RamTier::Find(InodeNumber ino) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = files_.find(ino);
   return it == files_.end() ? nullptr : it->second;
 }
 
 std::shared_ptr<RamTier::File> RamTier::GetOrCreate(InodeNumber ino, uint64_t size, int64_t mtime_ns, bool ephemeral) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto& file = files_[ino];
   if (!file) {
     file = std::make_shared<File>();
@@ -40,12 +40,12 @@ std::shared_ptr<RamTier::File> RamTier::GetOrCreate(InodeNumber ino, uint64_t si
 }
 
 uint64_t RamTier::CachedSize(const File& file) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return file.size;
 }
 
 std::optional<RamTier::Overlay> RamTier::GetOverlay(InodeNumber ino) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = files_.find(ino);
   if (it == files_.end()) return std::nullopt;
   const File& file = *it->second;
@@ -53,19 +53,19 @@ std::optional<RamTier::Overlay> RamTier::GetOverlay(InodeNumber ino) const {
 }
 
 std::optional<std::pair<uint64_t, uint64_t>> RamTier::CommitMark(InodeNumber ino) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = files_.find(ino);
   if (it == files_.end()) return std::nullopt;
   return std::make_pair(it->second->id, it->second->commit_seq);
 }
 
 void RamTier::BeginCommit(File& file) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   ++file.commit_seq;
 }
 
 void RamTier::EndCommit(File& file) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   ++file.commit_seq;
 }
 
@@ -75,7 +75,7 @@ RamTier::Chunk& RamTier::ChunkFor(File& file, uint64_t block) {
   if (it != file.chunks.end()) return it->second;
   Chunk& chunk = file.chunks.try_emplace(index, &pool_).first->second;
   chunk.valid.assign(blocks_per_chunk(), false);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   used_bytes_ += kChunkBytes;
   ++file.chunk_count;
   return chunk;
@@ -145,13 +145,13 @@ void RamTier::MarkValid(File& file, uint64_t block, uint64_t count) {
       ++added;
     }
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   file.dirty_bytes += added * block_size_;
   dirty_bytes_ += added * block_size_;
 }
 
 void RamTier::NoteWrite(File& file, uint64_t end_offset, int64_t mtime_ns) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   file.size = std::max(file.size, end_offset);
   file.mtime_ns = mtime_ns;
   file.last_write_ns = SteadyNowNs();
@@ -159,18 +159,18 @@ void RamTier::NoteWrite(File& file, uint64_t end_offset, int64_t mtime_ns) {
 }
 
 void RamTier::SetAttrs(File& file, std::optional<uint64_t> size, std::optional<int64_t> mtime_ns) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (size) file.size = *size;
   if (mtime_ns) file.mtime_ns = *mtime_ns;
 }
 
 void RamTier::AddHold(File& file, uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   file.held_bytes += bytes;
 }
 
 uint64_t RamTier::TakeHold(File& file, uint64_t max_bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t taken = std::min(file.held_bytes, max_bytes);
   file.held_bytes -= taken;
   return taken;
@@ -196,7 +196,7 @@ uint64_t RamTier::DropFrom(InodeNumber ino, File& file, uint64_t block, bool can
       ++it;
     }
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t bytes = dropped_blocks * block_size_;
   file.dirty_bytes -= bytes;
   dirty_bytes_ -= bytes;
@@ -204,14 +204,14 @@ uint64_t RamTier::DropFrom(InodeNumber ino, File& file, uint64_t block, bool can
   file.chunk_count -= freed_chunks;
   if (cancelled) cancelled_bytes_ += bytes;
   if (file.chunk_count == 0) file.first_dirty_ns = 0;
-  if (freed_chunks > 0) room_.notify_all();
+  if (freed_chunks > 0) room_.SignalAll();
   uint64_t hold = std::min(file.held_bytes, bytes);
   file.held_bytes -= hold;
   return hold;
 }
 
 uint64_t RamTier::Remove(InodeNumber ino, bool cancelled) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = files_.find(ino);
   if (it == files_.end()) return 0;
   File& file = *it->second;
@@ -223,7 +223,7 @@ uint64_t RamTier::Remove(InodeNumber ino, bool cancelled) {
   file.dirty_bytes = 0;
   file.chunk_count = 0;
   files_.erase(it);  // a flush in progress keeps the buffers alive through its shared_ptr
-  room_.notify_all();
+  room_.SignalAll();
   return hold;
 }
 
@@ -287,7 +287,7 @@ void RamTier::FinishFlush(InodeNumber ino, File& file, const std::vector<uint64_
     file.chunks.erase(it);
     ++erased;
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto entry = files_.find(ino);
   bool live = entry != files_.end() && entry->second.get() == &file;
   if (live) {
@@ -297,11 +297,11 @@ void RamTier::FinishFlush(InodeNumber ino, File& file, const std::vector<uint64_
     file.chunk_count -= erased;
     if (file.chunk_count == 0) files_.erase(entry);  // size and mtime are committed now
   }
-  room_.notify_all();
+  room_.SignalAll();
 }
 
 std::vector<InodeNumber> RamTier::PickVictims(int64_t now_ns, int64_t max_age_ns, bool all) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::pair<int64_t, InodeNumber>> candidates;
   // A waiting writer is pressure too: below the watermark, nothing would be
   // flushed for it until files grew old.
@@ -328,43 +328,50 @@ std::vector<InodeNumber> RamTier::PickVictims(int64_t now_ns, int64_t max_age_ns
 }
 
 bool RamTier::WantsFlush(const File& file) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return OverHighWatermarkLocked() || (!file.is_ephemeral && file.dirty_bytes >= kWriteBehindBytes);
 }
 
 bool RamTier::WaitForRoom(uint64_t bytes, std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  MutexLock lock(&mu_);
   if (used_bytes_ + bytes <= capacity_) return true;
   if (bytes > capacity_) return false;
   work_pending_ = true;
-  work_.notify_all();
+  work_.SignalAll();
   room_wanted_bytes_ += bytes;
-  bool room = room_.wait_for(lock, timeout, [&] { return used_bytes_ + bytes <= capacity_; });
+  bool room = false;
+  while (!(room = used_bytes_ + bytes <= capacity_) && room_.WaitUntil(deadline)) {
+  }
+  if (!room) room = used_bytes_ + bytes <= capacity_;  // freed as the wait timed out
   room_wanted_bytes_ -= bytes;
   if (!room) ++room_wait_timeouts_;
   return room;
 }
 
 bool RamTier::Pressed() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return PressedLocked();
 }
 
 void RamTier::WakeFlusher() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   work_pending_ = true;
-  work_.notify_all();
+  work_.SignalAll();
 }
 
 bool RamTier::WaitForWork(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  bool woken = work_.wait_for(lock, timeout, [&] { return work_pending_; });
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  MutexLock lock(&mu_);
+  while (!work_pending_ && work_.WaitUntil(deadline)) {
+  }
+  const bool woken = work_pending_;
   work_pending_ = false;
   return woken;
 }
 
 RamTier::Stats RamTier::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return Stats{capacity_, used_bytes_, dirty_bytes_, cancelled_bytes_, files_.size(), room_wait_timeouts_};
 }
 

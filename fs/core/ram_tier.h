@@ -4,24 +4,32 @@
 // close, age or memory pressure). Data truncated away or unlinked before it
 // was flushed costs no SSD I/O at all.
 //
-// Locking: the tier's own mutex guards the table of files, their logical
-// size/mtime overlay and the byte accounting. A file's chunk contents are
-// guarded by that inode's I/O lock in Filesystem (exclusive to change,
-// shared to read). Files are shared_ptr so a flush in progress keeps its
-// buffers alive even if the inode is reclaimed meanwhile.
+// Locking. Two locks guard the tier's state:
+//  - RamTier::mu_ (below) guards the table of files, each file's size/mtime
+//    overlay, accounting and commit mark, and the tier's totals. A leaf in
+//    the lock order (filesystem.h states it): taken last, held briefly,
+//    nothing is taken under it but BufferPool::mu_ (a dropped file's chunks
+//    go back to the pool).
+//  - The inode's I/O lock (Filesystem::IoLock, outside the tier) guards a
+//    file's chunks: their bytes, valid bits and frozen marks. The methods
+//    over blocks and flushes say which mode they need.
+// The guards of File's fields (which Clang's analysis cannot name: the lock
+// is the owning RamTier's, or a stripe chosen by inode) are said beside them.
+// Files are shared_ptr so a flush in progress keeps its buffers alive even if
+// the inode is reclaimed meanwhile.
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "spillfs/common/mutex.h"
+#include "spillfs/common/thread_annotations.h"
 #include "spillfs/kvindex/records.h"
 #include "store/buffer_pool.h"
 
@@ -181,28 +189,30 @@ class RamTier {
 
   // Chunk for block `block` of `file`, created (all blocks invalid) if absent.
   Chunk& ChunkFor(File& file, uint64_t block);
-  // mu_ held. Chunk memory above 3/4 of the tier.
-  bool OverHighWatermarkLocked() const { return used_bytes_ > capacity_ / 4 * 3; }
-  // mu_ held. Over the high watermark, or a writer waits for room.
-  bool PressedLocked() const { return OverHighWatermarkLocked() || room_wanted_bytes_ > 0; }
+  // Chunk memory above 3/4 of the tier.
+  bool OverHighWatermarkLocked() const REQUIRES(mu_) { return used_bytes_ > capacity_ / 4 * 3; }
+  // Over the high watermark, or a writer waits for room.
+  bool PressedLocked() const REQUIRES(mu_) { return OverHighWatermarkLocked() || room_wanted_bytes_ > 0; }
 
   const uint64_t capacity_;
   const uint64_t block_size_;
   BufferPool pool_;  // declared before files_: outlives every chunk
-  mutable std::mutex mu_;
-  std::condition_variable room_;  // signalled when memory is released
-  std::condition_variable work_;  // signalled when the flusher should look
-  bool work_pending_ = false;
-  std::unordered_map<InodeNumber, std::shared_ptr<File>> files_;
-  uint64_t used_bytes_ = 0;
-  uint64_t files_made_ = 0;         // File::id of the last entry made
-  uint64_t room_wanted_bytes_ = 0;  // the bytes writers in WaitForRoom wait for, in all (each > 0)
-  uint64_t dirty_bytes_ = 0;
-  uint64_t cancelled_bytes_ = 0;
-  uint64_t room_wait_timeouts_ = 0;
+  mutable Mutex mu_;
+  CondVar room_{&mu_};  // signalled when memory is released
+  CondVar work_{&mu_};  // signalled when the flusher should look
+  bool work_pending_ GUARDED_BY(mu_) = false;
+  std::unordered_map<InodeNumber, std::shared_ptr<File>> files_ GUARDED_BY(mu_);
+  uint64_t used_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t files_made_ GUARDED_BY(mu_) = 0;         // File::id of the last entry made
+  uint64_t room_wanted_bytes_ GUARDED_BY(mu_) = 0;  // the bytes writers in WaitForRoom wait for, in all (each > 0)
+  uint64_t dirty_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t cancelled_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t room_wait_timeouts_ GUARDED_BY(mu_) = 0;
 };
 
-// Only RamTier reads or changes a File's state.
+// Only RamTier reads or changes a File's state. Guards: "I/O lock" is the
+// inode's Filesystem::IoLock (exclusive to change, shared to read), "mu_" the
+// owning RamTier's.
 class RamTier::File {
  public:
   bool ephemeral() const { return is_ephemeral; }
@@ -210,20 +220,22 @@ class RamTier::File {
  private:
   friend class RamTier;
 
-  std::map<uint64_t, Chunk> chunks;  // chunk index -> chunk
-  uint64_t size = 0;                 // logical size including cached data
-  int64_t mtime_ns = 0;
-  int64_t first_dirty_ns = 0;  // when the oldest unflushed data arrived
-  int64_t last_write_ns = 0;   // SteadyNowNs() of the last write (utimes does not move it)
-  bool is_ephemeral = false;   // fixed when the entry is made
-  uint64_t dirty_bytes = 0;    // valid bytes held (accounting)
-  uint64_t chunk_count = 0;    // chunks.size(), readable under the tier's mutex
-  uint64_t held_bytes = 0;     // space promised by Allocator::Hold for this data
-  // Odd while a flush of the file commits its mapping (BeginCommit to
-  // EndCommit), under the tier's mutex: a reader of the overlay and the
-  // committed record that straddled a commit sees it changed. With `id`
-  // (unique among the entries ever made), since an entry whose data is
-  // all committed goes, and the next write makes a new one.
+  std::map<uint64_t, Chunk> chunks;  // I/O lock. Chunk index -> chunk
+  uint64_t size = 0;                 // mu_. Logical size including cached data
+  int64_t mtime_ns = 0;              // mu_
+  int64_t first_dirty_ns = 0;        // mu_. When the oldest unflushed data arrived
+  // mu_ and the I/O lock to change, either to read. SteadyNowNs() of the last
+  // write (utimes does not move it).
+  int64_t last_write_ns = 0;
+  bool is_ephemeral = false;  // fixed when the entry is made (under mu_)
+  uint64_t dirty_bytes = 0;   // mu_. Valid bytes held (accounting)
+  uint64_t chunk_count = 0;   // mu_. chunks.size(), readable without the I/O lock
+  uint64_t held_bytes = 0;    // mu_. Space promised by Allocator::Hold for this data
+  // mu_. Odd while a flush of the file commits its mapping (BeginCommit to
+  // EndCommit): a reader of the overlay and the committed record that
+  // straddled a commit sees it changed. With `id` (unique among the entries
+  // ever made, fixed when the entry is made), since an entry whose data is all
+  // committed goes, and the next write makes a new one.
   uint64_t commit_seq = 0;
   uint64_t id = 0;
 };

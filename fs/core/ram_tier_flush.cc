@@ -55,7 +55,7 @@ Status Filesystem::FlushFile(InodeNumber ino, FlushScope scope) {
     if (!BackgroundFlushLock(ino, &flush_lock)) return Status::OK();
     return FlushChunks(ino, scope, /*locked=*/false);
   }
-  std::lock_guard flush_lock(FlushLock(ino));
+  ExclusiveLock flush_lock(&FlushLock(ino));
   return FlushChunks(ino, scope, /*locked=*/false);
 }
 
@@ -82,8 +82,8 @@ Status Filesystem::FlushLocked(InodeNumber ino) {
   return FlushChunks(ino, FlushScope::kAll, /*locked=*/true);
 }
 
-std::unique_lock<std::shared_mutex> Filesystem::IoLockUnlessHeld(InodeNumber ino, bool held) {
-  return held ? std::unique_lock<std::shared_mutex>() : std::unique_lock<std::shared_mutex>(IoLock(ino));
+std::unique_lock<SharedMutex> Filesystem::IoLockUnlessHeld(InodeNumber ino, bool held) {
+  return held ? std::unique_lock<SharedMutex>() : std::unique_lock<SharedMutex>(IoLock(ino));
 }
 
 Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
@@ -249,7 +249,7 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
   ContentChange change(&read_ahead_, ino);
   RamTier::File& file = *batch->file;
   auto& extents = batch->plan.extents;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   // Read under mu_: a chmod or utimens changes the overlay and the record
   // under mu_ without waiting for this flush, and one read before would be
   // put back over it.

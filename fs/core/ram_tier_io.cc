@@ -13,22 +13,23 @@ namespace spillfs {
 
 namespace {
 
-// Takes `lock`, spinning for up to `limit` before it sleeps. A sequential
-// writer's previous request was answered before its copy into the RAM tier
-// and holds the lock for that copy (tens of microseconds): sleeping on it
-// would add a wake-up to every request. Spins only where a CPU is to spare.
-void LockSpinning(std::unique_lock<std::shared_mutex>& lock, std::chrono::microseconds limit) {
+// Takes `mu` exclusively, spinning for up to `limit` before it sleeps. A
+// sequential writer's previous request was answered before its copy into the
+// RAM tier and holds the lock for that copy (tens of microseconds): sleeping
+// on it would add a wake-up to every request. Spins only where a CPU is to
+// spare.
+void LockSpinning(SharedMutex* mu, std::chrono::microseconds limit) ACQUIRE(mu) {
   static const bool spin = std::thread::hardware_concurrency() >= 4;
   if (spin) {
     const auto until = std::chrono::steady_clock::now() + limit;
     while (std::chrono::steady_clock::now() < until) {
-      if (lock.try_lock()) return;
+      if (mu->TryLock()) return;
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();  // let the sibling hyperthread run
 #endif
     }
   }
-  lock.lock();
+  mu->Lock();
 }
 
 }  // namespace
@@ -38,16 +39,16 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
   uint64_t first_block = offset / block_size_;
   uint64_t end = offset + size;
   uint64_t last_block = DivideRoundingUp(end, block_size_);
-  std::unique_lock io_lock(IoLock(ino), std::defer_lock);
-  LockSpinning(io_lock, std::chrono::microseconds(200));
+  LockSpinning(&IoLock(ino), std::chrono::microseconds(200));
+  WriterLock io_lock(&IoLock(ino), kAdoptLock);
   ContentChange change(&read_ahead_, ino);  // before io_lock lets readers in
   // Chunks being written to the SSD are frozen: wait for that flush (it
   // holds the flush lock throughout), then look again.
   for (auto frozen = FindCachedChunk(ino, first_block, last_block, /*flushing_only=*/true); frozen;
        frozen = FindCachedChunk(ino, first_block, last_block, /*flushing_only=*/true)) {
-    io_lock.unlock();
-    { std::lock_guard wait_for_flush(FlushLock(ino)); }
-    io_lock.lock();
+    io_lock.Unlock();
+    { ExclusiveLock wait_for_flush(&FlushLock(ino)); }
+    io_lock.Lock();
   }
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "write to a non-regular file");
@@ -92,7 +93,7 @@ Result<size_t> Filesystem::WriteCached(InodeNumber ino, uint64_t offset, const c
   return size;
 }
 
-bool Filesystem::FindCachedChunk(InodeNumber ino, uint64_t first_block, uint64_t last_block, bool flushing_only) const {
+bool Filesystem::FindCachedChunk(InodeNumber ino, uint64_t first_block, uint64_t last_block, bool flushing_only) {
   auto file = ram_tier_.Find(ino);
   return file && ram_tier_.HasChunkIn(*file, first_block, last_block, flushing_only);
 }
