@@ -1,5 +1,5 @@
-// Unit tests of the RAM tier (core/write_back_cache.h, core/write_back.cc,
-// core/cached_io.cc): the write-back flusher, room made for writers, reads
+// Unit tests of the RAM tier (core/ram_tier.h, core/ram_tier_flush.cc,
+// core/ram_tier_io.cc): the write-back flusher, room made for writers, reads
 // served from its chunks, and attributes while a flush commits.
 #include <gtest/gtest.h>
 

@@ -351,8 +351,7 @@ TEST_F(FilesystemDedupTest, DirectDedupMapsHeldUnitsByReference) {
 
   // b: the four units, then one the volume does not hold.
   InodeNumber b = MakeFile(kRootInode, "b");
-  std::vector<std::string> hashes = {Hash(data, 0), Hash(data, 1), Hash(data, 2), Hash(data, 3),
-                                     std::string(16, 'u')};
+  std::vector<std::string> hashes = {Hash(data, 0), Hash(data, 1), Hash(data, 2), Hash(data, 3), std::string(16, 'u')};
   auto mapped = fs_->DirectDedup(b, 0, hashes);
   ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
   EXPECT_EQ(*mapped, (std::vector<bool>{true, true, true, true, false}));
