@@ -90,8 +90,10 @@ class PosixFile:
 
     native = False
     supports_device = False
+    backend = "posix"
 
     def __init__(self, path, write, size_hint=0):
+        self.stats = {}
         self.path = os.fspath(path)
         flags = (os.O_RDWR | os.O_CREAT | os.O_TRUNC) if write else os.O_RDONLY
         self.fd = os.open(self.path, flags | os.O_CLOEXEC, 0o666)
@@ -182,7 +184,8 @@ class NativeFile:
     def __init__(self, lib, path, write, size_hint=0):
         self.lib = lib
         self.path = os.fspath(path)
-        flags = (_native.SPILL_FILE_WRITE | _native.SPILL_FILE_CREATE) if write else _native.SPILL_FILE_READ
+        flags = ((_native.SPILL_FILE_WRITE | _native.SPILL_FILE_CREATE | _native.SPILL_FILE_TRUNCATE) if write
+                 else _native.SPILL_FILE_READ)
         handle = lib.spill_file_open(os.fsencode(self.path), flags, int(size_hint))
         if not handle:
             code = ctypes.get_errno() or _errno.EIO
@@ -190,6 +193,10 @@ class NativeFile:
         self.handle = handle
         self.size = 0 if write else os.stat(self.path).st_size
         self._dedup_supported = True
+        backend = getattr(lib, "spill_file_backend", None)
+        code = backend(handle) if backend is not None else -1
+        self.backend = _native.BACKEND_NAMES.get(code, "native")
+        self.stats = {}  # spill_io_stats of the requests waited for, summed
 
     def _submit(self, fn, segments, stream, what):
         n = len(segments)
@@ -204,7 +211,10 @@ class NativeFile:
         def wait():
             stats = _native.SpillIoStats()
             _native.check(self.lib.spill_request_wait(request, ctypes.byref(stats)), what, self.path)
-            return {name: getattr(stats, name) for name, _ in _native.SpillIoStats._fields_}
+            result = {name: getattr(stats, name) for name, _ in _native.SpillIoStats._fields_}
+            for name, value in result.items():
+                self.stats[name] = self.stats.get(name, 0) + value
+            return result
         return Request(wait, keepalive=array)
 
     def write(self, segments, stream=0):
@@ -228,7 +238,8 @@ class NativeFile:
         needed = (ctypes.c_uint8 * max(n, 1))()
         hash_array = (ctypes.c_uint64 * max(len(hashes), 1)).from_buffer(hashes) if n else (ctypes.c_uint64 * 1)()
         rc = self.lib.spill_file_dedup(self.handle, offset, hash_array, n, needed)
-        if rc in (-_errno.EOPNOTSUPP, -_errno.ENOTSUP, -_errno.ENOSYS):
+        if rc in (-_errno.EOPNOTSUPP, -_errno.ENOTSUP, -_errno.ENOSYS, -_errno.EACCES, -_errno.EPERM):
+            # not a spillfs mount, a volume without dedup, or its control file is root's: nothing mapped
             self._dedup_supported = False
             return None
         _native.check(rc, "dedup", self.path)

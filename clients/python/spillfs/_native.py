@@ -26,12 +26,14 @@ from ._version import __version__
 
 __all__ = ["SpillError", "LibraryVersionError", "load_library", "library_path", "segment_io",
            "SpillSegment", "SpillIoStats", "check", "last_error", "SPILL_FILE_READ", "SPILL_FILE_WRITE",
-           "SPILL_FILE_CREATE", "HASH_UNIT_BYTES"]
+           "SPILL_FILE_CREATE", "SPILL_FILE_TRUNCATE", "BACKEND_NAMES", "HASH_UNIT_BYTES"]
 
-# spill_file_open flags (clients/include/spillfs/client.h).
+# spill_file_open flags and spill_file_backend answers (clients/include/spillfs/client.h).
 SPILL_FILE_READ = 1
 SPILL_FILE_WRITE = 2
 SPILL_FILE_CREATE = 4
+SPILL_FILE_TRUNCATE = 8
+BACKEND_NAMES = {1: "direct_path", 2: "mount", 3: "direct_io", 4: "buffered"}
 
 HASH_UNIT_BYTES = 256 << 10  # the volume's dedup unit; spill_hash_units hashes whole ones
 
@@ -57,9 +59,10 @@ class SpillSegment(ctypes.Structure):
 
 
 class SpillIoStats(ctypes.Structure):
-    """``spill_io_stats``: what one segment request did."""
-    _fields_ = [(name, ctypes.c_uint64) for name in (
-        "bytes", "device_bytes", "ios", "wait_ns", "copy_ns", "io_ns")]
+    """``spill_io_stats``: what one segment request did (seconds overlap)."""
+    _fields_ = ([(name, ctypes.c_uint64) for name in ("bytes", "io_bytes", "ios")]
+                + [(name, ctypes.c_double) for name in ("seconds", "copy_seconds", "io_seconds", "hash_seconds",
+                                                        "daemon_seconds")])
 
 
 class _ClientStats(ctypes.Structure):
@@ -101,7 +104,8 @@ def _declare_core(lib):
     lib.spill_last_error.restype = cp
 
 
-_SEGMENT_SYMBOLS = ("spill_version", "spill_file_open", "spill_file_write_segments", "spill_file_read_segments",
+_SEGMENT_SYMBOLS = ("spill_version", "spill_file_open", "spill_file_backend", "spill_file_write_segments",
+                    "spill_file_read_segments",
                     "spill_request_wait", "spill_file_sync", "spill_file_close", "spill_file_truncate",
                     "spill_hash_units", "spill_file_dedup", "spill_config_set")
 
@@ -111,6 +115,8 @@ def _declare_segments(lib):
                                 ctypes.c_int32, ctypes.c_int)
     lib.spill_file_open.argtypes = [cp, ip, u64]
     lib.spill_file_open.restype = vp
+    lib.spill_file_backend.argtypes = [vp]
+    lib.spill_file_backend.restype = ip
     for name in ("spill_file_write_segments", "spill_file_read_segments"):
         fn = getattr(lib, name)
         fn.argtypes = [vp, ctypes.POINTER(SpillSegment), sz, ctypes.c_size_t, ctypes.POINTER(vp)]

@@ -29,8 +29,10 @@ class StreamFile:
 
     native = False
     supports_device = False
+    backend = "stream"
 
     def __init__(self, f):
+        self.stats = {}
         self.f = f
         self.base = f.tell()
         self.size = f.seek(0, io.SEEK_END) - self.base

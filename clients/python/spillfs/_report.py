@@ -23,6 +23,13 @@ class IOReport:
             ``"posix"`` (Python's ``os.pwritev``/``os.preadv``), ``"stream"``
             (a file object) or ``"torch"`` (handed to ``torch.save``/``torch.load``:
             the legacy format, TorchScript archives, ``mmap=True``).
+        io_path (str or None): how the native library reached the file:
+            ``"direct_path"`` (a spillfs mount's backing store), ``"mount"``
+            (io_uring through a spillfs mount), ``"direct_io"`` (io_uring
+            ``O_DIRECT``), ``"buffered"``; ``"posix"`` / ``"stream"`` otherwise.
+        io_stats (dict): the native requests' ``spill_io_stats`` summed
+            (``bytes``, ``io_bytes``, ``ios``, ``copy_seconds``,
+            ``io_seconds``, ``hash_seconds``, ``daemon_seconds``...).
         file_bytes (int): size of the file.
         storages (int): tensor storages saved or loaded.
         storage_bytes (int): their bytes.
@@ -51,13 +58,15 @@ class IOReport:
         >>> r2.gbps()
     """
 
-    _FIELDS = ("op", "path", "backend", "file_bytes", "storages", "storage_bytes", "bytes_written",
+    _FIELDS = ("op", "path", "backend", "io_path", "io_stats", "file_bytes", "storages", "storage_bytes", "bytes_written",
                "bytes_shared", "bytes_read", "device_bytes", "crc32_skipped", "dedup", "seconds")
 
     def __init__(self, op=None, path=None):
         self.op = op
         self.path = path
         self.backend = None
+        self.io_path = None
+        self.io_stats = {}
         self.file_bytes = 0
         self.storages = 0
         self.storage_bytes = 0

@@ -257,12 +257,12 @@ def _save_to_path(path, records, cd_offset, opts, backend, report):
         size_hint = cd_offset + 64 * 1024
         file = _io.open_file(tmp, write=True, size_hint=size_hint, backend=backend)
         report.backend = "native" if file.native else "posix"
+        report.io_path = file.backend
         report.dedup = False
         file_size = _writer.write_by_offsets(file, records, records, cd_offset, opts, report)
-        if file.native:
-            file.truncate(file_size)
         with report.stage("sync"):
             file.sync()
+        report.io_stats = dict(file.stats)
         file.close()
         file = None
         report.file_bytes = file_size
@@ -419,6 +419,7 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=No
             except _reader.Unsupported:
                 result = _NOT_LOADED
             finally:
+                report.io_stats = dict(file.stats)
                 file.close()
             if result is _NOT_LOADED:
                 result = by_torch()
@@ -431,6 +432,7 @@ _NOT_LOADED = object()
 
 def _load_file(file, name, map_location, pickle_module, weights_only, pickle_load_args, report):
     report.backend = "stream" if isinstance(file, _reader.StreamFile) else ("native" if file.native else "posix")
+    report.io_path = file.backend
     report.file_bytes = file.size
     head = file.pread(0, 4)
     if len(head) == 0:
