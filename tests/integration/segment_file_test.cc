@@ -8,9 +8,11 @@
 // volume already holds by reference so that a second write of the same
 // bytes adds (almost) no physical bytes. Device segments: tests/cuda.
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -589,6 +591,67 @@ TEST_P(SegmentDedupTest, MisalignedOffsetsAreRefused) {
 INSTANTIATE_TEST_SUITE_P(Paths, SegmentDedupTest, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& info) {
   return info.param ? "DirectPath" : "ThroughTheMount";
 });
+
+// A process that may not open the backing store (nor the control file) goes
+// through the mount, and dedup tells it to write everything (EACCES).
+TEST(SegmentFileNotRootTest, GoesThroughTheMountAndDedupIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting a volume needs root";
+  DefaultSettings();
+  MountedVolume::Options options;
+  options.size = "1G";
+  options.mount_options = "allow_other";  // for the child's uid
+  MountedVolume volume(options);
+  // The temporary directory above the mount point is root's only (mkdtemp).
+  const std::string parent = std::filesystem::path(volume.mountpoint()).parent_path();
+  ASSERT_EQ(chmod(parent.c_str(), 0755), 0) << Errno();
+  ASSERT_EQ(chmod(volume.mountpoint().c_str(), 0755), 0) << Errno();
+  const std::string dir = volume.Path("pub");
+  ASSERT_EQ(mkdir(dir.c_str(), 0777), 0) << Errno();
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0) << Errno();
+  const std::string data = RandomBytes(kMiB + 5, 70);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child's verdict: backend, write rc, dedup rc, read-back equality.
+    int result[4] = {-1, -1, -1, -1};
+    if (setgroups(0, nullptr) == 0 && setgid(65534) == 0 && setuid(65534) == 0) {
+      spill_file* f = spill_file_open((dir + "/f").c_str(), kCreate, 0);
+      if (f != nullptr) {
+        result[0] = spill_file_backend(f);
+        spill_segment seg{const_cast<char*>(data.data()), data.size(), 3, -1};
+        spill_request* r = nullptr;
+        result[1] = spill_file_write_segments(f, &seg, 1, 0, &r);
+        if (result[1] == 0) result[1] = spill_request_wait(r, nullptr);
+        std::vector<uint64_t> hashes(2, 0);
+        uint8_t needed = 9;
+        result[2] = spill_file_dedup(f, 0, hashes.data(), 1, &needed);
+        std::string back(data.size(), '\0');
+        spill_segment rd{back.data(), back.size(), 3, -1};
+        if (spill_file_read_segments(f, &rd, 1, 0, &r) == 0 && spill_request_wait(r, nullptr) == 0) {
+          result[3] = back == data ? 1 : 0;
+        }
+        spill_file_close(f);
+      } else {
+        fprintf(stderr, "open as uid 65534: %s\n", spill_last_error());
+      }
+    }
+    ssize_t ignored = write(fds[1], result, sizeof(result));
+    (void)ignored;
+    _exit(0);
+  }
+  close(fds[1]);
+  int result[4] = {-2, -2, -2, -2};
+  EXPECT_EQ(read(fds[0], result, sizeof(result)), static_cast<ssize_t>(sizeof(result)));
+  close(fds[0]);
+  waitpid(pid, nullptr, 0);
+  EXPECT_EQ(result[0], SPILL_BACKEND_MOUNT);
+  EXPECT_EQ(result[1], 0);
+  EXPECT_TRUE(result[2] == -EACCES || result[2] == -EPERM) << result[2];
+  EXPECT_EQ(result[3], 1);
+  EXPECT_EQ(SizeOf(dir + "/f"), data.size() + 3);
+}
 
 TEST(SegmentDedupOffTest, VolumeWithoutDedupAnswersEopnotsupp) {
   if (geteuid() != 0) GTEST_SKIP() << "mounting a volume needs root";
