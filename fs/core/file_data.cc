@@ -10,10 +10,10 @@
 #include <cstring>
 
 #include "core/extent_walk.h"
-#include "spillfs/common/rounding.h"
-#include "spillfs/common/clock.h"
 #include "core/filesystem.h"
 #include "spillfs/common/block_checksum.h"
+#include "spillfs/common/clock.h"
+#include "spillfs/common/rounding.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {

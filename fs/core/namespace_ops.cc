@@ -6,9 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/filesystem.h"
 #include "core/inode_rules.h"
 #include "spillfs/common/clock.h"
-#include "core/filesystem.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {

@@ -2,8 +2,8 @@
 #include <fmt/format.h>
 #include <sys/xattr.h>
 
-#include "spillfs/common/clock.h"
 #include "core/filesystem.h"
+#include "spillfs/common/clock.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {

@@ -454,7 +454,7 @@ TEST_F(FsckTest, DedupSharingOneBlobIsNotADoubleUse) {
     // Make the extent a dedup blob named by a and b (what a dedup hit writes).
     ExtentRecord shared = extent;
     shared.blob_id = extent.physical;
-    BlobRecord blob{std::string(16, 'x'), extent.length, 2};
+    BlobRecord blob{std::string(16, 'x'), extent.length, 2, {}};
     batch.Put(Family::kBlob, keys::BlobByPhysical(extent.physical), blob.Encode());
     batch.Put(Family::kBlob, keys::BlobByHash(blob.hash), EncodeMetaU64(extent.physical));
     batch.Put(Family::kExtent, keys::Extent(a_, offset), shared.Encode());
