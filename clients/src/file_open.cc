@@ -1,6 +1,5 @@
 // Segment files: opening (which backend), the direct path's clients, closing.
 #include <fcntl.h>
-#include <linux/falloc.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -141,12 +140,10 @@ spill_file* OpenFile(const char* path, int flags, uint64_t size_hint) {
     file->backend = Backend::kMount;
   } else {
     file->backend = Backend::kDirectIo;
-    // Other file systems: reserve the space ahead where it helps (fewer,
-    // longer extents); the size stays as it is.
-    if (writing && size_hint > file->size) {
-      (void)fallocate(plain, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(size_hint));
-    }
   }
+  // size_hint is not used yet: preallocating (FALLOC_FL_KEEP_SIZE) made
+  // O_DIRECT writes on ext4 slower (unwritten extents converted as written).
+  (void)size_hint;
   if (settings.o_direct.load()) {
     int direct = open(file->path.c_str(), (oflags & ~(O_CREAT | O_TRUNC)) | O_DIRECT);
     if (direct >= 0) {

@@ -48,6 +48,9 @@ int SetSetting(const std::string& k, uint64_t value) {
       return Fail(EINVAL, "commit_bytes must be a multiple of 4096, 256 KiB to 4 GiB");
     }
     s.commit_bytes = value;
+  } else if (k == "commit_depth") {
+    if (value < 1 || value > 8) return Fail(EINVAL, "commit_depth must be 1..8");
+    s.commit_depth = static_cast<unsigned>(value);
   } else if (k == "direct_path") {
     s.direct_path = value != 0;
   } else if (k == "o_direct") {

@@ -18,6 +18,7 @@ struct FileSettings {
   std::atomic<uint64_t> io_bytes{1ull << 20};        // one I/O
   std::atomic<unsigned> queue_depth{32};             // I/Os in flight per request
   std::atomic<uint64_t> commit_bytes{256ull << 20};  // direct path: bytes per reserve/commit step
+  std::atomic<unsigned> commit_depth{3};             // direct path: steps reserved or committing at once
   std::atomic<bool> direct_path{true};               // use the direct path where the store opens
   std::atomic<bool> o_direct{true};                  // O_DIRECT where the file system takes it
   std::atomic<bool> verify{true};                    // direct path: verify block checksums on read

@@ -194,13 +194,17 @@ int WriteJob::WriteDirect() {
   }
   auto step_len = [&](size_t k) -> uint64_t { return k < steps.size() ? steps[k].end - steps[k].start : 0; };
 
-  std::unique_ptr<ControlChannel> txn[2];  // hold the reservations; closing drops them
-  int rc = client->OpenChannel(&txn[0]);
-  if (rc == 0 && steps.size() > 1) rc = client->OpenChannel(&txn[1]);
-  if (rc != 0) return rc;
+  // Channels round-robin: step k reserves and commits on channel k % depth,
+  // so a step's commit (a sync of the data area and an index batch) may take
+  // as long as the next depth-1 steps take to write before the writes wait.
+  const size_t depth = std::min<size_t>(Settings().commit_depth.load(), steps.size());
+  std::vector<std::unique_ptr<ControlChannel>> txn(depth);  // hold the reservations; closing drops them
+  for (auto& channel : txn) {
+    if (int rc = client->OpenChannel(&channel); rc != 0) return rc;
+  }
   using Reservation = spill_client::Reservation;
-  std::future<Reservation> pending[2];
-  auto settle = [&](int slot, Reservation* out) -> int {
+  std::vector<std::future<Reservation>> pending(depth);
+  auto settle = [&](size_t slot, Reservation* out) -> int {
     Timed t(&stats_.daemon_seconds);
     Reservation r = pending[slot].valid() ? pending[slot].get() : Reservation();
     if (r.rc != 0) {
@@ -211,7 +215,7 @@ int WriteJob::WriteDirect() {
     return 0;
   };
   auto settle_all = [&] {
-    for (int slot : {0, 1}) settle(slot, nullptr);
+    for (size_t slot = 0; slot < depth; ++slot) settle(slot, nullptr);
     return error();
   };
   Reservation current;
@@ -220,13 +224,13 @@ int WriteJob::WriteDirect() {
     current = client->ReserveStep(txn[0].get(), rel, step_len(0));
   }
   if (current.rc != 0) return Fail(-current.rc, current.message);
-  if (steps.size() > 1) {
-    ControlChannel* other = txn[1].get();
-    const uint64_t n = step_len(1);
-    pending[1] = std::async(std::launch::async, [=] { return client->ReserveStep(other, rel, n); });
+  for (size_t k = 1; k < depth; ++k) {
+    ControlChannel* other = txn[k].get();
+    const uint64_t n = step_len(k);
+    pending[k] = std::async(std::launch::async, [=] { return client->ReserveStep(other, rel, n); });
   }
   for (size_t k = 0; k < steps.size(); ++k) {
-    const int slot = static_cast<int>(k % 2);
+    const size_t slot = k % depth;
     if (k > 0 && settle(slot, &current) != 0) break;
     const Step& step = steps[k];
     auto sums = std::make_shared<std::vector<uint32_t>>(sums_wanted ? (step.end - step.start) / kBlock : 0);
@@ -284,7 +288,7 @@ int WriteJob::WriteDirect() {
     ControlChannel* channel = txn[slot].get();
     const uint64_t pos = step.start, length = step.end - step.start;
     const uint64_t size = std::min(step.end, plan_.exact_end);
-    const uint64_t next_len = step_len(k + 2);
+    const uint64_t next_len = step_len(k + depth);
     pending[slot] = std::async(std::launch::async, [=] {
       return client->CommitStep(channel, rel, pos, length, size, *sums, next_len, units.get());
     });

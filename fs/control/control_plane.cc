@@ -118,7 +118,7 @@ Result<std::vector<uint64_t>> NumbersField(const nlohmann::json& request, const 
   return out;
 }
 
-// The 16 bytes of an XXH3-128 hash given as (low, high), as Filesystem::DedupHash lays them out.
+// The 16 bytes of an XXH3-128 hash given as (low, high), as Dedup::Hash lays them out.
 std::string HashBytes(uint64_t low, uint64_t high) {
   XXH128_hash_t h{low, high};
   return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
@@ -370,7 +370,7 @@ RuntimeStats ControlPlane::Runtime() const {
   r.mounted = true;
   r.has_free_bytes = true;
   r.free_bytes = fs_->free_bytes();
-  WriteBackCache::Stats tier = fs_->ram_tier_stats();
+  RamTier::Stats tier = fs_->ram_tier_stats();
   r.ram_tier_bytes = tier.dirty_bytes;
   r.ram_tier_capacity_bytes = tier.capacity_bytes;
   const FsCounters& c = fs_->counters();

@@ -11,38 +11,38 @@ BackgroundSync::BackgroundSync(std::function<Status()> sync) : sync_(std::move(s
 
 BackgroundSync::~BackgroundSync() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  wake_.notify_one();
+  wake_.Signal();
   thread_.join();
 }
 
 void BackgroundSync::Request() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (requested_) return;
     requested_ = true;
   }
-  wake_.notify_one();
+  wake_.Signal();
 }
 
 void BackgroundSync::Loop() {
   pthread_setname_np(pthread_self(), "spillfs-sync");
   bool failure_logged = false;  // a sticky failure would repeat on every request
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
-    wake_.wait(lock, [this] { return stopping_ || requested_; });
+    while (!stopping_ && !requested_) wake_.Wait();
     if (stopping_) return;
     requested_ = false;  // a request from now on needs another sync
-    lock.unlock();
+    lock.Unlock();
     Status s = sync_();
     if (!s.ok() && !failure_logged) {
       fmt::print(stderr, "spillfs: background sync failed (not logged again): {}\n", s.ToString());
       failure_logged = true;
     }
     syncs_.fetch_add(1, std::memory_order_relaxed);
-    lock.lock();
+    lock.Lock();
   }
 }
 

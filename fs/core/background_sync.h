@@ -14,13 +14,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 
+#include "spillfs/common/mutex.h"
 #include "spillfs/common/status.h"
+#include "spillfs/common/thread_annotations.h"
 
 namespace spillfs {
 
@@ -44,10 +44,10 @@ class BackgroundSync {
   void Loop();
 
   const std::function<Status()> sync_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  bool requested_ = false;
-  bool stopping_ = false;
+  Mutex mu_;  // a leaf: nothing else is taken under it (the sync runs without it)
+  CondVar wake_{&mu_};
+  bool requested_ GUARDED_BY(mu_) = false;
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> syncs_{0};
   std::thread thread_;  // last: started once the members above exist
 };

@@ -5,20 +5,17 @@
 
 #include <map>
 #include <optional>
-#include <set>
-#include <string_view>
 
-#include "spillfs/common/rounding.h"
-#include "spillfs/common/clock.h"
 #include "core/filesystem.h"
-#include "spillfs/kvindex/coding.h"
+#include "spillfs/common/clock.h"
+#include "spillfs/common/rounding.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {
 
 Result<DirectLayout> Filesystem::GetDirectLayout(InodeNumber ino) {
   SPILLFS_RETURN_IF_ERROR(FlushFile(ino));  // the SSD must hold what the client will read
-  std::shared_lock io_lock(IoLock(ino));
+  ReaderLock io_lock(&IoLock(ino));
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "layouts exist only for regular files");
   DirectLayout layout;
@@ -64,12 +61,12 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
                                                unit.file_offset));
     }
   }
-  std::lock_guard flush_lock(FlushLock(ino));
-  std::unique_lock io_lock(IoLock(ino));
+  ExclusiveLock flush_lock(&FlushLock(ino));
+  WriterLock io_lock(&IoLock(ino));
   ContentChange change(&read_ahead_, ino);           // before io_lock lets readers in
   SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));         // older cached data must not land on top later
   SPILLFS_RETURN_IF_ERROR(FlushBeforeMapping(ino));  // the client's writes have completed
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "commit target is not a regular file");
   // Written blocks past EOF would show through a later truncate up. Checked
@@ -78,20 +75,9 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
   if (file_offset + length > RoundUp(std::max(record.size, size), block_size_)) {
     return Status::Error(EINVAL, "commit maps blocks past the end of the file: give size");
   }
-  // The units that become blobs (file offset -> hash): the first of equal
-  // hashes, where no blob holds the hash yet (a later write of these bytes
-  // shares that one).
+  // The units that become blobs (a later write of these bytes shares them).
   std::map<uint64_t, const std::string*> blob_units;
-  if (dedup_) {
-    std::set<std::string_view> seen;
-    for (const DirectUnit& unit : units) {
-      std::string value;
-      if (!seen.insert(unit.hash).second || index_.Get(Family::kBlob, keys::BlobByHash(unit.hash), &value).ok()) {
-        continue;
-      }
-      blob_units.emplace(unit.file_offset, &unit.hash);
-    }
-  }
+  if (dedup_) blob_units = deduper_.NewBlobUnits(units);
   Txn txn(index_);
   // One extent per reserved piece, cut around the units that become blobs
   // (a blob is one extent of its own; a unit split over two pieces stays plain).
@@ -117,7 +103,7 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
       if (from > cursor) emit(cursor, from - cursor, false);
       emit(from, kDedupUnit, true);
       const ExtentRecord& blob = extents.back().second;
-      txn.new_blobs[blob.physical] = BlobRecord{*it->second, kDedupUnit, 0, blob.block_checksums};
+      txn.new_blobs[blob.physical] = Dedup::NewBlob(*it->second, blob.block_checksums);
       cursor = from + kDedupUnit;
     }
     if (cursor < piece.length) emit(cursor, piece.length - cursor, false);
@@ -171,47 +157,42 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, uint64_t file
     for (const std::string& hash : hashes) {
       auto [it, fresh] = hits.try_emplace(hash);
       if (!fresh) continue;
-      std::string value;
-      if (!index_.Get(Family::kBlob, keys::BlobByHash(hash), &value).ok() || value.size() != 8) continue;
+      auto found = deduper_.FindBlob(hash);
+      if (!found) continue;
       Hit hit;
-      hit.blob = coding::DecodeFixed64BE(value.data());
-      if (!index_.Get(Family::kBlob, keys::BlobByPhysical(hit.blob), &value).ok()) continue;
-      auto record = BlobRecord::Decode(value);
-      if (!record.ok() || record->hash != hash || record->length != kDedupUnit) continue;
-      hit.record = std::move(*record);
+      hit.blob = found->first;
+      hit.record = std::move(found->second);
       if (checksums_ && hit.record.block_checksums.size() != kDedupUnit / block_size_) {
-        unit.Resize(kDedupUnit);
-        if (!store_.ReadAt(hit.blob, unit.data(), kDedupUnit).ok() || DedupHash(unit.data()) != hash) continue;
-        hit.record.block_checksums = Checksums(unit.data(), kDedupUnit);
+        // No memory for the read: not mapped (the caller writes the unit).
+        if (!unit.Resize(kDedupUnit).ok()) continue;
+        if (!store_.ReadAt(hit.blob, unit.data(), kDedupUnit).ok() ||
+            !deduper_.TakeChecksums(unit.data(), &hit.record)) {
+          continue;
+        }
         hit.sums_taken = true;
       }
       it->second = std::move(hit);
     }
   }
 
-  std::lock_guard flush_lock(FlushLock(ino));
-  std::unique_lock io_lock(IoLock(ino));
+  ExclusiveLock flush_lock(&FlushLock(ino));
+  WriterLock io_lock(&IoLock(ino));
   ContentChange change(&read_ahead_, ino);    // before io_lock lets readers in
   SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));  // cached data of the range must not land on top later
   // A blob may be an ephemeral file's, written without a sync of the data area.
   SPILLFS_RETURN_IF_ERROR(FlushBeforeMapping(ino));
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "dedup target is not a regular file");
   // Still there, unchanged (a commit of another file may have dropped it).
   for (auto& [hash, hit] : hits) {
     if (!hit) continue;
-    std::string value;
-    auto now = index_.Get(Family::kBlob, keys::BlobByHash(hash), &value).ok() && value.size() == 8 &&
-                       coding::DecodeFixed64BE(value.data()) == hit->blob &&
-                       index_.Get(Family::kBlob, keys::BlobByPhysical(hit->blob), &value).ok()
-                   ? BlobRecord::Decode(value)
-                   : Result<BlobRecord>(Status::NotFound());
-    if (!now.ok() || now->hash != hash || now->length != kDedupUnit) {
+    auto now = deduper_.FindBlob(hash);
+    if (!now || now->first != hit->blob) {
       hit.reset();
       continue;
     }
-    hit->record.refs = now->refs;  // the base ApplyBlobRefs counts from, if it rewrites the record
+    hit->record.refs = now->second.refs;  // the base ApplyBlobRefs counts from, if it rewrites the record
   }
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // file ranges mapped, sorted and merged
   for (uint64_t i = 0; i < n; ++i) {
@@ -232,13 +213,7 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, uint64_t file
   for (uint64_t i = 0; i < n; ++i) {
     if (!mapped[i]) continue;
     const Hit& hit = *hits[hashes[i]];
-    ExtentRecord extent;
-    extent.physical = hit.blob;
-    extent.length = kDedupUnit;
-    extent.blob_id = hit.blob;
-    extent.block_checksums = hit.record.block_checksums;
-    txn.batch.Put(Family::kExtent, keys::Extent(ino, file_offset + i * kDedupUnit), extent.Encode());
-    ++txn.blob_refs[hit.blob];
+    Dedup::MapBlob(ino, file_offset + i * kDedupUnit, hit.blob, hit.record, &txn.batch, &txn.blob_refs);
     if (hit.sums_taken) txn.new_blobs[hit.blob] = hit.record;
     shared += kDedupUnit;
   }

@@ -10,10 +10,10 @@
 #include <cstring>
 
 #include "core/extent_walk.h"
-#include "spillfs/common/rounding.h"
-#include "spillfs/common/clock.h"
 #include "core/filesystem.h"
 #include "spillfs/common/block_checksum.h"
+#include "spillfs/common/clock.h"
+#include "spillfs/common/rounding.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {
@@ -205,10 +205,10 @@ void Filesystem::MapExtents(Txn* txn, InodeNumber ino, const std::vector<std::pa
 
 Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, AlignedBuffer* scratch,
                                 const ReadSink& sink) {
-  std::shared_lock io_lock(IoLock(ino));
+  ReaderLock io_lock(&IoLock(ino));
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (S_ISDIR(record.mode)) return Status::Error(EISDIR, "read of a directory");
-  if (auto overlay = cache_.GetOverlay(ino)) record.size = overlay->size;
+  if (auto overlay = ram_tier_.GetOverlay(ino)) record.size = overlay->size;
   if (offset >= record.size || size == 0) {
     sink(nullptr, 0);
     return size_t{0};
@@ -244,7 +244,7 @@ Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, A
   // relatime: record an access only when it is newer information.
   int64_t now = NowNs();
   if (record.atime_ns <= record.mtime_ns || record.atime_ns <= record.ctime_ns || now - record.atime_ns > kDayNs) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto fresh = LoadInode(ino);
     if (fresh.ok()) {
       fresh->atime_ns = now;
@@ -253,7 +253,7 @@ Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, A
       SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
     }
   }
-  if (!chunks_held) io_lock.unlock();  // a window is pinned, scratch is the caller's
+  if (!chunks_held) io_lock.Unlock();  // a window is pinned, scratch is the caller's
   sink(pieces.data(), static_cast<int>(pieces.size()));
   return static_cast<size_t>(end - offset);
 }
@@ -269,16 +269,16 @@ Result<size_t> Filesystem::Write(InodeNumber ino, uint64_t offset, const char* d
   // The RAM tier takes the write when it has room (waiting briefly for the
   // flusher to make some); otherwise the write goes straight to new blocks.
   // At most the chunks the write spans (some may be there already).
-  const uint64_t chunks = DivideRoundingUp(offset % WriteBackCache::kChunkBytes + size, WriteBackCache::kChunkBytes);
-  if (cache_.capacity() > 0 && cache_.WaitForRoom(chunks * WriteBackCache::kChunkBytes, std::chrono::seconds(5))) {
+  const uint64_t chunks = DivideRoundingUp(offset % RamTier::kChunkBytes + size, RamTier::kChunkBytes);
+  if (ram_tier_.capacity() > 0 && ram_tier_.WaitForRoom(chunks * RamTier::kChunkBytes, std::chrono::seconds(5))) {
     return WriteCached(ino, offset, data, size, accepted);
   }
   return WriteThrough(ino, offset, data, size);
 }
 
 Result<size_t> Filesystem::WriteThrough(InodeNumber ino, uint64_t offset, const char* data, size_t size) {
-  std::lock_guard flush_lock(FlushLock(ino));
-  std::unique_lock io_lock(IoLock(ino));
+  ExclusiveLock flush_lock(&FlushLock(ino));
+  WriterLock io_lock(&IoLock(ino));
   ContentChange change(&read_ahead_, ino);    // before io_lock lets readers in
   SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));  // cached blocks must not later overwrite this write
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
@@ -297,7 +297,7 @@ Result<size_t> Filesystem::WriteThrough(InodeNumber ino, uint64_t offset, const 
   std::memcpy(buffer.data() + (offset - first), data, size);
   SPILLFS_ASSIGN_OR_RETURN(auto extents, WriteBlocks(record, buffer.data(), first, last - first));
 
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(record, LoadInode(ino));
   Txn txn(index_);
   uint64_t unmapped = 0;

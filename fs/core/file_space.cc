@@ -9,10 +9,10 @@
 #include <cstring>
 
 #include "core/extent_walk.h"
-#include "spillfs/common/rounding.h"
-#include "spillfs/common/clock.h"
 #include "core/filesystem.h"
 #include "spillfs/common/block_checksum.h"
+#include "spillfs/common/clock.h"
+#include "spillfs/common/rounding.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {
@@ -41,16 +41,16 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
   // flushes and readers out. Attributes alone (chmod, chown, utimens) change
   // the record under mu_ only, as a flush's commit does, and need not wait
   // for a flush in progress.
-  std::unique_lock flush_lock(FlushLock(ino), std::defer_lock);
-  std::unique_lock io_lock(IoLock(ino), std::defer_lock);
+  ExclusiveLock flush_lock(&FlushLock(ino), kDeferLock);
+  WriterLock io_lock(&IoLock(ino), kDeferLock);
   std::optional<ContentChange> change;  // before io_lock lets readers in
   std::optional<BlockRewrite> tail;
   if (request.size) {
-    flush_lock.lock();
-    io_lock.lock();
+    flush_lock.Lock();
+    io_lock.Lock();
     change.emplace(&read_ahead_, ino);
     SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
-    if (auto overlay = cache_.GetOverlay(ino)) record.size = overlay->size;
+    if (auto overlay = ram_tier_.GetOverlay(ino)) record.size = overlay->size;
     if (S_ISDIR(record.mode)) return Status::Error(EISDIR, "truncate of a directory");
     if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "truncate of a special file");
     if (*request.size > (1ull << 62)) return Status::Error(EFBIG, "file too large");
@@ -75,21 +75,14 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
     }
     // Cached data past the new size is cancelled, never written; a cached
     // partial last block gets its tail zeroed.
-    if (auto file = cache_.Find(ino)) {
+    if (auto file = ram_tier_.Find(ino)) {
       uint64_t keep_blocks = RoundUp(size, block_size_) / block_size_;
-      allocator_.ReleaseHold(cache_.DropFrom(ino, *file, keep_blocks, /*cancelled=*/true));
-      if (size % block_size_ != 0) {
-        uint64_t block = size / block_size_;
-        auto it = file->chunks.find(block / cache_.blocks_per_chunk());
-        if (it != file->chunks.end() && it->second.valid[block % cache_.blocks_per_chunk()]) {
-          char* bytes = it->second.data.data() + (block % cache_.blocks_per_chunk()) * block_size_;
-          std::memset(bytes + size % block_size_, 0, block_size_ - size % block_size_);
-        }
-      }
+      allocator_.ReleaseHold(ram_tier_.DropFrom(ino, *file, keep_blocks, /*cancelled=*/true));
+      ram_tier_.ZeroBlockTail(*file, size);
     }
   }
 
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   int64_t now = NowNs();
   Txn txn(index_);
@@ -110,21 +103,21 @@ Result<Entry> Filesystem::SetAttr(InodeNumber ino, const SetAttrRequest& request
         record.allocated_bytes += block_size_;
       }
     }
-    if (auto overlay = cache_.GetOverlay(ino)) record.size = overlay->size;
+    if (auto overlay = ram_tier_.GetOverlay(ino)) record.size = overlay->size;
     if (size != record.size) record.mtime_ns = now;
     record.size = size;
   }
   auto resolve = [now](int64_t t) { return t == SetAttrRequest::kTimeNow ? now : t; };
   if (request.atime_ns) record.atime_ns = resolve(*request.atime_ns);
   if (request.mtime_ns) record.mtime_ns = resolve(*request.mtime_ns);
-  if (auto file = cache_.Find(ino)) {
+  if (auto file = ram_tier_.Find(ino)) {
     // Only what the request changed moves the overlay: a chmod must not pull
     // a cached file back to its committed size.
     std::optional<uint64_t> size;
     std::optional<int64_t> mtime;
     if (request.size) size = record.size;
     if (request.size || request.mtime_ns) mtime = record.mtime_ns;
-    cache_.SetAttrs(*file, size, mtime);
+    ram_tier_.SetAttrs(*file, size, mtime);
   }
   record.ctime_ns = request.ctime_ns ? resolve(*request.ctime_ns) : now;
   PutInode(&txn, ino, record);
@@ -169,11 +162,11 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
       SPILLFS_RETURN_IF_ERROR(zero_span(offset, inner_start));
       SPILLFS_RETURN_IF_ERROR(zero_span(inner_end, end));
       if (inner_start < inner_end) {
-        std::lock_guard flush_lock(FlushLock(ino));
-        std::unique_lock io_lock(IoLock(ino));
+        ExclusiveLock flush_lock(&FlushLock(ino));
+        WriterLock io_lock(&IoLock(ino));
         ContentChange change(&read_ahead_, ino);
         SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));  // the edges just went through the RAM tier
-        std::lock_guard lock(mu_);
+        MutexLock lock(&mu_);
         SPILLFS_ASSIGN_OR_RETURN(record, LoadInode(ino));
         Txn txn(index_);
         uint64_t unmapped = 0;
@@ -188,8 +181,8 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
   }
 
   // Allocate unwritten extents over the holes of [offset, end).
-  std::lock_guard flush_lock(FlushLock(ino));
-  std::unique_lock io_lock(IoLock(ino));
+  ExclusiveLock flush_lock(&FlushLock(ino));
+  WriterLock io_lock(&IoLock(ino));
   ContentChange change(&read_ahead_, ino);  // before io_lock lets readers in
   SPILLFS_RETURN_IF_ERROR(FlushLocked(ino));
   uint64_t start = RoundDown(offset, block_size_);
@@ -221,7 +214,7 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
       reserved.push_back(piece);
     }
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(record, LoadInode(ino));
   Txn txn(index_);
   MapExtents(&txn, ino, extents);
@@ -238,7 +231,7 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
 
 Result<uint64_t> Filesystem::Lseek(InodeNumber ino, uint64_t offset, int whence) {
   SPILLFS_RETURN_IF_ERROR(FlushFile(ino));  // holes and data as the SSD will hold them
-  std::shared_lock io_lock(IoLock(ino));
+  ReaderLock io_lock(&IoLock(ino));
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (offset >= record.size) return Status::Error(ENXIO, "offset is past the end of the file");
   std::optional<uint64_t> data;

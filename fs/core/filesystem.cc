@@ -1,8 +1,8 @@
 // Filesystem: opening and recovery, inode bookkeeping, open files and sync.
 // The namespace operations are in namespace_ops.cc; the data operations in
 // file_data.cc (read, write) and file_space.cc (truncate, fallocate, seek);
-// extended attributes in xattr.cc; the RAM tier in cached_io.cc (reads and
-// writes it serves) and write_back.cc (its flushes).
+// extended attributes in xattr.cc; the RAM tier in ram_tier_io.cc (reads and
+// writes it serves) and ram_tier_flush.cc (its flushes).
 #include "core/filesystem.h"
 
 #include <fcntl.h>
@@ -50,10 +50,11 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
       block_size_(volume_->superblock().block_size),
       checksums_(volume_->superblock().checksums),
       options_(options),
+      deduper_(index_, [this](const char* data, uint64_t length) { return Checksums(data, length); }),
       allocator_(block_size_),
       gate_(
           [this](const std::vector<PhysicalExtent>& extents, uint64_t commit) { allocator_.Release(extents, commit); }),
-      cache_(options.ram_tier_bytes, block_size_, options.ram_tier_slab_fault),
+      ram_tier_(options.ram_tier_bytes, block_size_, options.ram_tier_slab_fault),
       read_ahead_(ReadAhead::Options::ForBytesAhead(options.read_ahead_bytes, options.read_request_bytes),
                   [this](InodeNumber ino, uint64_t offset, uint64_t length, char* out) {
                     return FetchAhead(ino, offset, length, out);
@@ -72,7 +73,7 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
 Filesystem::~Filesystem() {
   if (flusher_.joinable()) {
     stopping_ = true;
-    cache_.WakeFlusher();
+    ram_tier_.WakeFlusher();
     flusher_.join();
   }
   Status s = FlushAll();
@@ -92,10 +93,14 @@ Filesystem::~Filesystem() {
 Result<std::unique_ptr<Filesystem>> Filesystem::Open(std::unique_ptr<Volume> volume, const FilesystemOptions& options) {
   std::unique_ptr<Filesystem> fs(new Filesystem(std::move(volume), options));
   SPILLFS_RETURN_IF_ERROR(fs->allocator_.Load(fs->index_));
-  SPILLFS_ASSIGN_OR_RETURN(fs->next_ino_, fs->index_.GetMetaU64(keys::kNextIno));
+  SPILLFS_ASSIGN_OR_RETURN(InodeNumber next_ino, fs->index_.GetMetaU64(keys::kNextIno));
+  {
+    MutexLock lock(&fs->mu_);
+    fs->next_ino_ = next_ino;
+  }
   SPILLFS_RETURN_IF_ERROR(fs->Recover());
   if (options.ram_tier_bytes > 0) {
-    fs->cache_.WarmUp(options.ram_tier_warm_bytes);
+    fs->ram_tier_.WarmUp(options.ram_tier_warm_bytes);
     fs->flusher_ = std::thread([raw = fs.get()] { raw->FlusherLoop(); });
   }
   fs->opened_ = true;
@@ -122,7 +127,7 @@ Status Filesystem::Recover() {
     orphans.push_back(keys::DecodeIno(cursor->key()));
   }
   SPILLFS_RETURN_IF_ERROR(cursor->status());
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (InodeNumber ino : orphans) {
     Txn txn(index_);
     auto record = index_.GetInode(ino);
@@ -149,7 +154,7 @@ Status Filesystem::ReclaimEphemeral() {
   }
   SPILLFS_RETURN_IF_ERROR(inodes->status());
   if (doomed.empty()) return Status::OK();
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Txn txn(index_);
   auto dirents = index_.NewCursor(Family::kDirent, "");
   for (dirents->Seek(""); dirents->Valid(); dirents->Next()) {
@@ -166,7 +171,7 @@ Status Filesystem::ReclaimEphemeral() {
   return index_.Sync();
 }
 
-// ---- helpers (mu_ held) ----
+// ---- index helpers ----
 
 Result<InodeRecord> Filesystem::LoadInode(InodeNumber ino) {
   auto record = index_.GetInode(ino);
@@ -200,41 +205,8 @@ Result<bool> Filesystem::DirIsEmpty(InodeNumber ino) {
   return empty;
 }
 
-// Applies the txn's blob reference changes; a blob whose last reference
-// went is freed (its whole range) in the same batch.
-Status Filesystem::ApplyBlobRefs(Txn* txn) {
-  for (auto& [physical, delta] : txn->blob_refs) {
-    if (delta == 0) continue;
-    BlobRecord blob;
-    auto fresh = txn->new_blobs.find(physical);
-    if (fresh != txn->new_blobs.end()) {
-      blob = fresh->second;
-    } else {
-      std::string value;
-      Status found = index_.Get(Family::kBlob, keys::BlobByPhysical(physical), &value);
-      if (!found.ok()) return Status::Corruption(fmt::format("extent names blob {} that does not exist", physical));
-      SPILLFS_ASSIGN_OR_RETURN(blob, BlobRecord::Decode(value));
-    }
-    int64_t refs = static_cast<int64_t>(blob.refs) + delta;
-    if (refs > 0) {
-      blob.refs = static_cast<uint64_t>(refs);
-      txn->batch.Put(Family::kBlob, keys::BlobByPhysical(physical), blob.Encode());
-      if (fresh != txn->new_blobs.end())
-        txn->batch.Put(Family::kBlob, keys::BlobByHash(blob.hash), EncodeMetaU64(physical));
-      continue;
-    }
-    txn->batch.Delete(Family::kBlob, keys::BlobByPhysical(physical));
-    std::string owner;
-    if (index_.Get(Family::kBlob, keys::BlobByHash(blob.hash), &owner).ok() && owner == EncodeMetaU64(physical)) {
-      txn->batch.Delete(Family::kBlob, keys::BlobByHash(blob.hash));
-    }
-    txn->freed.push_back(PhysicalExtent{physical, blob.length});
-  }
-  return Status::OK();
-}
-
 Status Filesystem::CommitTxn(Txn* txn) {
-  SPILLFS_RETURN_IF_ERROR(ApplyBlobRefs(txn));
+  SPILLFS_RETURN_IF_ERROR(deduper_.ApplyBlobRefs(txn->blob_refs, txn->new_blobs, &txn->batch, &txn->freed));
   allocator_.CommitFreed(txn->freed, &txn->batch);
   SPILLFS_RETURN_IF_ERROR(index_.Commit(&txn->batch));
   // The freed space stays unused until readers are done with it and this
@@ -252,11 +224,11 @@ Status Filesystem::CommitTxn(Txn* txn) {
 void Filesystem::CountLookup(InodeNumber ino) { ++inodes_[ino].lookups; }
 
 Entry Filesystem::MakeEntry(InodeNumber ino, const InodeRecord& record) const {
-  return MakeEntry(ino, record, S_ISREG(record.mode) ? cache_.GetOverlay(ino) : std::nullopt);
+  return MakeEntry(ino, record, S_ISREG(record.mode) ? ram_tier_.GetOverlay(ino) : std::nullopt);
 }
 
 Entry Filesystem::MakeEntry(InodeNumber ino, const InodeRecord& r,
-                            const std::optional<WriteBackCache::Overlay>& overlay) const {
+                            const std::optional<RamTier::Overlay>& overlay) const {
   Entry entry;
   entry.ino = ino;
   entry.generation = r.generation;
@@ -305,12 +277,12 @@ void Filesystem::DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& recor
   }
   txn->batch.Delete(Family::kInode, keys::Ino(ino));
   txn->batch.Delete(Family::kOrphan, keys::Ino(ino));
-  allocator_.ReleaseHold(cache_.Remove(ino, /*cancelled=*/true));  // unflushed data never reaches the SSD
+  allocator_.ReleaseHold(ram_tier_.Remove(ino, /*cancelled=*/true));  // unflushed data never reaches the SSD
 }
 
 Result<Entry> Filesystem::CreateInode(InodeNumber parent, std::string_view name, InodeRecord record) {
   SPILLFS_RETURN_IF_ERROR(CheckName(name));
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord dir, LoadDir(parent));
   if (dir.nlink == 0) return Status::Error(ENOENT, "directory was removed");
   if (index_.GetDirent(parent, name).ok()) return Status::Error(EEXIST, fmt::format("{} exists", name));
@@ -343,14 +315,14 @@ Result<Entry> Filesystem::CreateInode(InodeNumber parent, std::string_view name,
 // ---- open files ----
 
 Status Filesystem::Open(InodeNumber ino) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   ++inodes_[ino].opens;
   return Status::OK();
 }
 
 Status Filesystem::Release(InodeNumber ino) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = inodes_.find(ino);
   if (it == inodes_.end() || it->second.opens == 0) return Status::OK();
   if (--it->second.opens > 0) return Status::OK();

@@ -20,23 +20,25 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
-#include "spillfs/common/aligned_buffer.h"
-#include "store/allocator.h"
 #include "core/background_sync.h"
+#include "core/dedup.h"
+#include "core/ram_tier.h"
 #include "core/read_ahead.h"
-#include "store/reclaim_gate.h"
-#include "spillfs/fs/volume.h"
 #include "core/waited_mutex.h"
-#include "core/write_back_cache.h"
-#include "spillfs/kvindex/records.h"
+#include "spillfs/common/aligned_buffer.h"
+#include "spillfs/common/mutex.h"
 #include "spillfs/common/status.h"
+#include "spillfs/common/thread_annotations.h"
+#include "spillfs/fs/volume.h"
+#include "spillfs/kvindex/records.h"
+#include "store/allocator.h"
+#include "store/reclaim_gate.h"
 
 namespace spillfs {
 
@@ -107,13 +109,6 @@ struct DirectLayout {
   InodeNumber ino = 0;
   uint64_t size = 0;
   std::vector<std::pair<uint64_t, ExtentRecord>> extents;  // file offset -> extent
-};
-
-// A whole dedup unit of a direct-path write, with the content hash the client
-// took of the bytes it wrote (XXH3-128, 16 bytes laid out as DedupHash's).
-struct DirectUnit {
-  uint64_t file_offset = 0;
-  std::string hash;
 };
 
 // The xattr that marks a directory (and what is created under it) ephemeral.
@@ -236,7 +231,7 @@ class Filesystem {
 
   Volume& volume() { return *volume_; }
   const FsCounters& counters() const { return counters_; }
-  WriteBackCache::Stats ram_tier_stats() const { return cache_.stats(); }
+  RamTier::Stats ram_tier_stats() const { return ram_tier_.stats(); }
   ReadAhead::Stats read_ahead_stats() const { return read_ahead_.stats(); }
   // Space that new data can still use (free minus RAM-tier promises).
   uint64_t free_bytes() const { return allocator_.available_bytes(); }
@@ -248,32 +243,13 @@ class Filesystem {
     uint64_t lookups = 0;
     uint32_t opens = 0;
   };
-  // Contiguous file bytes in memory, to be written as one or more extents.
-  struct Segment {
-    uint64_t file_offset;
-    const char* data;
-    uint64_t length;
-    std::string blob_hash;  // non-empty: write as one dedup blob with this hash
-    // Worked out ahead by HashSegments (empty: not yet): the checksum of each
-    // block, and the dedup hash of a whole dedup unit.
-    std::vector<uint32_t> block_sums;
-    std::string content_hash;
-  };
-  // A dedup hit: this file range will reference an existing blob.
-  struct SharedRef {
-    uint64_t file_offset;
-    uint64_t blob;  // physical offset
-    std::string hash;
-    const char* data;
-  };
   static constexpr size_t kIoLockStripes = 256;
-  // Dedup works on whole, aligned units of this size (one RAM-tier chunk).
-  static constexpr uint64_t kDedupUnit = WriteBackCache::kChunkBytes;
   // A commit in progress: one index batch and the space it frees.
   struct Txn {
     explicit Txn(const Index& index) : batch(index) {}
     Index::Batch batch;
     std::vector<PhysicalExtent> freed;
+    // Applied by CommitTxn (Dedup::ApplyBlobRefs).
     std::map<uint64_t, int64_t> blob_refs;  // blob physical offset -> reference delta
     // Blobs first written by this txn, and blobs whose record it rewrites
     // (DirectDedup adds checksums): the record that ApplyBlobRefs updates.
@@ -284,7 +260,8 @@ class Filesystem {
   Status Recover();
   Status ReclaimEphemeral();
 
-  // Helpers called with mu_ held.
+  // Index helpers. An operation that commits holds mu_ from its first read
+  // of what it changes; a reader may call the loaders without it.
   Result<InodeRecord> LoadInode(InodeNumber ino);
   Result<InodeRecord> LoadDir(InodeNumber ino);
   void PutInode(Txn* txn, InodeNumber ino, const InodeRecord& record);
@@ -293,10 +270,10 @@ class Filesystem {
   Result<bool> DirIsEmpty(InodeNumber ino);
   // Drops one link of `ino` (its dirent is removed by the caller); frees it
   // when no link and no open handle remain, else records an orphan.
-  Status DropLink(Txn* txn, InodeNumber ino, InodeRecord* record);
-  void DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& record);
-  Status CommitTxn(Txn* txn);
-  void CountLookup(InodeNumber ino);
+  Status DropLink(Txn* txn, InodeNumber ino, InodeRecord* record) REQUIRES(mu_);
+  void DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& record) REQUIRES(mu_);
+  Status CommitTxn(Txn* txn) REQUIRES(mu_);
+  void CountLookup(InodeNumber ino) REQUIRES(mu_);
   // The attributes of `ino`: `record` with the RAM tier's overlay (the size
   // and mtime of cached data) on top. A flush commits a file's size and then
   // drops its overlay, both under mu_ and the flush lock: the caller holds
@@ -305,15 +282,10 @@ class Filesystem {
   // a getattr meanwhile may show its older committed size.) Taken in that
   // order, st_blocks may count a batch being flushed twice for a moment.
   Entry MakeEntry(InodeNumber ino, const InodeRecord& record) const;
-  Entry MakeEntry(InodeNumber ino, const InodeRecord& record,
-                  const std::optional<WriteBackCache::Overlay>& overlay) const;
-  // Serializes data changes of an inode (exclusive) against reads (shared).
-  std::shared_mutex& IoLock(InodeNumber ino) { return io_locks_[ino % kIoLockStripes]; }
-  // Held for the whole of a flush of the inode, by every operation that
-  // drops or rewrites cached chunks other than by write() or maps data, and
-  // by a change of the ephemeral flag (FlushForEphemeralChange). Taken before
-  // the I/O lock, never while holding it. A background flush gives it up
-  // early when someone waits for it (WaitedMutex).
+  Entry MakeEntry(InodeNumber ino, const InodeRecord& record, const std::optional<RamTier::Overlay>& overlay) const;
+  // The inode's I/O lock and flush lock (the lock order, with what each
+  // guards, is stated at their declaration below).
+  SharedMutex& IoLock(InodeNumber ino) { return io_locks_[ino % kIoLockStripes]; }
   WaitedMutex& FlushLock(InodeNumber ino) { return flush_locks_[ino % kIoLockStripes]; }
   // Declared after the exclusive I/O lock of an operation that changes a
   // file's bytes or size: drops the file's read-ahead windows when the
@@ -357,20 +329,23 @@ class Filesystem {
                              const WriteAccepted* accepted);
   // True when a cached chunk (with `flushing_only`: one being flushed) holds
   // a block of [first_block, last_block); I/O lock held.
-  bool FindCachedChunk(InodeNumber ino, uint64_t first_block, uint64_t last_block, bool flushing_only) const;
+  bool FindCachedChunk(InodeNumber ino, uint64_t first_block, uint64_t last_block, bool flushing_only)
+      REQUIRES_SHARED(IoLock(ino));
   Result<size_t> WriteThrough(InodeNumber ino, uint64_t offset, const char* data, size_t size);
   // Reads blocks, preferring cached ones; caller holds the I/O lock shared.
-  Status ReadBlocksCached(InodeNumber ino, uint64_t first_block, uint64_t count, char* out);
+  Status ReadBlocksCached(InodeNumber ino, uint64_t first_block, uint64_t count, char* out)
+      REQUIRES_SHARED(IoLock(ino));
   // [offset, end) as pieces of RAM-tier chunks when every block of it is
   // cached; false otherwise. The caller holds the I/O lock while it uses them.
-  bool CachedPieces(InodeNumber ino, uint64_t offset, uint64_t end, std::vector<iovec>* pieces);
+  bool CachedPieces(InodeNumber ino, uint64_t offset, uint64_t end, std::vector<iovec>* pieces)
+      REQUIRES_SHARED(IoLock(ino));
   // How much of a file a flush takes.
   enum class FlushScope {
     kAll,         // every cached block present when the flush starts (fsync, close)
     kBackground,  // all but a partly filled last chunk, which a writer is likely filling;
                   // and, for a durable file, chunks filled while the flush runs
   };
-  // A batch of cached chunks on its way to the SSD (write_back.cc).
+  // A batch of cached chunks on its way to the SSD (ram_tier_flush.cc).
   struct FlushBatch;
   // Flushes the file's cached data. The I/O lock is held only to pick chunks
   // and to commit their mapping; the SSD writes run without it, so writers of
@@ -379,43 +354,33 @@ class Filesystem {
   Status FlushFile(InodeNumber ino, FlushScope scope = FlushScope::kAll);
   // The same, for a caller that holds FlushLock(ino) and the I/O lock
   // exclusively (runs every step under them).
-  Status FlushLocked(InodeNumber ino);
-  Status FlushChunks(InodeNumber ino, FlushScope scope, bool locked);
+  Status FlushLocked(InodeNumber ino) REQUIRES(FlushLock(ino), IoLock(ino));
+  // Takes the I/O lock for each short step unless `locked` (then the caller
+  // holds it throughout): the analysis cannot follow that.
+  Status FlushChunks(InodeNumber ino, FlushScope scope, bool locked) NO_THREAD_SAFETY_ANALYSIS;
   // Takes FlushLock(ino) for a background flush, or says to skip the file
-  // (false): see write_back.cc.
+  // (false): see ram_tier_flush.cc.
   bool BackgroundFlushLock(InodeNumber ino, std::unique_lock<WaitedMutex>* flush_lock);
   // The I/O lock, exclusive, unless the caller holds it (`held`).
-  std::unique_lock<std::shared_mutex> IoLockUnlessHeld(InodeNumber ino, bool held);
-  // The file's chunks that a flush of `scope` takes now, in file order; for
-  // a `refill`, none already on its way to the SSD (I/O lock held by the
-  // caller).
-  std::vector<uint64_t> ChunksToFlush(const WriteBackCache::File& file, FlushScope scope, bool refill) const;
+  std::unique_lock<SharedMutex> IoLockUnlessHeld(InodeNumber ino, bool held);
   // Starts a planned batch's SSD writes and the flush after them (on their
   // own thread, or deferred to the wait when the caller holds the locks).
   void StartBatchWrites(InodeNumber ino, FlushBatch* batch, bool locked);
   // Waits for a started batch's writes and maps them; a batch that cannot be
   // mapped is given back (AbandonBatch). Retries once without dedup.
-  Status MapWrittenBatch(InodeNumber ino, std::unique_ptr<FlushBatch> batch, bool locked);
-  // Marks the chunks flushing and collects their valid blocks (I/O lock
-  // exclusive held by the caller).
+  Status MapWrittenBatch(InodeNumber ino, std::unique_ptr<FlushBatch> batch, bool locked) NO_THREAD_SAFETY_ANALYSIS;
+  // Freezes the chunks (RamTier::Freeze) and makes their valid runs the
+  // batch's segments (I/O lock exclusive held by the caller).
   void GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* batch);
-  // Deduplicates and reserves space; fills the batch's I/O slices and extents.
+  // Hashes (Dedup::HashSegments), deduplicates (Dedup::Deduplicate) and
+  // reserves space; fills the batch's I/O slices and extents.
   Status PlanBatch(FlushBatch* batch, bool dedup);
   // Maps the written batch; EAGAIN when a dedup hit vanished meanwhile (the
   // batch is then undone for a retry without dedup). I/O lock exclusive held.
   // The batch's writes must have passed FlushBeforeMapping.
-  Status CommitBatch(InodeNumber ino, FlushBatch* batch);
+  Status CommitBatch(InodeNumber ino, FlushBatch* batch) REQUIRES(IoLock(ino));
   // Gives back what a batch that will not commit took (I/O lock held).
   void AbandonBatch(FlushBatch* batch);
-  // Splits whole dedup units (the segments HashSegments gave a content hash)
-  // whose content is already stored out of `segments` into `shared`, and tags
-  // the other whole units as new blobs.
-  void Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* shared);
-  // Hashes the segments (block checksums, and dedup hashes with `dedup`) on
-  // several threads: one thread hashing a flush kept up with only ~2 GB/s.
-  void HashSegments(std::vector<Segment>* segments, bool dedup) const;
-  // The dedup hash of one dedup unit.
-  static std::string DedupHash(const char* data);
   // Crash order rule 2 (docs/design.md): makes the data area durable before a
   // batch that maps data just written to it is committed. Whatever reaches
   // RocksDB's WAL may reach the media at any moment (kernel write-back of
@@ -427,21 +392,21 @@ class Filesystem {
   // FlushLock(ino) (which SetXattr takes to change the ephemeral flag).
   Status FlushBeforeMapping(const InodeRecord& record);
   Status FlushBeforeMapping(InodeNumber ino);
-  // A flush batch's writes, then FlushBeforeMapping (write_back.cc).
+  // A flush batch's writes, then FlushBeforeMapping (ram_tier_flush.cc).
   Status WriteForMapping(InodeNumber ino, const std::vector<IoSlice>& slices);
   // Before a change of the ephemeral flag: takes `flush_lock` (the file's
   // FlushLock), and flushes the data area when an ephemeral regular file
   // stops being one (`clears`) (xattr.cc).
   Status FlushForEphemeralChange(InodeNumber ino, bool clears, std::unique_lock<WaitedMutex>* flush_lock);
-  Status ApplyBlobRefs(Txn* txn);
   void FlusherLoop();
-  static void ApplyOverlay(const WriteBackCache::Overlay& overlay, Entry* entry);
+  static void ApplyOverlay(const RamTier::Overlay& overlay, Entry* entry);
   // Unmaps [start, end) (block aligned; end may be UINT64_MAX) into txn.
-  Status UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_t end, uint64_t* unmapped_bytes);
+  Status UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_t end, uint64_t* unmapped_bytes) REQUIRES(mu_);
   // Unmaps several sorted, disjoint ranges in one pass.
   Status UnmapRanges(Txn* txn, InodeNumber ino, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
-                     uint64_t* unmapped_bytes);
-  void MapExtents(Txn* txn, InodeNumber ino, const std::vector<std::pair<uint64_t, ExtentRecord>>& extents);
+                     uint64_t* unmapped_bytes) REQUIRES(mu_);
+  void MapExtents(Txn* txn, InodeNumber ino, const std::vector<std::pair<uint64_t, ExtentRecord>>& extents)
+      REQUIRES(mu_);
   std::vector<uint32_t> Checksums(const char* data, uint64_t length) const;
   bool VerifyBlocks(const ExtentRecord& extent, uint64_t first_block, uint64_t count, const char* data);
 
@@ -452,12 +417,11 @@ class Filesystem {
   const bool checksums_;
   bool dedup_ = false;
   const FilesystemOptions options_;
+  Dedup deduper_;  // over index_, with Checksums
   Allocator allocator_;
   ReclaimGate gate_;
   FsCounters counters_;
-  WriteBackCache cache_;
-  std::array<std::shared_mutex, kIoLockStripes> io_locks_;
-  std::array<WaitedMutex, kIoLockStripes> flush_locks_;
+  RamTier ram_tier_;
   ReadAhead read_ahead_;  // after what its fetches use: destroyed (joined) first
   std::atomic<bool> stopping_{false};
   // SyncAll on its own thread, asked for by CommitTxn when freed space has
@@ -468,9 +432,39 @@ class Filesystem {
   bool opened_ = false;  // Open finished (recovery included): a close may be marked clean
   std::atomic<uint64_t> privilege_epoch_{1};
 
-  std::mutex mu_;  // commit lock: namespace changes, inode table, next_ino
-  InodeNumber next_ino_ = 0;
-  std::unordered_map<InodeNumber, InodeState> inodes_;
+  // ---- The locks, in the order they are taken (outer first) ----
+  //
+  // 1. FlushLock(ino): held for the whole of a flush of the inode, and by
+  //    every operation that drops or rewrites cached chunks other than by
+  //    write() or maps data (truncate, fallocate, write-through, direct
+  //    commit), and by a change of the ephemeral flag
+  //    (FlushForEphemeralChange). A background flush gives it up early when
+  //    someone waits for it (WaitedMutex::waited).
+  // 2. IoLock(ino): exclusive to change a file's bytes, size or RAM-tier
+  //    chunks (RamTier::File's chunks are guarded by it), shared to read
+  //    them. Never taken before the flush lock, and a thread holds the locks
+  //    of one inode at a time (stripes are shared by inodes).
+  // 3. mu_, the commit lock: namespace changes, the inode table, next_ino_,
+  //    and every CommitTxn (the allocator's deltas are worked out against the
+  //    state the batch applies to).
+  // 4. Leaves, taken last and briefly, with no other lock taken under them
+  //    but BufferPool::mu_ under RamTier::mu_ (ram_tier.h): RamTier::mu_,
+  //    ReadAhead::mu_, Allocator::mu_, ReclaimGate::mu_, BackgroundSync::mu_,
+  //    BlockStore's sync lock, BufferPool::mu_.
+  // Above 1: the control plane's ControlPlane::Handle::mu, then
+  // ControlPlane::mu_, which call into this class. The data writes and syncs
+  // of a flush run with none of 2-4 held; a read-ahead fetch takes none of
+  // 1-3 (DeleteInode waits for the file's fetches under mu_:
+  // ReadAhead::Forget).
+  //
+  // Clang's analysis (tools/check-thread-safety.sh) checks what is marked
+  // here and in the leaves' classes: GUARDED_BY members, and REQUIRES on the
+  // methods that need a lock held. It does not check the order.
+  std::array<WaitedMutex, kIoLockStripes> flush_locks_;  // by inode: FlushLock
+  std::array<SharedMutex, kIoLockStripes> io_locks_;     // by inode: IoLock
+  Mutex mu_;
+  InodeNumber next_ino_ GUARDED_BY(mu_) = 0;
+  std::unordered_map<InodeNumber, InodeState> inodes_ GUARDED_BY(mu_);
 };
 
 }  // namespace spillfs

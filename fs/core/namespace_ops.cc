@@ -6,16 +6,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/filesystem.h"
 #include "core/inode_rules.h"
 #include "spillfs/common/clock.h"
-#include "core/filesystem.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {
 
 Result<Entry> Filesystem::Lookup(InodeNumber parent, std::string_view name) {
   SPILLFS_RETURN_IF_ERROR(CheckName(name));
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord dir, LoadDir(parent));
   InodeNumber ino;
   if (name == ".") {
@@ -32,7 +32,7 @@ Result<Entry> Filesystem::Lookup(InodeNumber parent, std::string_view name) {
 }
 
 void Filesystem::Forget(InodeNumber ino, uint64_t count) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = inodes_.find(ino);
   if (it == inodes_.end()) return;
   it->second.lookups -= std::min(count, it->second.lookups);
@@ -49,13 +49,13 @@ Result<Entry> Filesystem::GetAttr(InodeNumber ino) {
   // mark tells, and such a read is done again once the commit is over (it
   // holds mu_ throughout).
   for (;;) {
-    std::optional<WriteBackCache::Overlay> overlay = cache_.GetOverlay(ino);
+    std::optional<RamTier::Overlay> overlay = ram_tier_.GetOverlay(ino);
     SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
     if (!overlay || !S_ISREG(record.mode)) return MakeEntry(ino, record, std::nullopt);
-    if (overlay->commit_mark.second % 2 == 0 && cache_.CommitMark(ino) == overlay->commit_mark) {
+    if (overlay->commit_mark.second % 2 == 0 && ram_tier_.CommitMark(ino) == overlay->commit_mark) {
       return MakeEntry(ino, record, overlay);
     }
-    std::lock_guard wait_for_commit(mu_);
+    MutexLock wait_for_commit(&mu_);
   }
 }
 
@@ -97,7 +97,7 @@ Result<Entry> Filesystem::Symlink(InodeNumber parent, std::string_view name, std
 
 Result<Entry> Filesystem::Link(InodeNumber ino, InodeNumber new_parent, std::string_view new_name) {
   SPILLFS_RETURN_IF_ERROR(CheckName(new_name));
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (IsDir(record)) return Status::Error(EPERM, "hard links to directories are not allowed");
   if (record.nlink == 0) return Status::Error(ENOENT, "file was removed");
@@ -126,7 +126,7 @@ Result<std::string> Filesystem::ReadLink(InodeNumber ino) {
 
 Status Filesystem::Unlink(InodeNumber parent, std::string_view name) {
   SPILLFS_RETURN_IF_ERROR(CheckName(name));
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord dir, LoadDir(parent));
   SPILLFS_ASSIGN_OR_RETURN(DirentRecord dirent, FindDirent(parent, name));
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(dirent.ino));
@@ -143,7 +143,7 @@ Status Filesystem::Rmdir(InodeNumber parent, std::string_view name) {
   if (name == ".") return Status::Error(EINVAL, "cannot remove '.'");
   if (name == "..") return Status::Error(ENOTEMPTY, "cannot remove '..'");
   SPILLFS_RETURN_IF_ERROR(CheckName(name));
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord dir, LoadDir(parent));
   SPILLFS_ASSIGN_OR_RETURN(DirentRecord dirent, FindDirent(parent, name));
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(dirent.ino));
@@ -167,7 +167,7 @@ Status Filesystem::Rename(InodeNumber parent, std::string_view name, InodeNumber
   if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE)) {
     return Status::Error(EINVAL, "RENAME_NOREPLACE and RENAME_EXCHANGE together");
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord src_dir, LoadDir(parent));
   SPILLFS_ASSIGN_OR_RETURN(DirentRecord src, FindDirent(parent, name));
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord src_record, LoadInode(src.ino));
@@ -249,7 +249,7 @@ struct statvfs Filesystem::StatFs() {
   st.f_blocks = (sb.data_size - sb.data_offset) / block_size_;
   st.f_bfree = allocator_.available_bytes() / block_size_;
   st.f_bavail = st.f_bfree;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   st.f_files = 1ull << 32;
   st.f_ffree = st.f_files - std::min<uint64_t>(st.f_files, next_ino_);
   st.f_favail = st.f_ffree;

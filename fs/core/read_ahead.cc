@@ -47,10 +47,10 @@ ReadAhead::ReadAhead(Options options, Fetch fetch)
 
 ReadAhead::~ReadAhead() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  work_.notify_all();
+  work_.SignalAll();
   for (std::thread& t : workers_) t.join();
 }
 
@@ -74,7 +74,7 @@ ReadAhead::Stream& ReadAhead::StreamFor(InodeNumber ino, bool* fresh) {
 }
 
 std::vector<ReadAhead::View> ReadAhead::Serve(InodeNumber ino, uint64_t offset, uint64_t length) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   auto it = streams_.find(ino);
   if (it == streams_.end()) return {};
   const uint64_t generation = it->second.generation;
@@ -93,7 +93,7 @@ std::vector<ReadAhead::View> ReadAhead::Serve(InodeNumber ino, uint64_t offset, 
   auto all_done = [&] { return std::all_of(covering.begin(), covering.end(), [](const auto& w) { return w->done; }); };
   if (!all_done()) {
     const auto started = std::chrono::steady_clock::now();
-    finished_.wait(lock, all_done);
+    while (!all_done()) finished_.Wait();
     ++stats_.waits;
     stats_.wait_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count());
@@ -116,7 +116,7 @@ std::vector<ReadAhead::View> ReadAhead::Serve(InodeNumber ino, uint64_t offset, 
 }
 
 void ReadAhead::Advance(InodeNumber ino, uint64_t offset, uint64_t end, uint64_t file_end) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   bool fresh = false;
   Stream& stream = StreamFor(ino, &fresh);
   // A stream is believed only after kReadsToStart reads each starting exactly
@@ -161,7 +161,7 @@ void ReadAhead::StartWindowsLocked(InodeNumber ino, Stream* stream, uint64_t fil
     stream->windows.push_back(window);
     tasks_.push_back(Task{ino, std::move(window)});
     ++stats_.windows_started;
-    work_.notify_one();
+    work_.Signal();
   }
 }
 
@@ -184,7 +184,7 @@ void ReadAhead::TrimLocked(Stream* stream) {
 }
 
 void ReadAhead::Invalidate(InodeNumber ino) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = streams_.find(ino);
   if (it == streams_.end()) return;
   Stream& stream = it->second;
@@ -194,7 +194,7 @@ void ReadAhead::Invalidate(InodeNumber ino) {
 }
 
 void ReadAhead::Forget(InodeNumber ino) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   auto it = streams_.find(ino);
   if (it == streams_.end()) return;
   for (auto& w : it->second.windows) ReturnBufferLocked(std::move(w));
@@ -202,7 +202,7 @@ void ReadAhead::Forget(InodeNumber ino) {
   streams_.erase(it);
   // Queued fetches of it will find no stream and read nothing; wait for the
   // running ones.
-  finished_.wait(lock, [&] { return fetching_.find(ino) == fetching_.end(); });
+  while (fetching_.find(ino) != fetching_.end()) finished_.Wait();
 }
 
 AlignedBuffer ReadAhead::TakeBufferLocked() {
@@ -222,9 +222,9 @@ void ReadAhead::ReturnBufferLocked(std::shared_ptr<Window> window) {
 
 void ReadAhead::WorkerLoop() {
   pthread_setname_np(pthread_self(), "spillfs-ahead");
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
-    work_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+    while (!stopping_ && tasks_.empty()) work_.Wait();
     if (stopping_) return;
     Task task = std::move(tasks_.front());
     tasks_.pop_front();
@@ -236,20 +236,20 @@ void ReadAhead::WorkerLoop() {
     Status s = Status::Error(ESTALE, "stale before its fetch started");
     if (wanted) {
       ++fetching_[task.ino];
-      lock.unlock();
+      lock.Unlock();
       s = fetch_(task.ino, w.offset, w.length, w.data.data());
-      lock.lock();
+      lock.Lock();
       if (--fetching_[task.ino] == 0) fetching_.erase(task.ino);
     }
     w.status = s;
     w.done = true;
     if (s.ok()) stats_.bytes_fetched += w.length;
-    finished_.notify_all();
+    finished_.SignalAll();
   }
 }
 
 ReadAhead::Stats ReadAhead::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Stats stats = stats_;
   stats.window_bytes = options_.windows_ahead == 0 ? 0 : options_.window_bytes;
   return stats;

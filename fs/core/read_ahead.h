@@ -13,21 +13,21 @@
 // window started before a change never serves a read after it.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "spillfs/common/aligned_buffer.h"
-#include "spillfs/kvindex/records.h"
+#include "spillfs/common/mutex.h"
 #include "spillfs/common/status.h"
+#include "spillfs/common/thread_annotations.h"
+#include "spillfs/kvindex/records.h"
 
 namespace spillfs {
 
@@ -100,13 +100,15 @@ class ReadAhead {
   Stats stats() const;
 
  private:
+  // Fixed once queued but for the fields marked mu_ (ReadAhead's); `data` is
+  // written by its fetch alone, without the lock, and read once `done`.
   struct Window {
     uint64_t offset = 0;
     uint64_t length = 0;
     uint64_t generation = 0;
-    bool done = false;
-    bool dropped = false;  // let go before its fetch started: not fetched
-    Status status;
+    bool done = false;     // mu_
+    bool dropped = false;  // mu_. Let go before its fetch started: not fetched
+    Status status;         // mu_
     AlignedBuffer data;
   };
   struct Stream {
@@ -122,13 +124,13 @@ class ReadAhead {
     std::shared_ptr<Window> window;
   };
 
-  // The stream of `ino`, made (`*fresh`) if there was none; mu_ held.
-  Stream& StreamFor(InodeNumber ino, bool* fresh);
-  void StartWindowsLocked(InodeNumber ino, Stream* stream, uint64_t file_end);
-  void TrimLocked(Stream* stream);
+  // The stream of `ino`, made (`*fresh`) if there was none.
+  Stream& StreamFor(InodeNumber ino, bool* fresh) REQUIRES(mu_);
+  void StartWindowsLocked(InodeNumber ino, Stream* stream, uint64_t file_end) REQUIRES(mu_);
+  void TrimLocked(Stream* stream) REQUIRES(mu_);
   // A spare window buffer, or an empty one (the caller sizes it).
-  AlignedBuffer TakeBufferLocked();
-  void ReturnBufferLocked(std::shared_ptr<Window> window);
+  AlignedBuffer TakeBufferLocked() REQUIRES(mu_);
+  void ReturnBufferLocked(std::shared_ptr<Window> window) REQUIRES(mu_);
   void WorkerLoop();
 
   const Options options_;
@@ -139,16 +141,17 @@ class ReadAhead {
   // in any order: one that finishes late is not a jump back (which would drop
   // every window and start the stream again).
   const uint64_t behind_slack_;
-  mutable std::mutex mu_;
-  std::condition_variable work_;      // tasks_ non-empty or stopping_
-  std::condition_variable finished_;  // a window became done
-  std::unordered_map<InodeNumber, Stream> streams_;
-  std::list<InodeNumber> lru_;  // most recent first
-  std::deque<Task> tasks_;
-  std::unordered_map<InodeNumber, unsigned> fetching_;  // fetches running, by file
-  std::vector<AlignedBuffer> spare_;                    // window buffers to reuse (no fresh page faults)
-  Stats stats_;
-  bool stopping_ = false;
+  // A leaf in the lock order (filesystem.h): fetches run without it.
+  mutable Mutex mu_;
+  CondVar work_{&mu_};      // tasks_ non-empty or stopping_
+  CondVar finished_{&mu_};  // a window became done
+  std::unordered_map<InodeNumber, Stream> streams_ GUARDED_BY(mu_);
+  std::list<InodeNumber> lru_ GUARDED_BY(mu_);  // most recent first
+  std::deque<Task> tasks_ GUARDED_BY(mu_);
+  std::unordered_map<InodeNumber, unsigned> fetching_ GUARDED_BY(mu_);  // fetches running, by file
+  std::vector<AlignedBuffer> spare_ GUARDED_BY(mu_);  // window buffers to reuse (no fresh page faults)
+  Stats stats_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

@@ -2,8 +2,8 @@
 #include <fmt/format.h>
 #include <sys/xattr.h>
 
-#include "spillfs/common/clock.h"
 #include "core/filesystem.h"
+#include "spillfs/common/clock.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {
@@ -42,7 +42,7 @@ Status Filesystem::SetXattr(InodeNumber ino, std::string_view name, std::string_
   if (value.size() > kXattrValueMax) return Status::Error(E2BIG, "attribute value larger than 64 KiB");
   std::unique_lock flush_lock(FlushLock(ino), std::defer_lock);
   if (name == kEphemeralXattr) SPILLFS_RETURN_IF_ERROR(FlushForEphemeralChange(ino, value == "0", &flush_lock));
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   std::string existing;
   Status found = index_.Get(Family::kXattr, keys::Xattr(ino, name), &existing);
@@ -92,7 +92,7 @@ Status Filesystem::RemoveXattr(InodeNumber ino, std::string_view name) {
   SPILLFS_RETURN_IF_ERROR(CheckXattrName(name));
   std::unique_lock flush_lock(FlushLock(ino), std::defer_lock);
   if (name == kEphemeralXattr) SPILLFS_RETURN_IF_ERROR(FlushForEphemeralChange(ino, /*clears=*/true, &flush_lock));
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   std::string existing;
   Status found = index_.Get(Family::kXattr, keys::Xattr(ino, name), &existing);

@@ -27,53 +27,15 @@
 
 #include <gtest/gtest.h>
 
-#include "errno_names.h"
-#include "eventually.h"
-#include "mounted_volume.h"
+#include "support/errno_names.h"
+#include "support/eventually.h"
+#include "support/file_io.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
+#include "support/shared_volume.h"
 
 namespace spillfs::testing {
 namespace {
-
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() { Reset(); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int Reset() {
-    int rc = 0;
-    if (fd_ >= 0) rc = close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
-
-std::string RandomBytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::string out(n, '\0');
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t v = rng();
-    memcpy(&out[i], &v, 8);
-  }
-  for (; i < n; ++i) out[i] = static_cast<char>(rng());
-  return out;
-}
-
-bool WriteAll(int fd, const std::string& data, off_t offset = 0) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = pwrite(fd, data.data() + done, data.size() - done, offset + done);
-    if (n <= 0) return false;
-    done += n;
-  }
-  return true;
-}
 
 // Reads LEN bytes at OFFSET (fewer at end of file).
 std::string ReadAt(int fd, off_t offset, size_t len) {
@@ -97,36 +59,6 @@ std::string ReadAt(int fd, off_t offset, size_t len) {
 void DropCache(int fd) {
   ASSERT_EQ(fdatasync(fd), 0) << ErrnoName(errno);
   ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-}
-
-std::string ReadFile(const std::string& path) {
-  Fd fd(open(path.c_str(), O_RDONLY));
-  if (!fd.valid()) {
-    ADD_FAILURE() << "open " << path << ": " << ErrnoName(errno);
-    return "";
-  }
-  struct stat st {};
-  fstat(fd.get(), &st);
-  return ReadAt(fd.get(), 0, st.st_size + 1);
-}
-
-void WriteFile(const std::string& path, const std::string& data, mode_t mode = 0644) {
-  Fd fd(open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, mode));
-  ASSERT_TRUE(fd.valid()) << "create " << path << ": " << ErrnoName(errno);
-  ASSERT_TRUE(WriteAll(fd.get(), data)) << "write " << path << ": " << ErrnoName(errno);
-  ASSERT_EQ(fd.Reset(), 0);
-}
-
-struct stat Stat(const std::string& path) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) ADD_FAILURE() << "stat " << path << ": " << ErrnoName(errno);
-  return st;
-}
-
-struct stat Lstat(const std::string& path) {
-  struct stat st {};
-  if (lstat(path.c_str(), &st) != 0) ADD_FAILURE() << "lstat " << path << ": " << ErrnoName(errno);
-  return st;
 }
 
 struct stat Fstat(int fd) {
@@ -225,31 +157,7 @@ std::string GetXattr(const std::string& path, const std::string& name) {
 constexpr off_t kKiB = 1024;
 constexpr off_t kMiB = 1024 * 1024;
 
-class AttrTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    umask(0);
-    try {
-      volume_ = std::make_unique<MountedVolume>();
-    } catch (const std::exception& e) {
-      setup_error_ = e.what();
-    }
-  }
-  static void TearDownTestSuite() { volume_.reset(); }
-
-  void SetUp() override {
-    ASSERT_NE(volume_, nullptr) << "could not mount a volume: " << setup_error_;
-    umask(0);
-    dir_ = volume_->Path(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_EQ(mkdir(dir_.c_str(), 0755), 0) << "mkdir " << dir_ << ": " << ErrnoName(errno);
-  }
-
-  std::string P(const std::string& relative) const { return dir_ + "/" + relative; }
-
-  static inline std::unique_ptr<MountedVolume> volume_;
-  static inline std::string setup_error_;
-  std::string dir_;
-};
+class AttrTest : public SharedVolumeTest {};
 
 // ---------------------------------------------------------------------- chmod
 
@@ -1048,7 +956,7 @@ TEST_F(AttrTest, SeekDataAndHoleInASparseFile) {
     SCOPED_TRACE("after fsync");
     CheckSparseLayout(fd.get());
   }
-  ASSERT_EQ(fd.Reset(), 0);
+  ASSERT_EQ(fd.Close(), 0);
   Fd again(open(P("sparse").c_str(), O_RDONLY));
   ASSERT_TRUE(again.valid());
   DropCache(again.get());

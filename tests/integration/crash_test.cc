@@ -43,7 +43,11 @@
 #include <thread>
 #include <vector>
 
-#include "mounted_volume.h"
+#include "support/env.h"
+#include "support/file_io.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
+#include "support/run_fsck.h"
 
 namespace spillfs::testing {
 namespace {
@@ -52,72 +56,6 @@ constexpr uint64_t kDefaultIterations = 16;
 constexpr uint64_t kMaxFiles = 48;
 constexpr int kMinKillMs = 30;
 constexpr int kMaxKillMs = 1500;
-
-uint64_t EnvU64(const char* name, uint64_t fallback) {
-  const char* value = getenv(name);
-  return value != nullptr && *value != '\0' ? std::strtoull(value, nullptr, 10) : fallback;
-}
-
-std::string RandomBytes(std::mt19937_64& rng, size_t n) {
-  std::string out(n, '\0');
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t v = rng();
-    std::memcpy(&out[i], &v, 8);
-  }
-  for (; i < n; ++i) out[i] = static_cast<char>(rng());
-  return out;
-}
-
-bool WriteAll(int fd, const char* data, size_t size, off_t offset) {
-  size_t done = 0;
-  while (done < size) {
-    ssize_t n = pwrite(fd, data + done, size - done, offset + static_cast<off_t>(done));
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-// Reads a whole file; false when it cannot be opened or read.
-bool ReadWhole(const std::string& path, std::string* out) {
-  int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) return false;
-  out->clear();
-  std::string buf(1 << 20, '\0');
-  for (;;) {
-    ssize_t n = read(fd, buf.data(), buf.size());
-    if (n < 0) {
-      close(fd);
-      return false;
-    }
-    if (n == 0) break;
-    out->append(buf.data(), static_cast<size_t>(n));
-  }
-  close(fd);
-  return true;
-}
-
-// The outcome of `spillfs fsck` as the test sees it.
-struct FsckResult {
-  int rc = -1;
-  std::string output;
-  nlohmann::json report;
-  std::set<std::string> kinds;  // kinds of problems found
-};
-
-FsckResult RunFsck(const std::string& volume, const std::string& flags) {
-  FsckResult result;
-  result.rc = RunSpillfs("fsck " + volume + " --json " + flags, &result.output);
-  size_t start = result.output.find('{');
-  if (start != std::string::npos) {
-    result.report = nlohmann::json::parse(result.output.substr(start), nullptr, false);
-    if (!result.report.is_discarded() && result.report.contains("problems")) {
-      for (const auto& p : result.report["problems"]) result.kinds.insert(p.value("kind", "?"));
-    }
-  }
-  return result;
-}
 
 // The writer workload and its model.
 class Writer {

@@ -32,8 +32,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "eventually.h"
-#include "mounted_volume.h"
+#include "support/eventually.h"
+#include "support/file_io.h"
+#include "support/mounted_volume.h"
 
 namespace spillfs::testing {
 namespace {
@@ -48,29 +49,6 @@ constexpr uint64_t kGiB = 1024 * kMiB;
 
 std::string ErrnoText(int e) { return std::to_string(e) + " (" + strerror(e) + ")"; }
 std::string Errno() { return "errno " + ErrnoText(errno); }
-
-// Closes the descriptor when it goes out of scope.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() { Reset(); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  void Reset(int fd = -1) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = fd;
-  }
-  // Closes now and reports close()'s result (it carries flush errors).
-  int Close() {
-    int rc = fd_ >= 0 ? close(fd_) : 0;
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
 
 // Deterministic contents: byte `off` of the stream identified by `seed`.
 inline uint64_t Mix(uint64_t x) {

@@ -10,8 +10,8 @@
 #include <random>
 #include <string>
 
-#include "mounted_volume.h"
-#include "random_bytes.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
 
 namespace spillfs::testing {
 namespace {
@@ -91,8 +91,8 @@ TEST(DedupTest, ChangesToOneCopyLeaveTheOthersIntact) {
 }
 
 TEST(DedupTest, VolumeMadeWithoutDedupStoresEveryCopy) {
-  MountedVolume volume(
-      MountedVolume::Options{.size = "1G", .mkfs_args = "--no-dedup", .mount_options = "", .mount_args = {}});
+  MountedVolume volume(MountedVolume::Options{
+      .size = "1G", .mkfs_args = "--no-dedup", .mount_options = "", .mount_args = {}, .daemon_binary = ""});
   const std::string data = RandomBytes(kFileBytes, 4);
   for (const char* name : {"x", "y"}) WriteFile(volume.Path(name), data);
   EXPECT_EQ(Stat(volume)["physical_bytes"].get<uint64_t>(), 2 * kFileBytes);

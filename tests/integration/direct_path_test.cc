@@ -25,9 +25,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "eventually.h"
-#include "mounted_volume.h"
 #include "spillfs/client.h"
+#include "support/eventually.h"
+#include "support/file_io.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
 
 namespace spillfs::testing {
 namespace {
@@ -36,32 +38,6 @@ constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * kKiB;
 
 std::string Errno() { return std::string("errno ") + std::to_string(errno) + " (" + strerror(errno) + ")"; }
-
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-std::vector<char> RandomBytes(size_t n, uint64_t seed) {
-  std::vector<char> out(n);
-  std::mt19937_64 rng(seed);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t v = rng();
-    std::memcpy(out.data() + i, &v, 8);
-  }
-  for (; i < n; ++i) out[i] = static_cast<char>(rng());
-  return out;
-}
 
 // The whole file through the mount.
 std::vector<char> ReadThroughMount(const std::string& path) {
@@ -185,7 +161,7 @@ TEST_F(DirectPathTest, DirectWriteReadsBackThroughTheMount) {
       for (size_t misalign : {size_t{0}, size_t{3}}) {
         SCOPED_TRACE("size " + std::to_string(size) + " misalign " + std::to_string(misalign) + " checksum_threads " +
                      std::to_string(threads));
-        std::vector<char> data = RandomBytes(size + misalign + 4096, seed++);
+        std::vector<char> data = RandomBytes<std::vector<char>>(size + misalign + 4096, seed++);
         // An aligned copy for the zero-copy path.
         char* aligned = static_cast<char*>(std::aligned_alloc(4096, (size + misalign + 8191) / 4096 * 4096));
         std::memcpy(aligned, data.data(), size + misalign);
@@ -232,7 +208,7 @@ uint64_t PinnedBytes() {
 // its thread; a later run that needs a quarter of it or less gives it back.
 TEST_F(DirectPathTest, ADeepQueueOfLargeIosDoesNotKeepItsSlotsPinned) {
   const size_t size = 96 * kMiB;
-  std::vector<char> data = RandomBytes(size, 77);
+  std::vector<char> data = RandomBytes<std::vector<char>>(size, 77);
   ASSERT_EQ(spill_write(client(), "deep", data.data(), size), 0) << spill_last_error();
   ASSERT_EQ(spill_client_set(client(), "io_bytes", 4 * kMiB), 0) << spill_last_error();
   ASSERT_EQ(spill_client_set(client(), "queue_depth", 24), 0) << spill_last_error();
@@ -253,17 +229,17 @@ TEST_F(DirectPathTest, ADeepQueueOfLargeIosDoesNotKeepItsSlotsPinned) {
 
 // Overwriting a file the kernel has cached: the mount must show the new bytes.
 TEST_F(DirectPathTest, DirectWriteReplacesCachedContents) {
-  std::vector<char> old_data = RandomBytes(300 * kKiB, 7);
+  std::vector<char> old_data = RandomBytes<std::vector<char>>(300 * kKiB, 7);
   WriteThroughMount(Path("cached"), old_data.data(), old_data.size());
   ASSERT_EQ(ReadThroughMount(Path("cached")), old_data);  // now in the page cache
-  std::vector<char> new_data = RandomBytes(200 * kKiB + 1, 8);
+  std::vector<char> new_data = RandomBytes<std::vector<char>>(200 * kKiB + 1, 8);
   ASSERT_EQ(spill_write(client(), "/cached", new_data.data(), new_data.size()), 0) << spill_last_error();
   EXPECT_EQ(ReadThroughMount(Path("cached")), new_data);
 }
 
 // Through the mount (RAM tier included, holes included), then the direct path.
 TEST_F(DirectPathTest, MountWriteReadsBackOnTheDirectPath) {
-  std::vector<char> data = RandomBytes(5 * kMiB + 77, 11);
+  std::vector<char> data = RandomBytes<std::vector<char>>(5 * kMiB + 77, 11);
   WriteThroughMount(Path("m"), data.data(), data.size());  // likely still in the RAM tier
   std::vector<char> back(data.size());
   ASSERT_EQ(spill_read(client(), "m", back.data(), back.size(), 0), static_cast<int64_t>(data.size()))
@@ -271,7 +247,7 @@ TEST_F(DirectPathTest, MountWriteReadsBackOnTheDirectPath) {
   EXPECT_EQ(back, data);
 
   // A sparse file: data, a 3 MiB hole, data, and a hole at the end (ftruncate).
-  std::vector<char> a = RandomBytes(10000, 12), b = RandomBytes(70000, 13);
+  std::vector<char> a = RandomBytes<std::vector<char>>(10000, 12), b = RandomBytes<std::vector<char>>(70000, 13);
   WriteThroughMount(Path("sparse"), a.data(), a.size(), 0);
   WriteThroughMount(Path("sparse"), b.data(), b.size(), 3 * kMiB + 10000, 0);
   {
@@ -308,7 +284,7 @@ TEST_F(DirectPathTest, MountWriteReadsBackOnTheDirectPath) {
 // repeats and any order, over data, holes and a file that changes.
 TEST_F(DirectPathTest, RowsEqualPreadOfTheSameRows) {
   const size_t file_bytes = 6 * kMiB + 4096 * 5 + 100;
-  std::vector<char> data = RandomBytes(file_bytes, 21);
+  std::vector<char> data = RandomBytes<std::vector<char>>(file_bytes, 21);
   ASSERT_EQ(spill_write(client(), "table", data.data(), data.size()), 0) << spill_last_error();
   // A hole in the middle: punch it by writing a sparse copy through the mount.
   std::vector<char> sparse(file_bytes, 0);
@@ -350,7 +326,7 @@ TEST_F(DirectPathTest, RowsEqualPreadOfTheSameRows) {
   // The file changes through the mount: the kept layout must not serve old bytes.
   spill_client_stats before{};
   ASSERT_EQ(spill_client_get_stats(client(), &before), 0);
-  std::vector<char> newer = RandomBytes(file_bytes, 22);
+  std::vector<char> newer = RandomBytes<std::vector<char>>(file_bytes, 22);
   WriteThroughMount(Path("table"), newer.data(), newer.size());
   std::vector<uint64_t> rows = {0, 5, 100, 1000};
   std::vector<char> got(rows.size() * 4096);
@@ -370,7 +346,7 @@ TEST_F(DirectPathTest, RowsEqualPreadOfTheSameRows) {
 // Rows read by several threads at once through one handle.
 TEST_F(DirectPathTest, ConcurrentRowReaders) {
   const size_t row_bytes = 4096, rows_in_file = 2048;
-  std::vector<char> data = RandomBytes(row_bytes * rows_in_file, 31);
+  std::vector<char> data = RandomBytes<std::vector<char>>(row_bytes * rows_in_file, 31);
   ASSERT_EQ(spill_write(client(), "t", data.data(), data.size()), 0) << spill_last_error();
   std::vector<std::thread> threads;
   std::vector<int> failures(4, 0);
@@ -398,7 +374,7 @@ TEST_F(DirectPathTest, ConcurrentRowReaders) {
 // A byte flipped in the backing store: the direct path reports EIO for the
 // blocks it holds and reads the others.
 TEST_F(DirectPathTest, CorruptedBlockIsAnErrorNotWrongData) {
-  std::vector<char> data = RandomBytes(1 * kMiB, 41);
+  std::vector<char> data = RandomBytes<std::vector<char>>(1 * kMiB, 41);
   ASSERT_EQ(spill_write(client(), "c", data.data(), data.size()), 0) << spill_last_error();
 
   Fd control(open(Path(".spillfs/control").c_str(), O_RDWR));
@@ -458,7 +434,7 @@ TEST_F(DirectPathTest, CorruptedBlockIsAnErrorNotWrongData) {
 // a direct write followed by unlink leaves no space behind.
 TEST_F(DirectPathTest, ReserveWithoutCommitLeaksNothing) {
   // Warm up: whatever the first write allocates for the index settles.
-  std::vector<char> data = RandomBytes(8 * kMiB, 51);
+  std::vector<char> data = RandomBytes<std::vector<char>>(8 * kMiB, 51);
   const uint64_t baseline = FreeBytes(volume_->mountpoint());
   {
     Fd control(open(Path(".spillfs/control").c_str(), O_RDWR));
@@ -516,7 +492,7 @@ class DirectPathNoChecksumsTest : public DirectPathTest {
 };
 
 TEST_F(DirectPathNoChecksumsTest, WriteAndReadBack) {
-  std::vector<char> data = RandomBytes(2 * kMiB + 3, 61);
+  std::vector<char> data = RandomBytes<std::vector<char>>(2 * kMiB + 3, 61);
   ASSERT_EQ(spill_write(client(), "n", data.data(), data.size()), 0) << spill_last_error();
   EXPECT_EQ(ReadThroughMount(Path("n")), data);
   std::vector<char> back(data.size());

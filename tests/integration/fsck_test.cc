@@ -27,8 +27,9 @@
 #include <thread>
 #include <vector>
 
-#include "mounted_volume.h"
-#include "random_bytes.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
+#include "support/run_fsck.h"
 
 namespace spillfs::testing {
 namespace {
@@ -70,24 +71,7 @@ int ReadRange(const std::string& path, uint64_t offset, size_t length, std::stri
   return error;
 }
 
-struct Fsck {
-  int rc = -1;
-  std::string output;
-  nlohmann::json report;  // null unless --json output parsed
-};
-
-Fsck RunFsck(const std::string& volume, const std::string& flags, bool json = true) {
-  Fsck result;
-  result.rc = RunSpillfs("fsck " + volume + (json ? " --json " : " ") + flags, &result.output);
-  size_t start = result.output.find('{');
-  if (json && start != std::string::npos) {
-    result.report = nlohmann::json::parse(result.output.substr(start), nullptr, false);
-    if (result.report.is_discarded()) result.report = nullptr;
-  }
-  return result;
-}
-
-std::string Problems(const Fsck& fsck) {
+std::string Problems(const FsckResult& fsck) {
   if (!fsck.report.is_object()) return fsck.output;
   std::string text;
   for (const auto& p : fsck.report["problems"]) text += "\n  " + p.value("kind", "?") + ": " + p.value("message", "");
@@ -111,14 +95,14 @@ TEST(FsckTest, FreshVolumeIsClean) {
   MountedVolume volume;
   std::string error;
   ASSERT_TRUE(volume.Unmount(&error)) << error;
-  Fsck fsck = RunFsck(volume.volume(), "--scrub");
+  FsckResult fsck = RunFsck(volume.volume(), "--scrub");
   ASSERT_EQ(fsck.rc, 0) << fsck.output;
   ASSERT_TRUE(fsck.report.is_object()) << fsck.output;
   EXPECT_TRUE(fsck.report["clean"].get<bool>());
   EXPECT_EQ(fsck.report["counters"]["inodes"], 1);
   EXPECT_EQ(fsck.report["problems"].size(), 0u);
   // The human form: one summary line that says clean.
-  Fsck human = RunFsck(volume.volume(), "", /*json=*/false);
+  FsckResult human = RunFsck(volume.volume(), "", /*json=*/false);
   EXPECT_EQ(human.rc, 0);
   EXPECT_NE(human.output.find("clean"), std::string::npos) << human.output;
   EXPECT_EQ(std::count(human.output.begin(), human.output.end(), '\n'), 1) << human.output;
@@ -126,7 +110,7 @@ TEST(FsckTest, FreshVolumeIsClean) {
 
 TEST(FsckTest, MountedVolumeIsRefusedWithExit2) {
   MountedVolume volume;
-  Fsck fsck = RunFsck(volume.volume(), "", false);
+  FsckResult fsck = RunFsck(volume.volume(), "", false);
   EXPECT_EQ(fsck.rc, 2) << fsck.output;
   EXPECT_NE(fsck.output.find("mounted"), std::string::npos) << fsck.output;
   fsck = RunFsck(volume.volume(), "--repair", false);
@@ -205,7 +189,7 @@ TEST(FsckTest, CleanAfterABusyWorkload) {
 
   std::string error;
   ASSERT_TRUE(volume.Unmount(&error)) << error;
-  Fsck fsck = RunFsck(volume.volume(), "--scrub");
+  FsckResult fsck = RunFsck(volume.volume(), "--scrub");
   ASSERT_EQ(fsck.rc, 0) << Problems(fsck);
   EXPECT_GT(fsck.report["counters"]["files"].get<uint64_t>(), 20u);
   EXPECT_GT(fsck.report["counters"]["bytes_scrubbed"].get<uint64_t>(), 4 * kMiB);
@@ -242,7 +226,7 @@ TEST(FsckTest, CorruptBlocksGiveEioAndScrubNamesFileAndOffset) {
   ASSERT_TRUE(volume.Unmount(&error)) << error;
 
   // Find each file's extents with fsck itself, then flip a byte in one block.
-  Fsck listing = RunFsck(volume.volume(), "--list-extents");
+  FsckResult listing = RunFsck(volume.volume(), "--list-extents");
   ASSERT_EQ(listing.rc, 0) << listing.output;
   std::vector<Injection> injected;
   std::string image = volume.volume() + "/data.img";
@@ -267,7 +251,7 @@ TEST(FsckTest, CorruptBlocksGiveEioAndScrubNamesFileAndOffset) {
 
   // Without --scrub the index is consistent; with it, every block is named.
   EXPECT_EQ(RunFsck(volume.volume(), "").rc, 0);
-  Fsck scrub = RunFsck(volume.volume(), "--scrub");
+  FsckResult scrub = RunFsck(volume.volume(), "--scrub");
   EXPECT_EQ(scrub.rc, 1) << scrub.output;
   ASSERT_TRUE(scrub.report.is_object()) << scrub.output;
   for (const auto& p : scrub.report["problems"]) {
@@ -280,7 +264,7 @@ TEST(FsckTest, CorruptBlocksGiveEioAndScrubNamesFileAndOffset) {
     }
   }
   // The human form names the path and the offset too.
-  Fsck human = RunFsck(volume.volume(), "--scrub", false);
+  FsckResult human = RunFsck(volume.volume(), "--scrub", false);
   EXPECT_EQ(human.rc, 1);
   EXPECT_NE(human.output.find(injected[0].path), std::string::npos) << human.output;
   EXPECT_NE(human.output.find("file offset " + std::to_string(injected[0].file_offset)), std::string::npos)
@@ -302,7 +286,7 @@ TEST(FsckTest, CorruptBlocksGiveEioAndScrubNamesFileAndOffset) {
   }
   ASSERT_TRUE(volume.Unmount(&error)) << error;
   // Repair cannot make those bytes right, and says so.
-  Fsck repair = RunFsck(volume.volume(), "--repair --scrub");
+  FsckResult repair = RunFsck(volume.volume(), "--repair --scrub");
   EXPECT_EQ(repair.rc, 1) << repair.output;
 
   int by_scrub = 0, by_read = 0;
@@ -350,7 +334,7 @@ class DamagedVolumeTest : public ::testing::Test {
       EXPECT_NE(output.find(message_part), std::string::npos) << output;
     }
     if (rc == 0) RunSpillfs("umount " + volume_->mountpoint());
-    Fsck fsck = RunFsck(volume_->volume(), "", false);
+    FsckResult fsck = RunFsck(volume_->volume(), "", false);
     EXPECT_EQ(fsck.rc, 2) << "fsck of a volume with " << what << ": " << fsck.output;
     EXPECT_NE(fsck.output.find("spillfs fsck:"), std::string::npos) << fsck.output;
     if (!message_part.empty()) {
@@ -370,7 +354,7 @@ class DamagedVolumeTest : public ::testing::Test {
   }
   // Expects a clean volume that still holds its data.
   void ExpectIntact() {
-    Fsck fsck = RunFsck(volume_->volume(), "--scrub");
+    FsckResult fsck = RunFsck(volume_->volume(), "--scrub");
     EXPECT_EQ(fsck.rc, 0) << Problems(fsck);
     std::string error;
     ASSERT_TRUE(volume_->Mount(&error)) << error;

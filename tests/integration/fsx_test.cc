@@ -45,7 +45,8 @@
 #include <string>
 #include <vector>
 
-#include "mounted_volume.h"
+#include "support/env.h"
+#include "support/mounted_volume.h"
 
 namespace spillfs::testing {
 namespace {
@@ -160,12 +161,6 @@ struct OpRecord {
     return buf;
   }
 };
-
-uint64_t EnvU64(const char* name, uint64_t fallback) {
-  const char* value = getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
-  return strtoull(value, nullptr, 0);
-}
 
 std::string Errno(const char* what) {
   int e = errno;

@@ -30,8 +30,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mounted_volume.h"
-#include "random_bytes.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
 
 namespace spillfs::testing {
 namespace {

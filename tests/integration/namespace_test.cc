@@ -27,32 +27,15 @@
 
 #include <gtest/gtest.h>
 
-#include "errno_names.h"
-#include "eventually.h"
-#include "mounted_volume.h"
+#include "support/errno_names.h"
+#include "support/eventually.h"
+#include "support/file_io.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
+#include "support/shared_volume.h"
 
 namespace spillfs::testing {
 namespace {
-
-// An owned file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() { Reset(); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int Reset() {
-    int rc = 0;
-    if (fd_ >= 0) rc = close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
 
 // open()+close(); returns 0 or -1 with errno set (never leaks a descriptor,
 // which would keep the volume busy at unmount).
@@ -61,28 +44,6 @@ int OpenClose(const std::string& path, int flags, mode_t mode = 0644) {
   if (fd < 0) return -1;
   close(fd);
   return 0;
-}
-
-std::string RandomBytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::string out(n, '\0');
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t v = rng();
-    memcpy(&out[i], &v, 8);
-  }
-  for (; i < n; ++i) out[i] = static_cast<char>(rng());
-  return out;
-}
-
-bool WriteAll(int fd, const std::string& data, off_t offset = 0) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = pwrite(fd, data.data() + done, data.size() - done, offset + done);
-    if (n <= 0) return false;
-    done += n;
-  }
-  return true;
 }
 
 std::string ReadAll(int fd) {
@@ -99,34 +60,6 @@ std::string ReadAll(int fd) {
     out.append(buf, n);
     off += n;
   }
-}
-
-void WriteFile(const std::string& path, const std::string& data, mode_t mode = 0644) {
-  Fd fd(open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, mode));
-  ASSERT_TRUE(fd.valid()) << "create " << path << ": " << ErrnoName(errno);
-  ASSERT_TRUE(WriteAll(fd.get(), data)) << "write " << path << ": " << ErrnoName(errno);
-  ASSERT_EQ(fd.Reset(), 0) << "close " << path << ": " << ErrnoName(errno);
-}
-
-std::string ReadFile(const std::string& path) {
-  Fd fd(open(path.c_str(), O_RDONLY));
-  if (!fd.valid()) {
-    ADD_FAILURE() << "open " << path << ": " << ErrnoName(errno);
-    return "";
-  }
-  return ReadAll(fd.get());
-}
-
-struct stat Lstat(const std::string& path) {
-  struct stat st {};
-  if (lstat(path.c_str(), &st) != 0) ADD_FAILURE() << "lstat " << path << ": " << ErrnoName(errno);
-  return st;
-}
-
-struct stat Stat(const std::string& path) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) ADD_FAILURE() << "stat " << path << ": " << ErrnoName(errno);
-  return st;
 }
 
 struct DirEntry {
@@ -162,43 +95,9 @@ std::set<std::string> ListDir(const std::string& path) {
   return names;
 }
 
-uint64_t FreeBytes(const std::string& path) {
-  struct statvfs sv {};
-  if (statvfs(path.c_str(), &sv) != 0) {
-    ADD_FAILURE() << "statvfs " << path << ": " << ErrnoName(errno);
-    return 0;
-  }
-  return static_cast<uint64_t>(sv.f_bfree) * sv.f_frsize;
-}
-
 constexpr uint64_t kMiB = 1 << 20;
 
-class NamespaceTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    umask(0);
-    try {
-      volume_ = std::make_unique<MountedVolume>();
-    } catch (const std::exception& e) {
-      setup_error_ = e.what();
-    }
-  }
-  static void TearDownTestSuite() { volume_.reset(); }
-
-  void SetUp() override {
-    ASSERT_NE(volume_, nullptr) << "could not mount a volume: " << setup_error_;
-    umask(0);
-    dir_ = volume_->Path(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_EQ(mkdir(dir_.c_str(), 0755), 0) << "mkdir " << dir_ << ": " << ErrnoName(errno);
-  }
-
-  // A path inside this test's own directory.
-  std::string P(const std::string& relative) const { return dir_ + "/" + relative; }
-
-  static inline std::unique_ptr<MountedVolume> volume_;
-  static inline std::string setup_error_;
-  std::string dir_;
-};
+class NamespaceTest : public SharedVolumeTest {};
 
 // ---------------------------------------------------------------- create/open
 
@@ -960,11 +859,11 @@ TEST_F(NamespaceTest, OpenUnlinkedFileKeepsWorkingUntilClose) {
   EXPECT_EQ(ReadAll(fd.get()), data.substr(0, 1000));
 
   // Closing one descriptor leaves the other working.
-  EXPECT_EQ(fd.Reset(), 0);
+  EXPECT_EQ(fd.Close(), 0);
   EXPECT_EQ(ReadAll(second.get()), data.substr(0, 1000));
   ASSERT_EQ(fstat(second.get(), &st), 0);
   EXPECT_EQ(st.st_nlink, 0u);
-  EXPECT_EQ(second.Reset(), 0);
+  EXPECT_EQ(second.Close(), 0);
   EXPECT_EQ(ReadFile(P("f")), "new file");
 }
 
@@ -1023,7 +922,7 @@ TEST_F(NamespaceTest, SpaceOfOpenUnlinkedFileComesBackAtLastClose) {
   EXPECT_LE(while_open + kSize, before + kSlack) << "an unlinked file's blocks stay allocated while it is open";
   EXPECT_EQ(ReadAll(fd.get()), data);
 
-  ASSERT_EQ(fd.Reset(), 0);
+  ASSERT_EQ(fd.Close(), 0);
   uint64_t after = 0;
   EXPECT_TRUE(Eventually([&] { return (after = FreeBytes(mnt)) + kSlack >= before; }))
       << "free space before " << before << ", while open " << while_open << ", after close " << after;

@@ -24,9 +24,9 @@
 #include <memory>
 #include <string>
 
-#include "mounted_volume.h"
-#include "random_bytes.h"
 #include "spillfs/testing/memory.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
 
 namespace spillfs::testing {
 namespace {

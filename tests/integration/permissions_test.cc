@@ -21,8 +21,10 @@
 
 #include <gtest/gtest.h>
 
-#include "errno_names.h"
-#include "mounted_volume.h"
+#include "support/errno_names.h"
+#include "support/file_io.h"
+#include "support/mounted_volume.h"
+#include "support/shared_volume.h"
 
 namespace spillfs::testing {
 namespace {
@@ -78,30 +80,14 @@ int AsNobody(const std::function<int()>& fn) {
                                 << ErrnoName(expected);                                                      \
   } while (0)
 
+// Like support's WriteFile, and then chmod: the mode is exact even where the
+// file existed.
 void WriteFile(const std::string& path, const std::string& data, mode_t mode) {
   int fd = open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, mode);
   ASSERT_GE(fd, 0) << "create " << path << ": " << ErrnoName(errno);
   ASSERT_EQ(write(fd, data.data(), data.size()), static_cast<ssize_t>(data.size()));
   ASSERT_EQ(close(fd), 0);
   ASSERT_EQ(chmod(path.c_str(), mode), 0);
-}
-
-std::string ReadFile(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) {
-    ADD_FAILURE() << "open " << path << ": " << ErrnoName(errno);
-    return "";
-  }
-  char buf[4096];
-  ssize_t n = read(fd, buf, sizeof buf);
-  close(fd);
-  return std::string(buf, n > 0 ? n : 0);
-}
-
-struct stat Stat(const std::string& path) {
-  struct stat st {};
-  if (lstat(path.c_str(), &st) != 0) ADD_FAILURE() << "lstat " << path << ": " << ErrnoName(errno);
-  return st;
 }
 
 bool Exists(const std::string& path) {
@@ -117,38 +103,23 @@ void MakeParentTraversable(const std::string& mountpoint) {
   ASSERT_EQ(chmod(parent.c_str(), 0755), 0) << parent << ": " << ErrnoName(errno);
 }
 
-class PermissionsTest : public ::testing::Test {
+class PermissionsTest : public SharedVolumeTest {
  protected:
   static void SetUpTestSuite() {
-    umask(0);
-    try {
-      MountedVolume::Options options;
-      options.mount_options = "allow_other";
-      volume_ = std::make_unique<MountedVolume>(options);
-    } catch (const std::exception& e) {
-      setup_error_ = e.what();
-    }
+    MountedVolume::Options options;
+    options.mount_options = "allow_other";
+    MountSharedVolume(options);
   }
-  static void TearDownTestSuite() { volume_.reset(); }
 
   void SetUp() override {
-    ASSERT_NE(volume_, nullptr) << "could not mount a volume: " << setup_error_;
-    umask(0);
+    ASSERT_NO_FATAL_FAILURE(SharedVolumeTest::SetUp());
     MakeParentTraversable(volume_->mountpoint());
     ASSERT_EQ(chmod(volume_->mountpoint().c_str(), 0755), 0) << ErrnoName(errno);
-    dir_ = volume_->Path(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_EQ(mkdir(dir_.c_str(), 0755), 0) << "mkdir " << dir_ << ": " << ErrnoName(errno);
     // The child must be able to work at all: this is the control for every
     // denial below.
     ASSERT_EQ(AsNobody([&] { return Err(access(dir_.c_str(), R_OK | X_OK)); }), 0)
         << "uid 65534 cannot reach the test directory";
   }
-
-  std::string P(const std::string& relative) const { return dir_ + "/" + relative; }
-
-  static inline std::unique_ptr<MountedVolume> volume_;
-  static inline std::string setup_error_;
-  std::string dir_;
 };
 
 TEST_F(PermissionsTest, ReadingAnOwnerOnlyRootFileIsDenied) {
@@ -203,13 +174,13 @@ TEST_F(PermissionsTest, CreatingInAnotherUsersDirectoryIsDenied) {
   EXPECT_AS_NOBODY(0, OpenCloseErr(rootdir + "/new", O_CREAT | O_WRONLY, 0640));
   EXPECT_AS_NOBODY(0, Err(mkdir((rootdir + "/newdir").c_str(), 0755)));
   EXPECT_AS_NOBODY(0, Err(symlink("new", (rootdir + "/newlink").c_str())));
-  struct stat st = Stat(P("rootdir/new"));
+  struct stat st = Lstat(P("rootdir/new"));
   EXPECT_EQ(st.st_uid, kNobody);
   EXPECT_EQ(st.st_gid, kNogroup);
   EXPECT_EQ(st.st_mode & 07777, 0640u);
-  EXPECT_EQ(Stat(P("rootdir/newdir")).st_uid, kNobody);
-  EXPECT_EQ(Stat(P("rootdir/newdir")).st_gid, kNogroup);
-  EXPECT_EQ(Stat(P("rootdir/newlink")).st_uid, kNobody);
+  EXPECT_EQ(Lstat(P("rootdir/newdir")).st_uid, kNobody);
+  EXPECT_EQ(Lstat(P("rootdir/newdir")).st_gid, kNogroup);
+  EXPECT_EQ(Lstat(P("rootdir/newlink")).st_uid, kNobody);
 }
 
 TEST_F(PermissionsTest, DirectorySearchAndReadPermission) {
@@ -249,18 +220,18 @@ TEST_F(PermissionsTest, OnlyTheOwnerMayChmodAndNobodyMayGiveAFileAway) {
 
   EXPECT_AS_NOBODY(EPERM, Err(chmod(rootfile.c_str(), 0777)));
   EXPECT_AS_NOBODY(EPERM, Err(chown(rootfile.c_str(), kNobody, kNogroup)));
-  EXPECT_EQ(Stat(rootfile).st_mode & 07777, 0666u);
-  EXPECT_EQ(Stat(rootfile).st_uid, 0u);
+  EXPECT_EQ(Lstat(rootfile).st_mode & 07777, 0666u);
+  EXPECT_EQ(Lstat(rootfile).st_uid, 0u);
 
   EXPECT_AS_NOBODY(0, Err(chmod(mine.c_str(), 0600)));
-  EXPECT_EQ(Stat(mine).st_mode & 07777, 0600u);
+  EXPECT_EQ(Lstat(mine).st_mode & 07777, 0600u);
   EXPECT_AS_NOBODY(EPERM, Err(chown(mine.c_str(), 0, static_cast<gid_t>(-1))));
   // Not a member of group 0.
   EXPECT_AS_NOBODY(EPERM, Err(chown(mine.c_str(), static_cast<uid_t>(-1), 0)));
   // A chown to the owner's own ids is allowed.
   EXPECT_AS_NOBODY(0, Err(chown(mine.c_str(), kNobody, kNogroup)));
-  EXPECT_EQ(Stat(mine).st_uid, kNobody);
-  EXPECT_EQ(Stat(mine).st_gid, kNogroup);
+  EXPECT_EQ(Lstat(mine).st_uid, kNobody);
+  EXPECT_EQ(Lstat(mine).st_gid, kNogroup);
 }
 
 TEST_F(PermissionsTest, SettingTimesNeedsOwnershipOrWriteAccess) {
@@ -274,7 +245,7 @@ TEST_F(PermissionsTest, SettingTimesNeedsOwnershipOrWriteAccess) {
   // "Now" needs only write access.
   EXPECT_AS_NOBODY(0, Err(utimensat(AT_FDCWD, writable.c_str(), nullptr, 0)));
   EXPECT_AS_NOBODY(EACCES, Err(utimensat(AT_FDCWD, readonly.c_str(), nullptr, 0)));
-  EXPECT_NE(Stat(writable).st_mtim.tv_sec, 2000);
+  EXPECT_NE(Lstat(writable).st_mtim.tv_sec, 2000);
 }
 
 TEST_F(PermissionsTest, StickyDirectoryProtectsOtherUsersEntries) {
@@ -330,8 +301,8 @@ TEST_F(PermissionsTest, WritingAReadOnlyFileIsDenied) {
     close(fd);
     return err;
   }());
-  EXPECT_EQ(Stat(f).st_mode & 07777, 0444u);
-  EXPECT_EQ(Stat(f).st_uid, kNobody);
+  EXPECT_EQ(Lstat(f).st_mode & 07777, 0444u);
+  EXPECT_EQ(Lstat(f).st_uid, kNobody);
   EXPECT_EQ(ReadFile(f), "created");
 
   EXPECT_AS_NOBODY(EACCES, OpenCloseErr(f, O_WRONLY));
@@ -341,7 +312,7 @@ TEST_F(PermissionsTest, WritingAReadOnlyFileIsDenied) {
   EXPECT_AS_NOBODY(EACCES, Err(access(f.c_str(), W_OK)));
   EXPECT_AS_NOBODY(0, OpenCloseErr(f, O_RDONLY));
   EXPECT_EQ(ReadFile(f), "created");
-  EXPECT_EQ(Stat(f).st_size, 7);
+  EXPECT_EQ(Lstat(f).st_size, 7);
 
   // Permission is checked at open: a descriptor opened before the chmod
   // keeps working.
@@ -393,7 +364,7 @@ void ExpectWriteLeavesMode(const std::string& dir, int access, gid_t group, mode
   ASSERT_EQ(OpenCloseErr(f, O_CREAT | O_WRONLY, 0755), 0);
   ASSERT_EQ(chown(f.c_str(), kNobody, group), 0);
   ASSERT_EQ(chmod(f.c_str(), mode), 0);
-  ASSERT_EQ(Stat(f).st_mode & 07777, mode);
+  ASSERT_EQ(Lstat(f).st_mode & 07777, mode);
   const int seen_by_writer = AsNobody([&] {
     int fd = open(f.c_str(), access);
     if (fd < 0) return -100 - errno;
@@ -404,7 +375,7 @@ void ExpectWriteLeavesMode(const std::string& dir, int access, gid_t group, mode
     return static_cast<int>(stx.stx_mode & 07777);
   });
   EXPECT_EQ(seen_by_writer, static_cast<int>(expected)) << f << " right after the write";
-  EXPECT_EQ(Stat(f).st_mode & 07777, expected) << f;
+  EXPECT_EQ(Lstat(f).st_mode & 07777, expected) << f;
 }
 
 // What a write by a user without CAP_FSETID drops, as on ext4 (the kernel's
@@ -490,11 +461,11 @@ TEST_F(PermissionsTest, SetgidDirectoryForANonMember) {
   const std::string shared = P("shared");
   EXPECT_AS_NOBODY(0, OpenCloseErr(shared + "/f", O_CREAT | O_WRONLY, 02755));
   EXPECT_AS_NOBODY(0, Err(mkdir((shared + "/d").c_str(), 0755)));
-  struct stat f = Stat(P("shared/f"));
+  struct stat f = Lstat(P("shared/f"));
   EXPECT_EQ(f.st_uid, kNobody);
   EXPECT_EQ(f.st_gid, 4321u);
   EXPECT_EQ(f.st_mode & 07777, 0755u) << "S_ISGID is dropped for a creator outside the file's group";
-  struct stat d = Stat(P("shared/d"));
+  struct stat d = Lstat(P("shared/d"));
   EXPECT_EQ(d.st_gid, 4321u);
   EXPECT_EQ(d.st_mode & 07777, 02755u) << "subdirectories inherit S_ISGID regardless";
 }

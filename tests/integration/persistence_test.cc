@@ -32,58 +32,18 @@
 
 #include <gtest/gtest.h>
 
-#include "errno_names.h"
-#include "eventually.h"
-#include "mounted_volume.h"
+#include "support/errno_names.h"
+#include "support/eventually.h"
+#include "support/file_io.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
+#include "support/temp_dir.h"
 
 namespace spillfs::testing {
 namespace {
 
 constexpr off_t kKiB = 1024;
 constexpr off_t kMiB = 1024 * 1024;
-
-std::string RandomBytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::string out(n, '\0');
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t v = rng();
-    memcpy(&out[i], &v, 8);
-  }
-  for (; i < n; ++i) out[i] = static_cast<char>(rng());
-  return out;
-}
-
-bool WriteAll(int fd, const std::string& data, off_t offset = 0) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = pwrite(fd, data.data() + done, data.size() - done, offset + done);
-    if (n <= 0) return false;
-    done += n;
-  }
-  return true;
-}
-
-std::string ReadFile(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) {
-    ADD_FAILURE() << "open " << path << ": " << ErrnoName(errno);
-    return "";
-  }
-  std::string out;
-  std::string buf(1 << 20, '\0');
-  for (;;) {
-    ssize_t n = pread(fd, buf.data(), buf.size(), out.size());
-    if (n < 0) {
-      ADD_FAILURE() << "pread " << path << ": " << ErrnoName(errno);
-      break;
-    }
-    if (n == 0) break;
-    out.append(buf.data(), n);
-  }
-  close(fd);
-  return out;
-}
 
 std::set<std::string> ListDir(const std::string& path) {
   std::set<std::string> names;
@@ -137,14 +97,6 @@ std::string Trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
 }
 
-bool IsMountPoint(const std::string& path) {
-  struct stat self {
-  }, parent{};
-  if (stat(path.c_str(), &self) != 0) return false;
-  if (stat((path + "/..").c_str(), &parent) != 0) return false;
-  return self.st_dev != parent.st_dev;
-}
-
 // Undoes a mount that a test expected to be refused.
 void UnmountIfMounted(const std::string& path) {
   if (!IsMountPoint(path)) return;
@@ -155,33 +107,6 @@ std::string Dirname(const std::string& path) {
   std::string copy = path;
   return dirname(copy.data());
 }
-
-uint64_t FreeBytes(const std::string& path) {
-  struct statvfs sv {};
-  if (statvfs(path.c_str(), &sv) != 0) {
-    ADD_FAILURE() << "statvfs " << path << ": " << ErrnoName(errno);
-    return 0;
-  }
-  return static_cast<uint64_t>(sv.f_bfree) * sv.f_frsize;
-}
-
-// A temporary directory, removed with its contents.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/spillfs-cli-XXXXXX";
-    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string Path(const std::string& rel) const { return path_ + "/" + rel; }
-
- private:
-  std::string path_;
-};
 
 // ------------------------------------------------------------------- the tree
 
@@ -669,7 +594,7 @@ void ExpectRefused(const std::string& args) {
 
 TEST(CliTest, SecondMountOfAMountedVolumeIsRefused) {
   MountedVolume volume;
-  TempDir tmp;
+  TempDir tmp("spillfs-cli");
   ASSERT_EQ(mkdir(tmp.Path("mnt2").c_str(), 0755), 0);
   ExpectRefused("mount " + volume.volume() + " " + tmp.Path("mnt2"));
   EXPECT_FALSE(IsMountPoint(tmp.Path("mnt2")));
@@ -736,7 +661,7 @@ TEST(CliTest, MkfsOnAnExistingVolumeNeedsForce) {
 }
 
 TEST(CliTest, MkfsWithABadSizeIsRefused) {
-  TempDir tmp;
+  TempDir tmp("spillfs-cli");
   ExpectRefused("mkfs " + tmp.Path("tiny") + " --size 1M");
   ExpectRefused("mkfs " + tmp.Path("zero") + " --size 0");
   ExpectRefused("mkfs " + tmp.Path("junk") + " --size lots");
@@ -746,7 +671,7 @@ TEST(CliTest, MkfsWithABadSizeIsRefused) {
 }
 
 TEST(CliTest, MountingSomethingThatIsNotAVolumeIsRefused) {
-  TempDir tmp;
+  TempDir tmp("spillfs-cli");
   ASSERT_EQ(mkdir(tmp.Path("mnt").c_str(), 0755), 0);
   ASSERT_EQ(mkdir(tmp.Path("notvol").c_str(), 0755), 0);
   int fd = open(tmp.Path("notvol/hello.txt").c_str(), O_CREAT | O_WRONLY, 0644);
@@ -773,7 +698,7 @@ TEST(CliTest, MountingSomethingThatIsNotAVolumeIsRefused) {
 }
 
 TEST(CliTest, MismatchedIndexAndImageAreRefused) {
-  TempDir tmp;
+  TempDir tmp("spillfs-cli");
   std::string output;
   ASSERT_EQ(RunSpillfs("mkfs " + tmp.Path("a") + " --size 256M", &output), 0) << output;
   ASSERT_EQ(RunSpillfs("mkfs " + tmp.Path("b") + " --size 256M", &output), 0) << output;

@@ -75,8 +75,13 @@
 #include <thread>
 #include <vector>
 
-#include "mounted_volume.h"
 #include "spillfs/testing/powercut.h"
+#include "support/env.h"
+#include "support/file_io.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
+#include "support/run_fsck.h"
+#include "support/temp_dir.h"
 
 namespace spillfs::testing {
 namespace {
@@ -96,32 +101,6 @@ constexpr const char* kRamTier = "12M";
 // Flush batches this small keep several in flight, each mapped only after a
 // data sync that covers it (Filesystem::FlushChunks), within the small tier.
 constexpr const char* kFlushBatch = "1M";
-
-uint64_t EnvU64(const char* name, uint64_t fallback) {
-  const char* value = getenv(name);
-  return value != nullptr && *value != '\0' ? std::strtoull(value, nullptr, 10) : fallback;
-}
-
-std::string RandomBytes(std::mt19937_64& rng, size_t n) {
-  std::string out(n, '\0');
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t v = rng();
-    std::memcpy(&out[i], &v, 8);
-  }
-  for (; i < n; ++i) out[i] = static_cast<char>(rng());
-  return out;
-}
-
-bool WriteAll(int fd, const char* data, size_t size, off_t offset) {
-  size_t done = 0;
-  while (done < size) {
-    ssize_t n = pwrite(fd, data + done, size - done, offset + static_cast<off_t>(done));
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
 
 uint64_t Blocks(uint64_t size) { return (size + kBlock - 1) / kBlock; }
 
@@ -439,25 +418,6 @@ class Writer {
   std::string early_failure_;
 };
 
-struct FsckResult {
-  int rc = -1;
-  std::string output;
-  std::set<std::string> kinds;
-};
-
-FsckResult RunFsck(const std::string& volume) {
-  FsckResult result;
-  result.rc = RunSpillfs("fsck " + volume + " --json", &result.output);
-  size_t start = result.output.find('{');
-  if (start != std::string::npos) {
-    auto report = nlohmann::json::parse(result.output.substr(start), nullptr, false);
-    if (!report.is_discarded() && report.contains("problems")) {
-      for (const auto& p : report["problems"]) result.kinds.insert(p.value("kind", "?"));
-    }
-  }
-  return result;
-}
-
 // Every regular file under the mount (volume paths).
 void Walk(const MountedVolume& volume, const std::string& rel, std::set<std::string>* files) {
   DIR* d = opendir(volume.Path(rel).c_str());
@@ -640,18 +600,10 @@ enum class IndexLoss { kUnsynced, kNothing };
 void RunIteration(uint64_t seed, DataLoss loss, IndexLoss index_loss, Totals* totals) {
   std::mt19937_64 timing(seed * 104729);
   const int kill_ms = std::uniform_int_distribution<int>(kMinKillMs, kMaxKillMs)(timing);
-  char tmpl[] = "/tmp/spillfs-powercut-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string scratch = tmpl;
+  TempDir scratch_dir("spillfs-powercut");
+  const std::string scratch = scratch_dir.path();
   const std::string data_journal = scratch + "/journal";
   const std::string index_journal = scratch + "/index-journal";
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{scratch};
 
   std::unique_ptr<MountedVolume> volume;
   {

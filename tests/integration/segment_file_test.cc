@@ -8,9 +8,11 @@
 // volume already holds by reference so that a second write of the same
 // bytes adds (almost) no physical bytes. Device segments: tests/cuda.
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,9 +29,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mounted_volume.h"
-#include "random_bytes.h"
 #include "spillfs/client.h"
+#include "support/file_io.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
 
 namespace spillfs::testing {
 namespace {
@@ -60,23 +63,6 @@ int RunRequest(spill_file* f, const std::vector<spill_segment>& segments, bool w
                  : spill_file_read_segments(f, segments.data(), segments.size(), 0, &request);
   if (rc != 0) return rc;
   return spill_request_wait(request, stats);
-}
-
-std::string ReadWhole(const std::string& path) {
-  std::string out;
-  int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) {
-    ADD_FAILURE() << "open " << path << ": " << Errno();
-    return out;
-  }
-  char buf[1 << 16];
-  for (;;) {
-    ssize_t n = read(fd, buf, sizeof(buf));
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  return out;
 }
 
 uint64_t SizeOf(const std::string& path) {
@@ -266,11 +252,11 @@ TEST_P(SegmentFileTest, OddSegmentsRoundTripWithTheExactSize) {
     EXPECT_TRUE(whole == s.image);
     EXPECT_TRUE(odd == s.image.substr(12345, 100000));
   }
-  EXPECT_TRUE(ReadWhole(path) == s.image);
+  EXPECT_TRUE(ReadFile(path) == s.image);
   EXPECT_EQ(SizeOf(path), s.image.size());
   if (volume_) {
     ASSERT_TRUE(volume_->Remount());
-    EXPECT_TRUE(ReadWhole(path) == s.image);
+    EXPECT_TRUE(ReadFile(path) == s.image);
   }
 }
 
@@ -291,7 +277,7 @@ TEST_P(SegmentFileTest, SmallChunksAndAShallowQueue) {
   std::string whole(s.image.size(), 'y');
   ASSERT_EQ(RunRequest(f.get(), {spill_segment{whole.data(), whole.size(), 0, -1}}, false), 0) << spill_last_error();
   EXPECT_TRUE(whole == s.image);
-  EXPECT_TRUE(ReadWhole(path) == s.image);
+  EXPECT_TRUE(ReadFile(path) == s.image);
 }
 
 // A write covers blocks in part: the rest of each block keeps the file's
@@ -320,7 +306,7 @@ TEST_P(SegmentFileTest, PartlyWrittenBlocksKeepTheirBytes) {
     ASSERT_EQ(RunRequest(f.get(), s.list, true), 0) << spill_last_error();
     EXPECT_EQ(SizeOf(path), 100010u);
   }
-  EXPECT_TRUE(ReadWhole(path) == image);
+  EXPECT_TRUE(ReadFile(path) == image);
 }
 
 // Several requests in flight at once on disjoint blocks, waited for in
@@ -355,7 +341,7 @@ TEST_P(SegmentFileTest, RequestsInFlightAtOnce) {
   }
   if (f == nullptr) f = Open(path, SPILL_FILE_READ | SPILL_FILE_WRITE);
   EXPECT_EQ(SizeOf(path), image.size());
-  EXPECT_TRUE(ReadWhole(path) == image);
+  EXPECT_TRUE(ReadFile(path) == image);
   ASSERT_EQ(spill_file_sync(f.get()), 0) << spill_last_error();
   ASSERT_EQ(spill_file_truncate(f.get(), 1000), 0) << spill_last_error();
   EXPECT_EQ(SizeOf(path), 1000u);
@@ -528,7 +514,7 @@ TEST_P(SegmentDedupTest, SecondSaveMapsTheUnitsByReference) {
   EXPECT_EQ(std::count(second.begin(), second.end(), 0), 32) << "every unit is the volume's already";
   const uint64_t physical2 = Stat(*volume_)["physical_bytes"].get<uint64_t>();
   EXPECT_LT(physical2 - physical1, 64 * kKiB) << physical1 << " then " << physical2;
-  EXPECT_TRUE(ReadWhole(volume_->Path("step2")) == data + tail);
+  EXPECT_TRUE(ReadFile(volume_->Path("step2")) == data + tail);
 
   // One unit changed: only it is written.
   std::string changed = data;
@@ -538,7 +524,7 @@ TEST_P(SegmentDedupTest, SecondSaveMapsTheUnitsByReference) {
   for (size_t i = 0; i < third.size(); ++i) EXPECT_EQ(third[i], i == 5 ? 1 : 0) << "unit " << i;
   const uint64_t physical3 = Stat(*volume_)["physical_bytes"].get<uint64_t>();
   EXPECT_LT(physical3 - physical2, kUnit + 64 * kKiB);
-  EXPECT_TRUE(ReadWhole(volume_->Path("step3")) == changed + tail);
+  EXPECT_TRUE(ReadFile(volume_->Path("step3")) == changed + tail);
 
   // Through the library too, on both paths of reading.
   {
@@ -551,7 +537,7 @@ TEST_P(SegmentDedupTest, SecondSaveMapsTheUnitsByReference) {
   // The shared units outlive the file they came from.
   ASSERT_EQ(unlink(volume_->Path("step1").c_str()), 0);
   ASSERT_TRUE(volume_->Remount());
-  EXPECT_TRUE(ReadWhole(volume_->Path("step2")) == data + tail);
+  EXPECT_TRUE(ReadFile(volume_->Path("step2")) == data + tail);
   ASSERT_TRUE(volume_->Unmount());
   std::string output;
   EXPECT_EQ(RunSpillfs("fsck " + volume_->volume(), &output), 0) << output;
@@ -576,9 +562,9 @@ TEST_P(SegmentDedupTest, CachedBytesOfTheRangeAreNotLeftOnTop) {
     EXPECT_EQ(std::count(needed.begin(), needed.end(), 0), 8);
   }
   ASSERT_EQ(close(fd), 0);  // flushes what the tier still holds of the file
-  EXPECT_TRUE(ReadWhole(path) == data + older.substr(data.size()));
+  EXPECT_TRUE(ReadFile(path) == data + older.substr(data.size()));
   ASSERT_TRUE(volume_->Remount());
-  EXPECT_TRUE(ReadWhole(path) == data + older.substr(data.size()));
+  EXPECT_TRUE(ReadFile(path) == data + older.substr(data.size()));
 }
 
 TEST_P(SegmentDedupTest, MisalignedOffsetsAreRefused) {
@@ -605,6 +591,67 @@ TEST_P(SegmentDedupTest, MisalignedOffsetsAreRefused) {
 INSTANTIATE_TEST_SUITE_P(Paths, SegmentDedupTest, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& info) {
   return info.param ? "DirectPath" : "ThroughTheMount";
 });
+
+// A process that may not open the backing store (nor the control file) goes
+// through the mount, and dedup tells it to write everything (EACCES).
+TEST(SegmentFileNotRootTest, GoesThroughTheMountAndDedupIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting a volume needs root";
+  DefaultSettings();
+  MountedVolume::Options options;
+  options.size = "1G";
+  options.mount_options = "allow_other";  // for the child's uid
+  MountedVolume volume(options);
+  // The temporary directory above the mount point is root's only (mkdtemp).
+  const std::string parent = std::filesystem::path(volume.mountpoint()).parent_path();
+  ASSERT_EQ(chmod(parent.c_str(), 0755), 0) << Errno();
+  ASSERT_EQ(chmod(volume.mountpoint().c_str(), 0755), 0) << Errno();
+  const std::string dir = volume.Path("pub");
+  ASSERT_EQ(mkdir(dir.c_str(), 0777), 0) << Errno();
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0) << Errno();
+  const std::string data = RandomBytes(kMiB + 5, 70);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child's verdict: backend, write rc, dedup rc, read-back equality.
+    int result[4] = {-1, -1, -1, -1};
+    if (setgroups(0, nullptr) == 0 && setgid(65534) == 0 && setuid(65534) == 0) {
+      spill_file* f = spill_file_open((dir + "/f").c_str(), kCreate, 0);
+      if (f != nullptr) {
+        result[0] = spill_file_backend(f);
+        spill_segment seg{const_cast<char*>(data.data()), data.size(), 3, -1};
+        spill_request* r = nullptr;
+        result[1] = spill_file_write_segments(f, &seg, 1, 0, &r);
+        if (result[1] == 0) result[1] = spill_request_wait(r, nullptr);
+        std::vector<uint64_t> hashes(2, 0);
+        uint8_t needed = 9;
+        result[2] = spill_file_dedup(f, 0, hashes.data(), 1, &needed);
+        std::string back(data.size(), '\0');
+        spill_segment rd{back.data(), back.size(), 3, -1};
+        if (spill_file_read_segments(f, &rd, 1, 0, &r) == 0 && spill_request_wait(r, nullptr) == 0) {
+          result[3] = back == data ? 1 : 0;
+        }
+        spill_file_close(f);
+      } else {
+        fprintf(stderr, "open as uid 65534: %s\n", spill_last_error());
+      }
+    }
+    ssize_t ignored = write(fds[1], result, sizeof(result));
+    (void)ignored;
+    _exit(0);
+  }
+  close(fds[1]);
+  int result[4] = {-2, -2, -2, -2};
+  EXPECT_EQ(read(fds[0], result, sizeof(result)), static_cast<ssize_t>(sizeof(result)));
+  close(fds[0]);
+  waitpid(pid, nullptr, 0);
+  EXPECT_EQ(result[0], SPILL_BACKEND_MOUNT);
+  EXPECT_EQ(result[1], 0);
+  EXPECT_TRUE(result[2] == -EACCES || result[2] == -EPERM) << result[2];
+  EXPECT_EQ(result[3], 1);
+  EXPECT_EQ(SizeOf(dir + "/f"), data.size() + 3);
+}
 
 TEST(SegmentDedupOffTest, VolumeWithoutDedupAnswersEopnotsupp) {
   if (geteuid() != 0) GTEST_SKIP() << "mounting a volume needs root";

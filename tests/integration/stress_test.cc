@@ -48,7 +48,9 @@
 #include <thread>
 #include <vector>
 
-#include "mounted_volume.h"
+#include "support/env.h"
+#include "support/file_io.h"
+#include "support/mounted_volume.h"
 
 namespace spillfs::testing {
 namespace {
@@ -59,11 +61,6 @@ constexpr size_t kMaxOwnFiles = 20;
 constexpr size_t kMaxFileBytes = 512 << 10;
 constexpr size_t kHeaderBytes = 32;
 constexpr char kSealedMagic[8] = {'S', 'P', 'S', 'T', 'R', 'E', 'S', 'S'};
-
-uint64_t EnvU64(const char* name, uint64_t fallback) {
-  const char* value = getenv(name);
-  return value != nullptr && *value != '\0' ? std::strtoull(value, nullptr, 10) : fallback;
-}
 
 // The word at byte offset `word_offset` (a multiple of 8) of file (thread,
 // seq) written at `version`: thread 8 bits, seq 20, version 8, word index 28.
@@ -148,16 +145,6 @@ ReadResult ReadWhole(const std::string& path, std::string* out, int* error) {
   }
   close(fd);
   return ReadResult::kOk;
-}
-
-bool WriteAll(int fd, const std::string& data, uint64_t offset) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
 }
 
 struct Counters {

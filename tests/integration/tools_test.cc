@@ -25,7 +25,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "mounted_volume.h"
+#include "support/mounted_volume.h"
 
 namespace spillfs::testing {
 namespace {

@@ -13,10 +13,12 @@
 
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
-#include "temp_dir.h"
+#include "support/temp_dir.h"
 
 namespace spillfs {
 namespace {
+
+using testing::TempDir;
 
 constexpr uint64_t kUnit = 4096;
 constexpr uint64_t kBase = 1 << 20;        // first allocatable byte

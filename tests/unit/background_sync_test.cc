@@ -8,12 +8,13 @@
 #include <mutex>
 #include <thread>
 
-#include "eventually.h"
+#include "support/eventually.h"
 
 namespace spillfs {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::Eventually;
 
 // A sync function that counts its calls and, while `hold` is set, blocks
 // inside the call until released.

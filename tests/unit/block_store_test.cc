@@ -21,10 +21,12 @@
 
 #include "spillfs/common/aligned_buffer.h"
 #include "store/uring_engine.h"
-#include "temp_dir.h"
+#include "support/temp_dir.h"
 
 namespace spillfs {
 namespace {
+
+using testing::TempDir;
 
 constexpr uint64_t kBlock = BlockStore::kDirectAlignment;
 constexpr uint64_t kImageSize = 96ull << 20;

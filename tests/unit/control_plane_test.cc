@@ -19,10 +19,12 @@
 #include "spillfs/common/control_protocol.h"
 #include "spillfs/common/mountinfo.h"
 #include "spillfs/fs/volume.h"
-#include "temp_dir.h"
+#include "support/temp_dir.h"
 
 namespace spillfs {
 namespace {
+
+using testing::TempDir;
 
 using nlohmann::json;
 

@@ -23,13 +23,13 @@
 #include <thread>
 #include <vector>
 
-#include "eventually.h"
-#include "read_bytes.h"
-#include "store/block_store.h"
 #include "core/filesystem.h"
 #include "spillfs/fs/volume.h"
 #include "spillfs/kvindex/keys.h"
-#include "temp_dir.h"
+#include "store/block_store.h"
+#include "support/eventually.h"
+#include "support/read_bytes.h"
+#include "support/temp_dir.h"
 
 namespace {
 
@@ -66,6 +66,9 @@ namespace spillfs {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::Eventually;
+using testing::ReadBytes;
+using testing::TempDir;
 
 constexpr uint64_t kVolumeSize = 64ull << 20;
 

@@ -6,20 +6,19 @@
 
 #include <gtest/gtest.h>
 #include <linux/falloc.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "read_bytes.h"
-#include "spillfs/common/aligned_buffer.h"
 #include "core/filesystem.h"
+#include "spillfs/common/aligned_buffer.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
+#include "support/read_bytes.h"
+#include "support/temp_dir.h"
 
 namespace spillfs {
 namespace {
@@ -28,6 +27,7 @@ using fsck::Checker;
 using fsck::Problem;
 using fsck::ProblemKind;
 using fsck::Report;
+using testing::ReadBytes;
 
 constexpr uint64_t kBlock = 4096;
 
@@ -57,21 +57,14 @@ const Problem* Find(const Report& report, ProblemKind kind, InodeNumber ino = 0)
 class FsckTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/spillfs-fsck-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    dir_ = root_ + "/vol";
+    dir_ = root_.Path("vol");
     Volume::CreateOptions options;
     options.size = 64 << 20;
     auto sb = Volume::Create(dir_, options);
     ASSERT_TRUE(sb.ok()) << sb.status().ToString();
     sb_ = *sb;
   }
-  void TearDown() override {
-    fs_.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(root_, ec);
-  }
+  void TearDown() override { fs_.reset(); }
 
   Filesystem& Fs() {
     if (!fs_) {
@@ -171,7 +164,8 @@ class FsckTest : public ::testing::Test {
     ASSERT_TRUE(Fs().Link(a_, d_, "link").ok());
   }
 
-  std::string root_, dir_;
+  testing::TempDir root_{"spillfs-fsck-test"};
+  std::string dir_;
   Superblock sb_;
   std::unique_ptr<Filesystem> fs_;
   InodeNumber a_ = 0, d_ = 0, b_ = 0, e_ = 0;
@@ -460,7 +454,7 @@ TEST_F(FsckTest, DedupSharingOneBlobIsNotADoubleUse) {
     // Make the extent a dedup blob named by a and b (what a dedup hit writes).
     ExtentRecord shared = extent;
     shared.blob_id = extent.physical;
-    BlobRecord blob{std::string(16, 'x'), extent.length, 2};
+    BlobRecord blob{std::string(16, 'x'), extent.length, 2, {}};
     batch.Put(Family::kBlob, keys::BlobByPhysical(extent.physical), blob.Encode());
     batch.Put(Family::kBlob, keys::BlobByHash(blob.hash), EncodeMetaU64(extent.physical));
     batch.Put(Family::kExtent, keys::Extent(a_, offset), shared.Encode());

@@ -2,38 +2,19 @@
 #include "spillfs/kvindex/index.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 
 #include <atomic>
-#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
+#include "support/temp_dir.h"
 
 namespace spillfs {
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/spillfs-index-test-XXXXXX";
-    char* made = mkdtemp(tmpl);
-    if (made == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 std::string B(std::initializer_list<int> bytes) {
   std::string out;
@@ -80,7 +61,7 @@ class IndexTest : public ::testing::Test {
     ASSERT_TRUE(index->Commit(&batch).ok());
   }
 
-  TempDir dir_;
+  testing::TempDir dir_{"spillfs-index-test"};
 };
 
 TEST_F(IndexTest, CreateRefusesAnExistingIndex) {

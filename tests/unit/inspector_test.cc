@@ -9,11 +9,9 @@
 
 #include <gtest/gtest.h>
 #include <linux/falloc.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 #include <xxhash.h>
 
-#include <filesystem>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -24,6 +22,7 @@
 #include "core/filesystem.h"
 #include "spillfs/fs/volume.h"
 #include "spillfs/kvindex/keys.h"
+#include "support/temp_dir.h"
 
 namespace spillfs {
 namespace {
@@ -84,20 +83,13 @@ struct Tree {
 class InspectorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/spillfs-inspector-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    dir_ = root_ + "/vol";
+    dir_ = root_.Path("vol");
     Volume::CreateOptions options;
     options.size = kVolumeSize;
     auto sb = Volume::Create(dir_, options);
     ASSERT_TRUE(sb.ok()) << sb.status().ToString();
   }
-  void TearDown() override {
-    volume_.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(root_, ec);
-  }
+  void TearDown() override { volume_.reset(); }
 
   void BuildTree() {
     auto volume = Volume::Open(dir_, {});
@@ -151,7 +143,7 @@ class InspectorTest : public ::testing::Test {
     return ino.ok() ? *ino : 0;
   }
 
-  std::string root_;
+  testing::TempDir root_{"spillfs-inspector"};
   std::string dir_;
   Tree tree_;
   std::unique_ptr<Volume> volume_;

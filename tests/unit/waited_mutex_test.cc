@@ -6,12 +6,13 @@
 #include <mutex>
 #include <thread>
 
-#include "eventually.h"
+#include "support/eventually.h"
 
 namespace spillfs {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::Eventually;
 
 // The holder of the lock sees a thread blocked in lock() (a background flush
 // stops taking more work then), and no longer once that thread has it.

@@ -14,13 +14,17 @@
 #include <string>
 
 #include "core/filesystem.h"
-#include "random_bytes.h"
-#include "read_bytes.h"
 #include "spillfs/fs/volume.h"
-#include "temp_dir.h"
+#include "support/random_bytes.h"
+#include "support/read_bytes.h"
+#include "support/temp_dir.h"
 
 namespace spillfs {
 namespace {
+
+using testing::RandomBytes;
+using testing::ReadBytes;
+using testing::TempDir;
 
 constexpr uint64_t kMiB = 1ull << 20;
 

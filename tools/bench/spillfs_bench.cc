@@ -719,7 +719,7 @@ void Bench::Torch() {
 void Bench::Activation() {
   uint64_t large = o_.ram_tier_large.empty()
                        // The tier starts writing to the SSD when 3/4 full
-                       // (WriteBackCache's high watermark): large enough
+                       // (RamTier's high watermark): large enough
                        // means every file fits below that.
                        ? static_cast<uint64_t>(o_.files) * file_size_ / 3 * 4 + 256 * kMiB
                        : ParseSize(o_.ram_tier_large);

@@ -178,8 +178,8 @@ typedef struct spill_io_stats {
 /* Opens `path` (any path; relative to the working directory unless absolute).
  * flags: SPILL_FILE_READ and/or SPILL_FILE_WRITE, with SPILL_FILE_CREATE and
  * SPILL_FILE_TRUNCATE. size_hint: bytes the file is expected to hold (0: not
- * known); on other file systems it preallocates (FALLOC_FL_KEEP_SIZE, errors
- * ignored). NULL on failure (spill_last_error(), errno). */
+ * known); not used yet (preallocation on ext4 made O_DIRECT writes slower).
+ * NULL on failure (spill_last_error(), errno). */
 SPILL_API spill_file* spill_file_open(const char* path, int flags, uint64_t size_hint);
 
 /* SPILL_BACKEND_* of the handle, or -EINVAL. */
@@ -251,6 +251,9 @@ SPILL_API const char* spill_version(void);
  *   "io_bytes"      one I/O, a multiple of 4096 (1 MiB)
  *   "queue_depth"   I/Os in flight per request (32)
  *   "commit_bytes"  direct path: bytes reserved and committed per step (256 MiB)
+ *   "commit_depth"  direct path: steps reserved or committing at once (3; 1..8):
+ *                   a step's commit (a sync of the data area) overlaps the
+ *                   writes of the next depth-1 steps
  *   "direct_path"   use the direct path where possible (1; 0: through the mount)
  *   "o_direct"      use O_DIRECT where the file system takes it (1; 0: buffered)
  *   "verify"        direct path: verify block checksums on read (1)

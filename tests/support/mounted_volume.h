@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "support/temp_dir.h"
+
 namespace spillfs::testing {
 
 // Extra `spillfs mount` arguments for every MountedVolume of the process,
@@ -26,6 +28,9 @@ const char* SpillfsBinary();
 // Runs `spillfs ARGS` and returns its exit status; stdout+stderr go to *output.
 int RunSpillfs(const std::string& args, std::string* output = nullptr);
 
+// True where `path` is the root of a filesystem other than its parent's.
+bool IsMountPoint(const std::string& path);
+
 class MountedVolume {
  public:
   struct Options {
@@ -40,7 +45,7 @@ class MountedVolume {
 
   MountedVolume() : MountedVolume(Options()) {}
   explicit MountedVolume(const Options& options);
-  ~MountedVolume();  // unmounts (if mounted) and removes the temporary directory
+  ~MountedVolume();  // unmounts (if mounted); the temporary directory goes with root_
 
   MountedVolume(const MountedVolume&) = delete;
   MountedVolume& operator=(const MountedVolume&) = delete;
@@ -65,7 +70,7 @@ class MountedVolume {
 
  private:
   Options options_;
-  std::string root_;  // temporary directory holding both
+  TempDir root_{"spillfs-test"};  // holds both
   std::string volume_;
   std::string mountpoint_;
   pid_t daemon_pid_ = -1;

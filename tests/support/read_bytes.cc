@@ -1,13 +1,8 @@
-// Test helper: the bytes of one Filesystem::Read as a string.
-#pragma once
+#include "support/read_bytes.h"
 
-#include <string>
+namespace spillfs::testing {
 
-#include "core/filesystem.h"
-
-namespace spillfs {
-
-inline Result<std::string> ReadBytes(Filesystem& fs, InodeNumber ino, uint64_t offset, size_t size) {
+Result<std::string> ReadBytes(Filesystem& fs, InodeNumber ino, uint64_t offset, size_t size) {
   AlignedBuffer scratch;
   std::string bytes;
   auto n = fs.Read(ino, offset, size, &scratch, [&](const iovec* pieces, int count) {
@@ -18,4 +13,4 @@ inline Result<std::string> ReadBytes(Filesystem& fs, InodeNumber ino, uint64_t o
   return bytes;
 }
 
-}  // namespace spillfs
+}  // namespace spillfs::testing

@@ -1,28 +1,23 @@
 // Filesystem: flushes of the write-back RAM tier to the SSD (batches written
 // with io_uring, synced, then mapped in the index) and the background flusher.
-// Reads and writes served by the tier are in cached_io.cc.
+// Reads and writes served by the tier are in ram_tier_io.cc.
 #include <fmt/format.h>
 
 #include <pthread.h>
 
 #include <chrono>
-#include <cstring>
 #include <deque>
 #include <future>
-#include <set>
 #include <system_error>
 #include <thread>
 
-#include "spillfs/common/clock.h"
 #include "core/filesystem.h"
-#include "spillfs/common/block_checksum.h"
-#include "spillfs/kvindex/coding.h"
-#include "spillfs/kvindex/keys.h"
+#include "spillfs/common/clock.h"
 
 namespace spillfs {
 
 struct Filesystem::FlushBatch {
-  std::shared_ptr<WriteBackCache::File> file;
+  std::shared_ptr<RamTier::File> file;
   std::vector<uint64_t> chunks;  // chunk indexes, marked flushing
   std::vector<Segment> segments;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // file ranges replaced, sorted
@@ -50,19 +45,17 @@ constexpr size_t kFlushBatchesInFlight = 4;
 // chunk being flushed, a truncate) or the file system stops. Ephemeral files
 // are flushed only to relieve pressure: no more than they hold then.
 constexpr uint64_t kBackgroundFlushBytes = 1 << 30;
-// A file written within this long is taken to be still appended to.
-constexpr int64_t kAppendingNs = 1'000'000'000;
 
 }  // namespace
 
 Status Filesystem::FlushFile(InodeNumber ino, FlushScope scope) {
-  if (!cache_.Find(ino)) return Status::OK();
+  if (!ram_tier_.Find(ino)) return Status::OK();
   if (scope == FlushScope::kBackground) {
     std::unique_lock<WaitedMutex> flush_lock;
     if (!BackgroundFlushLock(ino, &flush_lock)) return Status::OK();
     return FlushChunks(ino, scope, /*locked=*/false);
   }
-  std::lock_guard flush_lock(FlushLock(ino));
+  ExclusiveLock flush_lock(&FlushLock(ino));
   return FlushChunks(ino, scope, /*locked=*/false);
 }
 
@@ -72,7 +65,7 @@ bool Filesystem::BackgroundFlushLock(InodeNumber ino, std::unique_lock<WaitedMut
   // an fsync (or truncate, or a writer of a chunk being flushed) out for
   // many flushes. So while memory is not short, a file whose lock is taken
   // or waited for is left alone; its holder flushes it, or the next pass.
-  if (!cache_.Pressed()) {
+  if (!ram_tier_.Pressed()) {
     *flush_lock = std::unique_lock(mu, std::try_to_lock);
     return flush_lock->owns_lock() && !mu.waited();
   }
@@ -85,44 +78,27 @@ bool Filesystem::BackgroundFlushLock(InodeNumber ino, std::unique_lock<WaitedMut
 }
 
 Status Filesystem::FlushLocked(InodeNumber ino) {
-  if (!cache_.Find(ino)) return Status::OK();
+  if (!ram_tier_.Find(ino)) return Status::OK();
   return FlushChunks(ino, FlushScope::kAll, /*locked=*/true);
 }
 
-std::unique_lock<std::shared_mutex> Filesystem::IoLockUnlessHeld(InodeNumber ino, bool held) {
-  return held ? std::unique_lock<std::shared_mutex>() : std::unique_lock<std::shared_mutex>(IoLock(ino));
-}
-
-std::vector<uint64_t> Filesystem::ChunksToFlush(const WriteBackCache::File& file, FlushScope scope, bool refill) const {
-  // A partly filled last chunk stays while a writer is likely filling it; an
-  // idle file's goes too, or files that each end in one (small ephemeral
-  // files, which close does not flush) would hold the tier full for good.
-  // A refill skips the chunks already on their way (this flush's batches).
-  std::vector<uint64_t> chunks;
-  for (const auto& [index, chunk] : file.chunks) {
-    if (!refill || !chunk.flushing) chunks.push_back(index);
-  }
-  if (scope == FlushScope::kBackground && !chunks.empty() &&
-      file.chunks.at(chunks.back()).valid_blocks < cache_.blocks_per_chunk() &&
-      SteadyNowNs() - file.last_write_ns < kAppendingNs) {
-    chunks.pop_back();
-  }
-  return chunks;
+std::unique_lock<SharedMutex> Filesystem::IoLockUnlessHeld(InodeNumber ino, bool held) {
+  return held ? std::unique_lock<SharedMutex>() : std::unique_lock<SharedMutex>(IoLock(ino));
 }
 
 Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
-  auto file = cache_.Find(ino);
+  auto file = ram_tier_.Find(ino);
   if (!file) return Status::OK();
   // After a failed sync of the data area no batch of a durable file can be
   // mapped (FlushBeforeMapping): fail before writing it to the SSD again.
-  if (Status failed = store_.sync_error(); !failed.ok() && !file->ephemeral) return failed;
+  if (Status failed = store_.sync_error(); !failed.ok() && !file->ephemeral()) return failed;
   // The chunks to flush, fixed now (the I/O lock is held only for the short
   // steps): data written later is a later flush's, except that a background
   // flush takes chunks filled meanwhile too, up to kBackgroundFlushBytes.
   std::vector<uint64_t> todo;
   {
     auto lock = IoLockUnlessHeld(ino, locked);
-    todo = ChunksToFlush(*file, scope, /*refill=*/false);
+    todo = ram_tier_.ChunksToFlush(*file, scope == FlushScope::kBackground, /*refill=*/false);
   }
   if (todo.empty()) {
     if (scope == FlushScope::kBackground) return Status::OK();
@@ -133,15 +109,15 @@ Status Filesystem::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
     nothing.file = file;
     return CommitBatch(ino, &nothing);
   }
-  const uint64_t chunks_per_batch = std::max<uint64_t>(1, options_.flush_batch_bytes / WriteBackCache::kChunkBytes);
+  const uint64_t chunks_per_batch = std::max<uint64_t>(1, options_.flush_batch_bytes / RamTier::kChunkBytes);
   std::deque<std::unique_ptr<FlushBatch>> in_flight;  // oldest first; mapped in that order
   uint64_t started_bytes = 0;
   Status first;
   for (size_t next = 0; first.ok();) {
-    if (next == todo.size() && scope == FlushScope::kBackground && !file->ephemeral &&
+    if (next == todo.size() && scope == FlushScope::kBackground && !file->ephemeral() &&
         started_bytes < kBackgroundFlushBytes && !FlushLock(ino).waited() && !stopping_) {
       auto lock = IoLockUnlessHeld(ino, locked);
-      todo = ChunksToFlush(*file, scope, /*refill=*/true);
+      todo = ram_tier_.ChunksToFlush(*file, scope == FlushScope::kBackground, /*refill=*/true);
       next = 0;
     }
     if (next == todo.size()) break;
@@ -227,39 +203,23 @@ Status Filesystem::MapWrittenBatch(InodeNumber ino, std::unique_ptr<FlushBatch> 
 }
 
 void Filesystem::GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* batch) {
-  WriteBackCache::File& file = *batch->file;
-  const uint64_t per_chunk = cache_.blocks_per_chunk();
-  for (uint64_t index : chunks) {
-    auto it = file.chunks.find(index);
-    if (it == file.chunks.end()) continue;
-    WriteBackCache::Chunk& chunk = it->second;
-    chunk.flushing = true;
-    batch->chunks.push_back(index);
-    for (uint64_t i = 0; i < per_chunk;) {
-      if (!chunk.valid[i]) {
-        ++i;
-        continue;
-      }
-      uint64_t j = i;
-      while (j < per_chunk && chunk.valid[j]) ++j;
-      uint64_t file_offset = (index * per_chunk + i) * block_size_;
-      uint64_t length = (j - i) * block_size_;
-      batch->segments.push_back(Segment{file_offset, chunk.data.data() + i * block_size_, length, {}, {}, {}});
-      batch->total += length;
-      if (!batch->ranges.empty() && batch->ranges.back().second == file_offset) {
-        batch->ranges.back().second += length;
-      } else {
-        batch->ranges.emplace_back(file_offset, file_offset + length);
-      }
-      i = j;
+  std::vector<RamTier::Run> runs;
+  batch->chunks = ram_tier_.Freeze(*batch->file, chunks, &runs);
+  for (const RamTier::Run& run : runs) {
+    batch->segments.push_back(Segment{run.file_offset, run.data, run.length, {}, {}, {}});
+    batch->total += run.length;
+    if (!batch->ranges.empty() && batch->ranges.back().second == run.file_offset) {
+      batch->ranges.back().second += run.length;
+    } else {
+      batch->ranges.emplace_back(run.file_offset, run.file_offset + run.length);
     }
   }
-  batch->hold = cache_.TakeHold(file, batch->total);
+  batch->hold = ram_tier_.TakeHold(*batch->file, batch->total);
 }
 
 Status Filesystem::PlanBatch(FlushBatch* batch, bool dedup) {
-  HashSegments(&batch->segments, dedup);
-  if (dedup) Deduplicate(&batch->segments, &batch->shared);
+  deduper_.HashSegments(&batch->segments, dedup);
+  if (dedup) deduper_.Deduplicate(&batch->segments, &batch->shared);
   uint64_t fresh_bytes = batch->total - batch->shared.size() * kDedupUnit;
   // Taken from the hold only once the space is reserved: a failed plan
   // leaves the whole hold to AbandonBatch.
@@ -275,62 +235,46 @@ void Filesystem::AbandonBatch(FlushBatch* batch) {
   // Keep the space promise for a retry: a hold not yet used goes back to the
   // file; what became the reservation (returned by the caller) is promised
   // again. A retry without dedup may need more; it reserves that then.
-  if (batch->hold > 0) cache_.AddHold(*batch->file, batch->hold);
+  if (batch->hold > 0) ram_tier_.AddHold(*batch->file, batch->hold);
   if (batch->reserved_from_hold > 0 && allocator_.Hold(batch->reserved_from_hold).ok()) {
-    cache_.AddHold(*batch->file, batch->reserved_from_hold);
+    ram_tier_.AddHold(*batch->file, batch->reserved_from_hold);
   }
   batch->hold = batch->reserved_from_hold = 0;
-  for (uint64_t index : batch->chunks) {
-    auto it = batch->file->chunks.find(index);
-    if (it != batch->file->chunks.end()) it->second.flushing = false;
-  }
+  ram_tier_.Thaw(*batch->file, batch->chunks);
 }
 
 Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
   // The bytes stay the same, but read-ahead windows started while they were
   // only in the RAM tier hold the SSD's older bytes.
   ContentChange change(&read_ahead_, ino);
-  WriteBackCache::File& file = *batch->file;
+  RamTier::File& file = *batch->file;
   auto& extents = batch->plan.extents;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   // Read under mu_: a chmod or utimens changes the overlay and the record
   // under mu_ without waiting for this flush, and one read before would be
   // put back over it.
-  auto overlay = cache_.GetOverlay(ino);
+  auto overlay = ram_tier_.GetOverlay(ino);
   // GetAttr, which does not take mu_, must not see the record with this
   // batch and the overlay still with it too.
-  cache_.BeginCommit(file);
+  ram_tier_.BeginCommit(file);
   struct EndCommit {
-    WriteBackCache& cache;
-    WriteBackCache::File& file;
-    ~EndCommit() { cache.EndCommit(file); }
-  } end_commit{cache_, file};
+    RamTier& tier;
+    RamTier::File& file;
+    ~EndCommit() { tier.EndCommit(file); }
+  } end_commit{ram_tier_, file};
   auto record = LoadInode(ino);
   if (!record.ok()) {
     allocator_.Unreserve(batch->plan.space);  // reclaimed while we wrote: never mapped
-    cache_.FinishFlush(ino, file, batch->chunks);
+    ram_tier_.FinishFlush(ino, file, batch->chunks);
     return record.status().code() == ENOENT ? Status::OK() : record.status();
   }
+  if (Status shared = deduper_.CheckShared(batch->shared); !shared.ok()) {
+    allocator_.Unreserve(batch->plan.space);
+    AbandonBatch(batch);
+    return shared;
+  }
   Txn txn(index_);
-  for (const SharedRef& ref : batch->shared) {
-    std::string value;
-    auto blob = index_.Get(Family::kBlob, keys::BlobByPhysical(ref.blob), &value).ok()
-                    ? BlobRecord::Decode(value)
-                    : Result<BlobRecord>(Status::NotFound());
-    if (!blob.ok() || blob->hash != ref.hash || blob->length != kDedupUnit) {
-      allocator_.Unreserve(batch->plan.space);
-      AbandonBatch(batch);
-      return Status::Error(EAGAIN, "dedup target vanished");
-    }
-  }
-  for (auto& [offset, extent] : extents) {
-    if (extent.blob_id == 0) continue;
-    for (const Segment& segment : batch->segments) {
-      if (segment.file_offset == offset && !segment.blob_hash.empty()) {
-        txn.new_blobs[extent.blob_id] = BlobRecord{segment.blob_hash, extent.length, 0, extent.block_checksums};
-      }
-    }
-  }
+  Dedup::NoteNewBlobs(extents, batch->segments, &txn.new_blobs);
   uint64_t unmapped = 0;
   Status unmapped_ok = UnmapRanges(&txn, ino, batch->ranges, &unmapped);
   if (!unmapped_ok.ok()) {
@@ -339,22 +283,14 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
     return unmapped_ok;
   }
   MapExtents(&txn, ino, extents);
-  for (const SharedRef& ref : batch->shared) {
-    ExtentRecord extent;
-    extent.physical = ref.blob;
-    extent.length = kDedupUnit;
-    extent.blob_id = ref.blob;
-    extent.block_checksums = Checksums(ref.data, kDedupUnit);
-    txn.batch.Put(Family::kExtent, keys::Extent(ino, ref.file_offset), extent.Encode());
-    ++txn.blob_refs[ref.blob];
-  }
+  deduper_.MapShared(ino, batch->shared, &txn.batch, &txn.blob_refs);
   record->allocated_bytes += batch->total - unmapped;
   if (overlay) {
     // Only data of this batch is committed; a size past it is still the
     // overlay's (later chunks keep the file in the cache until they commit).
     uint64_t committed_end = batch->ranges.empty() ? 0 : batch->ranges.back().second;
     record->size = std::max(record->size, std::min(overlay->size, committed_end));
-    if (file.chunks.size() == batch->chunks.size()) record->size = overlay->size;  // the last cached data
+    if (ram_tier_.HoldsOnly(file, batch->chunks)) record->size = overlay->size;  // the last cached data
     record->mtime_ns = overlay->mtime_ns;
     record->ctime_ns = std::max(record->ctime_ns, overlay->mtime_ns);
   }
@@ -367,77 +303,19 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
     return committed;
   }
   counters_.bytes_deduplicated.fetch_add(batch->shared.size() * kDedupUnit, std::memory_order_relaxed);
-  cache_.FinishFlush(ino, file, batch->chunks);
+  ram_tier_.FinishFlush(ino, file, batch->chunks);
   return Status::OK();
 }
 
-std::string Filesystem::DedupHash(const char* data) {
-  XXH128_hash_t h = ContentHash128(data, kDedupUnit);
-  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
-}
-
-void Filesystem::HashSegments(std::vector<Segment>* segments, bool dedup) const {
-  constexpr unsigned kThreads = 4;
-  constexpr uint64_t kBytesPerThread = 4 << 20;  // less is hashed here
-  auto hash = [&](Segment& segment) {
-    segment.block_sums = Checksums(segment.data, segment.length);
-    if (dedup && segment.length == kDedupUnit && segment.file_offset % kDedupUnit == 0) {
-      segment.content_hash = DedupHash(segment.data);
-    }
-  };
-  uint64_t total = 0;
-  for (const Segment& segment : *segments) total += segment.length;
-  const unsigned helpers = static_cast<unsigned>(std::min<uint64_t>(kThreads, total / kBytesPerThread));
-  if (helpers <= 1) {
-    for (Segment& segment : *segments) hash(segment);
-    return;
-  }
-  // Segments dealt round-robin; this thread takes share 0.
-  auto share = [&](unsigned k) {
-    for (size_t i = k; i < segments->size(); i += helpers) hash((*segments)[i]);
-  };
-  std::vector<std::future<void>> others;
-  for (unsigned k = 1; k < helpers; ++k) {
-    try {
-      others.push_back(std::async(std::launch::async, [&share, k] {
-        pthread_setname_np(pthread_self(), "spillfs-hash");
-        share(k);
-      }));
-    } catch (const std::system_error&) {
-      share(k);  // no thread to be had: hash that share here
-    }
-  }
-  share(0);
-  for (auto& f : others) f.get();
-}
-
-void Filesystem::Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* shared) {
-  std::vector<Segment> to_write;
-  std::set<std::string> new_hashes;  // within one flush, only the first copy becomes a blob
-  for (Segment& segment : *segments) {
-    if (!segment.content_hash.empty()) {  // a whole dedup unit (HashSegments)
-      const std::string& hash = segment.content_hash;
-      std::string value;
-      if (index_.Get(Family::kBlob, keys::BlobByHash(hash), &value).ok() && value.size() == 8) {
-        shared->push_back(SharedRef{segment.file_offset, coding::DecodeFixed64BE(value.data()), hash, segment.data});
-        continue;
-      }
-      if (new_hashes.insert(hash).second) segment.blob_hash = hash;
-    }
-    to_write.push_back(std::move(segment));
-  }
-  *segments = std::move(to_write);
-}
-
 Status Filesystem::Flush(InodeNumber ino) {
-  auto file = cache_.Find(ino);
-  if (!file || file->ephemeral) return Status::OK();
+  auto file = ram_tier_.Find(ino);
+  if (!file || file->ephemeral()) return Status::OK();
   return FlushFile(ino);
 }
 
 Status Filesystem::FlushAll() {
   Status first;
-  for (InodeNumber ino : cache_.PickVictims(NowNs(), 0, /*all=*/true)) {
+  for (InodeNumber ino : ram_tier_.PickVictims(NowNs(), 0, /*all=*/true)) {
     Status s = FlushFile(ino);
     if (first.ok() && !s.ok()) first = s;
   }
@@ -453,8 +331,8 @@ void Filesystem::FlusherLoop() {
   pthread_setname_np(pthread_self(), "spillfs-flush");
   const int64_t max_age_ns = options_.flush_age_ms * 1000000;
   while (!stopping_) {
-    cache_.WaitForWork(std::chrono::milliseconds(200));
-    for (InodeNumber ino : cache_.PickVictims(NowNs(), max_age_ns, /*all=*/false)) {
+    ram_tier_.WaitForWork(std::chrono::milliseconds(200));
+    for (InodeNumber ino : ram_tier_.PickVictims(NowNs(), max_age_ns, /*all=*/false)) {
       if (stopping_) break;
       Status s = FlushFile(ino, FlushScope::kBackground);
       if (!s.ok()) fmt::print(stderr, "spillfs: background flush of inode {} failed: {}\n", ino, s.ToString());

@@ -1,4 +1,4 @@
-#include "mounted_volume.h"
+#include "support/mounted_volume.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -18,7 +18,6 @@
 #include <thread>
 
 namespace spillfs::testing {
-namespace {
 
 bool IsMountPoint(const std::string& path) {
   struct stat self {
@@ -27,8 +26,6 @@ bool IsMountPoint(const std::string& path) {
   if (stat((path + "/..").c_str(), &parent) != 0) return false;
   return self.st_dev != parent.st_dev;
 }
-
-}  // namespace
 
 const char* SpillfsBinary() { return SPILLFS_BINARY; }
 
@@ -46,11 +43,8 @@ int RunSpillfs(const std::string& args, std::string* output) {
 }
 
 MountedVolume::MountedVolume(const Options& options) : options_(options) {
-  char tmpl[] = "/tmp/spillfs-test-XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
-  root_ = tmpl;
-  volume_ = root_ + "/vol";
-  mountpoint_ = root_ + "/mnt";
+  volume_ = root_.Path("vol");
+  mountpoint_ = root_.Path("mnt");
   std::filesystem::create_directory(mountpoint_);
   std::string output;
   int rc = RunSpillfs("mkfs " + volume_ + " --size " + options_.size + " " + options_.mkfs_args, &output);
@@ -61,8 +55,6 @@ MountedVolume::MountedVolume(const Options& options) : options_(options) {
 
 MountedVolume::~MountedVolume() {
   if (mounted()) Unmount();
-  std::error_code ec;
-  std::filesystem::remove_all(root_, ec);
 }
 
 constexpr const char* kEnableUring = "/sys/module/fuse/parameters/enable_uring";
