@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "mounted_volume.h"
-#include "random_bytes.h"
+#include "support/mounted_volume.h"
+#include "support/random_bytes.h"
 #include "spillfs/client.h"
 
 namespace spillfs::testing {
