@@ -8,9 +8,9 @@
 #include <set>
 #include <string_view>
 
-#include "spillfs/common/rounding.h"
-#include "spillfs/common/clock.h"
 #include "core/filesystem.h"
+#include "spillfs/common/clock.h"
+#include "spillfs/common/rounding.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
 
@@ -180,8 +180,11 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, uint64_t file
       if (!record.ok() || record->hash != hash || record->length != kDedupUnit) continue;
       hit.record = std::move(*record);
       if (checksums_ && hit.record.block_checksums.size() != kDedupUnit / block_size_) {
-        unit.Resize(kDedupUnit);
-        if (!store_.ReadAt(hit.blob, unit.data(), kDedupUnit).ok() || DedupHash(unit.data()) != hash) continue;
+        // (No memory for the unit: no hit, as for a unit that cannot be read.)
+        if (!unit.Resize(kDedupUnit).ok() || !store_.ReadAt(hit.blob, unit.data(), kDedupUnit).ok() ||
+            DedupHash(unit.data()) != hash) {
+          continue;
+        }
         hit.record.block_checksums = Checksums(unit.data(), kDedupUnit);
         hit.sums_taken = true;
       }
