@@ -18,6 +18,10 @@ using control::ReplyText;
 
 ControlPlane::ControlPlane(Filesystem* fs) : fs_(fs), started_(std::chrono::steady_clock::now()) {}
 
+ControlPlane::~ControlPlane() {
+  for (const std::unique_ptr<Handle>& handle : handles_.TakeAll()) ReturnReserved(*handle);
+}
+
 Entry ControlPlane::MakeEntry(InodeNumber ino) const {
   Entry entry;
   entry.ino = ino;
@@ -56,7 +60,9 @@ Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uin
   if (ino == kDirIno) return Status::Error(EISDIR, "is a directory");
   if (ino == kStatsIno && (flags & O_ACCMODE) != O_RDONLY) return Status::Error(EACCES, "stats is read-only");
   if (ino == kControlIno && uid != 0) return Status::Error(EACCES, "the control file is for root");
-  return new Handle{ino, {}, nullptr, nullptr, {}, std::nullopt, {}};
+  auto handle = std::make_unique<Handle>();
+  handle->ino = ino;
+  return handles_.Add(std::move(handle));
 }
 
 Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_view data) {
@@ -360,9 +366,13 @@ ControlPlane::ReplyBytes ControlPlane::Read(Handle* handle, uint64_t offset, siz
   return {std::move(reply), bytes};
 }
 
+void ControlPlane::ReturnReserved(Handle& handle) {
+  if (!handle.reserved.empty()) fs_->DirectUnreserve(handle.reserved);
+}
+
 void ControlPlane::Release(Handle* handle) {
-  if (!handle->reserved.empty()) fs_->DirectUnreserve(handle->reserved);
-  delete handle;
+  std::unique_ptr<Handle> owned = handles_.Take(handle);
+  if (owned) ReturnReserved(*owned);
 }
 
 RuntimeStats ControlPlane::Runtime() const {

@@ -29,6 +29,7 @@
 
 #include "core/filesystem.h"
 #include "spillfs/common/control_protocol.h"
+#include "spillfs/common/handle_table.h"
 #include "spillfs/fs/inspector.h"
 #include "store/reclaim_gate.h"
 
@@ -42,6 +43,11 @@ class ControlPlane {
   static constexpr const char* kDirName = control::kDirName;
 
   explicit ControlPlane(Filesystem* fs);
+  // Releases the handles still open (a daemon stopped with them open gets no
+  // release from the kernel); `fs` must still be alive.
+  ~ControlPlane();
+  ControlPlane(const ControlPlane&) = delete;
+  ControlPlane& operator=(const ControlPlane&) = delete;
 
   static bool Owns(InodeNumber ino) { return ino >= kDirIno && ino <= kStatsIno; }
 
@@ -74,11 +80,13 @@ class ControlPlane {
   void SetInvalidator(std::function<void(InodeNumber)> invalidate) { invalidate_ = std::move(invalidate); }
   // Counts FUSE requests answered over io_uring (shown by stat); must outlive this.
   void SetFuseRingRequests(const std::atomic<uint64_t>* requests) { fuse_ring_requests_ = requests; }
+  // The handle is the plane's until Release (or the plane's end).
   Result<Handle*> Open(InodeNumber ino, int flags, uint32_t uid);
   Result<size_t> Write(Handle* handle, uint64_t offset, std::string_view data);
   // Bytes of the reply at [offset, offset + size) (the reply is worked out at
   // the first read after a request).
   ReplyBytes Read(Handle* handle, uint64_t offset, size_t size);
+  // Returns the space reserved through `handle` unless committed, and frees it.
   void Release(Handle* handle);
 
   RuntimeStats Runtime() const;
@@ -93,6 +101,7 @@ class ControlPlane {
 
  private:
   Entry MakeEntry(InodeNumber ino) const;
+  void ReturnReserved(Handle& handle);
   // The reply to the handle's request (the dispatcher).
   std::string Answer(Handle& handle);
   // The direct-path ops; `request` has one of them as its op.
@@ -103,7 +112,8 @@ class ControlPlane {
 
   Filesystem* fs_;
   std::chrono::steady_clock::time_point started_;
-  std::mutex mu_;  // the index read by Inspector is shared; replies are built one at a time
+  std::mutex mu_;                // the index read by Inspector is shared; replies are built one at a time
+  HandleTable<Handle> handles_;  // every open handle
 };
 
 }  // namespace spillfs

@@ -52,7 +52,10 @@ size_t FuseDaemon::RequestBytesFor(const FuseOptions& options, std::string* note
 }
 
 FuseDaemon::FuseDaemon(std::unique_ptr<Filesystem> fs, FuseOptions options)
-    : fs_(std::move(fs)), control_(std::make_unique<ControlPlane>(fs_.get())), options_(std::move(options)) {}
+    : fs_(std::move(fs)),
+      control_(std::make_unique<ControlPlane>(fs_.get())),
+      handles_(std::make_unique<FuseHandles>()),
+      options_(std::move(options)) {}
 
 FuseDaemon::~FuseDaemon() {
   if (session_ != nullptr) {
@@ -65,6 +68,9 @@ FuseDaemon::~FuseDaemon() {
     fuse_session_destroy(session_);
   }
   device_loop_.reset();  // after the session, whose custom I/O it is
+  // No request runs any more: what open files and directories still hold
+  // goes (control-plane handles go with control_, before fs_).
+  handles_.reset();
 }
 
 Status FuseDaemon::Mount() {

@@ -11,12 +11,29 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "fuse/fuse_guard.h"
 #include "spillfs/fs/fuse_daemon.h"
 
 namespace spillfs {
+
+// Directory listing taken at the first readdir (offset 0), served by index.
+struct DirHandle {
+  std::vector<DirEntry> entries;
+};
+
+// The state of a write-only handle that skips the page cache (see
+// ChoosePageCacheUse).
+struct DirectWriteHandle {
+  // Filesystem::privilege_epoch() when a write last found nothing to strip.
+  std::atomic<uint64_t> clean_epoch{0};
+};
+
+FuseHandles::FuseHandles() = default;
+FuseHandles::~FuseHandles() = default;
+
 namespace {
 
 constexpr double kAttrTimeout = 1.0;
@@ -60,10 +77,7 @@ void ReplyAttr(fuse_req_t req, const Result<Entry>& entry) {
   fuse_reply_attr(req, &entry->attr, kAttrTimeout);
 }
 
-// Directory listing taken at the first readdir (offset 0), served by index.
-struct DirHandle {
-  std::vector<DirEntry> entries;
-};
+FuseHandles& Handles(fuse_req_t req) { return Daemon(req).handles(); }
 
 DirHandle* Dir(fuse_file_info* fi) { return reinterpret_cast<DirHandle*>(fi->fh); }
 
@@ -200,18 +214,13 @@ void OnLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* n
 // writes directly (handles that can read keep the page cache). Not under
 // --writeback-cache, whose point is that the kernel gathers small writes.
 // fi->fh of such a handle points to its DirectWriteHandle (other regular-file
-// handles have fh 0).
-struct DirectWriteHandle {
-  // Filesystem::privilege_epoch() when a write last found nothing to strip.
-  std::atomic<uint64_t> clean_epoch{0};
-};
-
+// handles have fh 0), held in Handles(req).direct_writes until release.
 DirectWriteHandle* DirectHandleOf(const fuse_file_info* fi) { return reinterpret_cast<DirectWriteHandle*>(fi->fh); }
 
 void ChoosePageCacheUse(fuse_req_t req, fuse_file_info* fi) {
   if ((fi->flags & O_ACCMODE) != O_WRONLY || Daemon(req).options().writeback_cache) return;
   fi->direct_io = 1;
-  fi->fh = reinterpret_cast<uint64_t>(new DirectWriteHandle);
+  fi->fh = reinterpret_cast<uint64_t>(Handles(req).direct_writes.Add(std::make_unique<DirectWriteHandle>()));
 }
 
 // What the kernel's file_remove_privs does before a write through the page
@@ -271,7 +280,7 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fi->keep_cache = 1;  // every change goes through this mount, so the page cache stays valid
   ChoosePageCacheUse(req, fi);
   if (fuse_reply_open(req, fi) == -ENOENT) {  // the open was interrupted
-    delete DirectHandleOf(fi);
+    Handles(req).direct_writes.Free(DirectHandleOf(fi));
     (void)Fs(req).Release(ino);
   }
 }
@@ -286,7 +295,7 @@ void OnCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, 
   ChoosePageCacheUse(req, fi);
   fuse_entry_param param = EntryParam(*entry);
   if (fuse_reply_create(req, &param, fi) == -ENOENT) {
-    delete DirectHandleOf(fi);
+    Handles(req).direct_writes.Free(DirectHandleOf(fi));
     (void)Fs(req).Release(entry->ino);
     Fs(req).Forget(entry->ino, 1);
   }
@@ -343,7 +352,7 @@ void OnRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     Control(req).Release(ControlHandle(fi));
     return ReplyError(req, Status::OK());
   }
-  delete DirectHandleOf(fi);
+  Handles(req).direct_writes.Free(DirectHandleOf(fi));
   ReplyError(req, Fs(req).Release(ino));
 }
 
@@ -357,9 +366,9 @@ void OnOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (!S_ISDIR(entry->attr.st_mode)) return ReplyError(req, Status::Error(ENOTDIR, ""));
   Status s = ControlPlane::Owns(ino) ? Status::OK() : Fs(req).Open(ino);
   if (!s.ok()) return ReplyError(req, s);
-  fi->fh = reinterpret_cast<uint64_t>(new DirHandle());
+  fi->fh = reinterpret_cast<uint64_t>(Handles(req).dirs.Add(std::make_unique<DirHandle>()));
   if (fuse_reply_open(req, fi) == -ENOENT) {
-    delete Dir(fi);
+    Handles(req).dirs.Free(Dir(fi));
     (void)Fs(req).Release(ino);
   }
 }
@@ -413,7 +422,7 @@ void OnReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fu
 }
 
 void OnReleasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  delete Dir(fi);
+  Handles(req).dirs.Free(Dir(fi));
   if (ControlPlane::Owns(ino)) return ReplyError(req, Status::OK());
   ReplyError(req, Fs(req).Release(ino));
 }

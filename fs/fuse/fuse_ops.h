@@ -7,6 +7,8 @@
 #endif
 #include <fuse3/fuse_lowlevel.h>
 
+#include "spillfs/common/handle_table.h"
+
 namespace spillfs {
 
 // The most a request carries through libfuse's own loop (FuseRing's too):
@@ -16,5 +18,18 @@ inline constexpr unsigned kLibfuseMaxRequestBytes = 1u << 20;
 
 // Every operation spillfs serves; the session's userdata is its FuseDaemon.
 fuse_lowlevel_ops MakeFuseOps();
+
+// What the operations keep in fuse_file_info::fh (fuse_ops.cc): a directory's
+// listing, a write-only file's DirectWriteHandle. (Control-plane handles are
+// the ControlPlane's.) The FuseDaemon owns them, so a daemon that stops with
+// files open frees them after its session (no request runs then).
+struct DirHandle;
+struct DirectWriteHandle;
+struct FuseHandles {
+  FuseHandles();
+  ~FuseHandles();  // in fuse_ops.cc, where the handles are complete types
+  HandleTable<DirHandle> dirs;
+  HandleTable<DirectWriteHandle> direct_writes;
+};
 
 }  // namespace spillfs

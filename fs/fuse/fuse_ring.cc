@@ -464,7 +464,8 @@ void FuseRing::SealAnswer(Slot* slot) {
   out.error = slot->error;
   out.unique = slot->unique;
   std::memcpy(slot->header->in_out, &out, sizeof(out));
-  if (slot->answer_aside) std::memcpy(slot->payload, slot->aside.data(), slot->answer_bytes);
+  // (An empty answer may have no buffer aside: memcpy from null is undefined even for 0 bytes.)
+  if (slot->answer_aside && slot->answer_bytes > 0) std::memcpy(slot->payload, slot->aside.data(), slot->answer_bytes);
   slot->header->ring_ent_in_out.payload_sz = slot->answer_bytes;
 }
 

@@ -20,12 +20,20 @@ struct SessionDeleter {
   void operator()(fuse_session* session) const { fuse_session_destroy(session); }
 };
 
+// fuse_session_new parses the arguments into a copy it allocates
+// (fuse_opt_parse) and leaves that copy in their place, for the caller to
+// free, whether or not a session came of them.
+struct ScopedArgs {
+  fuse_args args;
+  ~ScopedArgs() { fuse_opt_free_args(&args); }
+};
+
 std::unique_ptr<fuse_session, SessionDeleter> NewSession() {
   char name[] = "fuse_device_loop_test";
   char* argv[] = {name};
-  fuse_args args = FUSE_ARGS_INIT(1, argv);
+  ScopedArgs scoped{FUSE_ARGS_INIT(1, argv)};
   static const fuse_lowlevel_ops ops{};
-  return std::unique_ptr<fuse_session, SessionDeleter>(fuse_session_new(&args, &ops, sizeof(ops), nullptr));
+  return std::unique_ptr<fuse_session, SessionDeleter>(fuse_session_new(&scoped.args, &ops, sizeof(ops), nullptr));
 }
 
 TEST(FuseDeviceLoopTest, AFailedReadEndsRunWithItsError) {

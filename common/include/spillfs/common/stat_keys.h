@@ -9,7 +9,9 @@
 // daemon's value in ControlPlane::Runtime (fs/control/control_plane.cc).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <string_view>
 
@@ -174,12 +176,23 @@ constexpr const StatKey* FindStatKey(std::string_view key) {
   return nullptr;
 }
 
+// Whether `key` is a key of the stat object. (By index and without a pointer
+// compared to null: GCC's UBSan instrumentation makes FindStatKey's result
+// compared to nullptr no constant expression, and a SPILLFS_SANITIZE build
+// of StatKeyName would then fail to compile.)
+constexpr bool IsStatKey(std::string_view key) {
+  for (std::size_t i = 0; i < std::size(kStatKeys); ++i) {
+    if (key == kStatKeys[i].key) return true;
+  }
+  return false;
+}
+
 // A key of the stat object, checked when the program is compiled: a reader
 // of the object that names a key missing from kStatKeys does not build.
 //   uint64_t Get(const json& stat, StatKeyName key);  Get(stat, "ram_tier_hits")
 struct StatKeyName {
   consteval StatKeyName(const char* name) : name(name) {  // NOLINT(google-explicit-constructor)
-    if (FindStatKey(name) == nullptr) throw "not a key of the stat object (spillfs/common/stat_keys.h)";
+    if (!IsStatKey(name)) throw "not a key of the stat object (spillfs/common/stat_keys.h)";
   }
   const char* name;
 };

@@ -22,6 +22,7 @@ namespace spillfs {
 
 class FuseDeviceLoop;
 class FuseRing;
+struct FuseHandles;
 
 struct FuseOptions {
   std::string mountpoint;
@@ -68,6 +69,8 @@ class FuseDaemon {
   Filesystem& fs() { return *fs_; }
   const FuseOptions& options() const { return options_; }
   ControlPlane& control() { return *control_; }
+  // The handles the FUSE operations keep for open files and directories.
+  FuseHandles& handles() { return *handles_; }
   // For notifications to the kernel; null before Mount.
   ::fuse_session* session() const { return session_; }
   // The io_uring transport; null unless FuseOptions::fuse_uring.
@@ -88,6 +91,9 @@ class FuseDaemon {
 
   std::unique_ptr<Filesystem> fs_;
   std::unique_ptr<ControlPlane> control_;
+  // Freed after the session, so those of files still open when the daemon
+  // stops too (the kernel sends no release for them).
+  std::unique_ptr<FuseHandles> handles_;
   FuseOptions options_;
   ::fuse_session* session_ = nullptr;
   std::unique_ptr<FuseRing> ring_;               // with FuseOptions::fuse_uring
