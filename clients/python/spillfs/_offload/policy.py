@@ -7,17 +7,20 @@ clock on the CPU), then measures each tier's bandwidth (a pinned copy each
 way; a file written and read under ``dir`` through the same I/O the
 offloader uses). From these it models a step (below) and decides, layer by
 layer from the first (whose copies have the most compute to hide behind),
-host tier, then SSD, else keep, so that the modelled step stays within
+the largest part of the layer (a fraction of its bytes: ``fractions``) for
+the host tier, else SSD, else keep, so that the modelled step stays within
 ``max_overhead`` of the measured keep-everything step and the host tier
-within ``host_bytes``. It states its prediction (step time, bytes moved off
+within ``host_bytes``; the offloader stores a part's tensors in the order
+they are saved while they fit (:meth:`AdaptivePolicy.quota`). It states its prediction (step time, bytes moved off
 the device) in each step's report beside what was measured, and refreshes
 bandwidths from what the steps measure.
 
 The model: forward runs the layers back to back; layer i's copy to its tier
 starts when its forward ends and when the tier finished the copies before it
 (device to host and host to device are separate directions; a disk serves
-writes and reads in turn); layer i waits for the host copy of layer
-i - 1 - ``copy_window`` (the offloader's window). Backward runs the layers in reverse; layer i's
+writes and reads in turn); layer i (the head: layer n) waits for the host
+copies of the layers up to i - 1 - ``copy_window`` (the offloader's window);
+the peak saved is what that window forced out before the head. Backward runs the layers in reverse; layer i's
 read starts when layer ``i + prefetch_layers`` starts its backward (the
 prefetcher's trigger), when its write is done and the tier is free, and
 layer i waits for it. The predicted step is the measured keep step plus the
