@@ -128,7 +128,7 @@ class AdaptivePolicy:
         self._last_peak_saved = 0
         self._io = {}
         self._profiling = True
-        # a layer's part smaller than this is not worth a copy (nor a decision)
+        # a part of a layer smaller than this is not worth a copy (a whole layer always is)
         self.min_part_bytes = 4 * _MiB
 
     # -- the offloader's calls -------------------------------------------------
@@ -409,10 +409,10 @@ class AdaptivePolicy:
                     continue
                 else:
                     cap = 1.0
-                if cap * size < min_part:
+                if cap < 1.0 and cap * size < min_part:
                     continue
                 f = self._largest_fraction(decisions, fractions, i, tier, cap, base, budget, off)
-                if f * size < min_part:
+                if f <= 0.0 or (f < 1.0 and f * size < min_part):  # a whole layer, or a part worth a copy
                     continue
                 decisions[i] = tier
                 if f < 1.0:
