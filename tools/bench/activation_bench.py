@@ -27,6 +27,17 @@ disk writes ~2 GB/s), and with --recompute ``AdaptivePolicy(recompute=True)``
 --dir by this script (root, /dev/fuse, $SPILLFS_BIN or --spillfs), or straight
 into --dir with --no-mount.
 
+With --copy-bench, only the copy path instead (no model): layers that each
+save the tensors one block of the size saves (dense ones and the q, k, v views
+with gaps of a fused projection; fresh memory, no kernels but a GPU spin of
+--copy-compute-ms per layer), keep against spillfs policy="all" with an ample
+host tier; per compute time: the step, the extra time, the bytes moved and
+the rate they moved at, beside raw pinned copies on a side stream (what the
+copy engine can do). Compute 0 times pack and unpack alone; a compute at
+least as long as a layer's copy should show no extra time (the overlap).
+
+    python3 tools/bench/activation_bench.py --dir /tmp/ab --no-mount --copy-bench --sizes h8192
+
 Per row: step ms, overhead against keep, peak GPU memory, the activation peak
 (the peak above weights and gradients), its reduction against keep, and for
 spillfs the report of the last step (bytes per tier, stalls, the policy's
@@ -185,6 +196,166 @@ def run_mode(model, idx, tgt, mode, args, offloader=None):
     return times[len(times) // 2], max(peaks), max(act_peaks), first_loss
 
 
+class _Save(torch.autograd.Function):
+    """Saves the given tensors for backward (as a block's ops would); returns x. Backward
+    unpacks them (waiting for their loads), then spins the GPU twice as long as forward
+    did (a backward's compute)."""
+
+    @staticmethod
+    def forward(ctx, x, spin, *saved):
+        ctx.save_for_backward(*saved)
+        ctx.spin = spin
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        saved = ctx.saved_tensors
+        if ctx.spin:
+            torch.cuda._sleep(2 * ctx.spin)
+        return (g, None) + (None,) * len(saved)
+
+
+class CopyLayer(nn.Module):
+    """Saves what one decoder block of hidden h saves (fresh, uninitialised memory), spins the
+    GPU for `spin` cycles (the compute a layer would do), and returns x."""
+
+    def __init__(self, b, t, h, heads, spin, gaps=True):
+        super().__init__()
+        self.shape, self.heads, self.spin, self.gaps = (b, t, h), heads, spin, gaps
+
+    def forward(self, x):
+        b, t, h = self.shape
+        dtype = torch.bfloat16 if x.is_cuda else torch.float32
+        new = lambda *s: torch.empty(*s, dtype=dtype, device=x.device)  # noqa: E731
+        saved = [new(b, t, h), new(b, t, h)]  # the block's input, ln1's output
+        if self.gaps:  # q, k, v of the fused projection: views with gaps (stored apart)
+            qkv = new(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+            saved += [qkv[0], qkv[1], qkv[2]]
+        else:
+            saved += [new(b, self.heads, t, h // self.heads) for _ in range(3)]
+        saved += [new(b, t, h), new(b, t, h), new(b, t, h), new(b, t, h)]  # attention out, proj in, x2, ln2 out
+        saved += [new(b, t, 4 * h), new(b, t, 4 * h)]  # fc1 out, gelu out
+        if self.spin:
+            torch.cuda._sleep(self.spin)
+        return _Save.apply(x, self.spin, *saved)
+
+
+def _spin_cycles_per_ms(dev):
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # warm
+    a.record()
+    torch.cuda._sleep(50_000_000)
+    b.record()
+    b.synchronize()
+    return 50_000_000 / a.elapsed_time(b)
+
+
+def raw_copy_rates(dev, nbytes):
+    """Pinned copies of nbytes each way on a side stream (GB/s): the copy engine alone."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    s = torch.cuda.Stream(dev)
+    out = {}
+    for _ in range(2):
+        a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        s.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(s):
+            a.record()
+            host.copy_(src, non_blocking=True)
+            b.record()
+            src.copy_(host, non_blocking=True)
+            c.record()
+        c.synchronize()
+        out = {"d2h_gbps": round(nbytes / a.elapsed_time(b) / 1e6, 2), "h2d_gbps": round(nbytes / b.elapsed_time(c) / 1e6, 2)}
+    # both ways at once (forward's copies out overlapping backward's copies in, across layers)
+    s2 = torch.cuda.Stream(dev)
+    src2 = torch.empty_like(src)
+    host2 = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    s.wait_stream(torch.cuda.current_stream(dev))
+    s2.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        host.copy_(src, non_blocking=True)
+    with torch.cuda.stream(s2):
+        src2.copy_(host2, non_blocking=True)
+    torch.cuda.current_stream(dev).wait_stream(s)
+    torch.cuda.current_stream(dev).wait_stream(s2)
+    b.record()
+    b.synchronize()
+    out["bidir_gbps"] = round(2 * nbytes / a.elapsed_time(b) / 1e6, 2)
+    return out
+
+
+def copy_bench(name, args, rows):
+    """The copy path alone: see --copy-bench."""
+    layers, h, heads, seq, batch = SIZES[name]
+    dev = torch.device(args.device)
+    n_layers = args.copy_layers or layers
+    per_layer = 17 * batch * seq * h * 2
+    cuda = _cuda(dev)
+    raw = raw_copy_rates(dev, min(per_layer, 1 << 30)) if cuda else {}
+    cyc = _spin_cycles_per_ms(dev) if cuda else 0.0
+    print(f"\n== copy path, {name}: {n_layers} layers of {per_layer / GIB:.2f} GiB saved (b {batch}, t {seq}, "
+          f"h {h}); raw pinned copies {raw}", flush=True)
+    for compute_ms in [float(c) for c in args.copy_compute_ms.split(",")]:
+        for gaps in (True, False):
+            blocks = nn.ModuleList(CopyLayer(batch, seq, h, heads, int(compute_ms * cyc), gaps) for _ in range(n_layers))
+            x = torch.zeros(8, 8, device=dev, requires_grad=True)
+            result = {}
+            for mode in ("keep", "spillfs-all"):
+                off = None
+                if mode != "keep":
+                    off = st.offload_activations(None, host_bytes=int(n_layers * per_layer * 1.25), min_bytes=1 << 20,
+                                                 prefetch_layers=args.prefetch_layers, policy="all", layers=list(blocks))
+                times, fwd_times, peaks = [], [], []
+                for i in range(args.warmup + args.steps):
+                    sync(dev)
+                    if cuda:
+                        torch.cuda.reset_peak_memory_stats(dev)
+                    base = torch.cuda.memory_allocated(dev) if cuda else 0
+                    t0 = time.perf_counter()
+                    with (off if off is not None else contextlib.nullcontext()):
+                        y = x
+                        for blk in blocks:
+                            y = blk(y)
+                        t_host_fwd = time.perf_counter() - t0
+                        y.sum().backward()
+                    sync(dev)
+                    if i >= args.warmup:
+                        times.append(time.perf_counter() - t0)
+                        fwd_times.append(t_host_fwd)
+                        peaks.append(torch.cuda.max_memory_allocated(dev) - base if cuda else 0)
+                times.sort()
+                row = {"size": name, "mode": mode, "bench": "copy", "compute_ms": compute_ms, "gaps": gaps,
+                       "layers": n_layers, "layer_bytes": per_layer, "step_ms": round(times[len(times) // 2] * 1e3, 2),
+                       "host_forward_ms": round(sorted(fwd_times)[len(fwd_times) // 2] * 1e3, 2),
+                       "act_peak_gib": round(max(peaks) / GIB, 3), "raw": raw}
+                if off is not None:
+                    r = off.report
+                    moved = r.host_bytes
+                    extra = row["step_ms"] - result["keep"]["step_ms"]
+                    row.update({"moved_gib": round(moved / GIB, 3), "extra_ms": round(extra, 2),
+                                # at compute 0 each direction has about half the step: the rate each way
+                                "gbps_each_way": round(moved / max(row["step_ms"] / 2, 1e-3) / 1e6, 2),
+                                "report": {k: v for k, v in r.as_dict().items() if k in (
+                                    "host_bytes", "kept_bytes", "forwarded_bytes", "prefetch_hits", "stalls",
+                                    "stall_seconds", "copy_waits", "seconds", "kept_reasons")}})
+                    off.close()
+                result[mode] = row
+                rows.append(row)
+                print(f"compute {compute_ms:5.1f} ms/layer gaps {gaps!s:5} {mode:12} step {row['step_ms']:8.1f} ms "
+                      f"(host forward {row['host_forward_ms']:7.1f} ms) act peak {row['act_peak_gib']:6.2f} GiB"
+                      + (f"  moved {row['moved_gib']:.2f} GiB ({row['gbps_each_way']:.1f} GB/s each way at compute 0), "
+                         f"+{row['extra_ms']:.1f} ms, copies "
+                         f"{row['report']['copy_waits']} waited, stalls {row['report']['stalls']}, pack "
+                         f"{row['report']['seconds'].get('pack', 0) * 1e3:.1f} ms unpack "
+                         f"{row['report']['seconds'].get('unpack', 0) * 1e3:.1f} ms" if off is not None else ""),
+                      flush=True)
+            del blocks
+            release_memory(dev)
+
+
 def bench_size(name, args, files_dir, rows):
     layers, h, heads, seq, batch = SIZES[name]
     dev = torch.device(args.device)
@@ -311,6 +482,10 @@ def main():
     ap.add_argument("--volume-size", default="40G", help="sparse; the GPU machines have 64 GiB disks")
     ap.add_argument("--no-mount", action="store_true", help="files straight into --dir (no spillfs volume)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu is a smoke run of the script (no memory figures)")
+    ap.add_argument("--copy-bench", action="store_true", help="only the copy path (no model): keep against "
+                    "policy='all' for layers that save what a block of each size saves, at each --copy-compute-ms")
+    ap.add_argument("--copy-compute-ms", default="0,20,50", help="GPU spin per layer of --copy-bench (comma-separated)")
+    ap.add_argument("--copy-layers", type=int, default=0, help="layers of --copy-bench (0: the size's)")
     ap.add_argument("--json-out")
     ap.add_argument("--png-out")
     args = ap.parse_args()
@@ -332,7 +507,10 @@ def main():
     print(json.dumps(meta), flush=True)
     try:
         for name in args.sizes.split(","):
-            bench_size(name, args, files_dir, rows)
+            if args.copy_bench:
+                copy_bench(name, args, rows)
+            else:
+                bench_size(name, args, files_dir, rows)
             if args.json_out:  # after each size: a later one may run out of time
                 with open(args.json_out, "w") as f:
                     json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -266,6 +266,7 @@ class ActivationOffloader:
         self._fell_back_disk = False
         self._warned_disk = False
         self._kept_keys = set()
+        self._layer_stored = collections.defaultdict(int)  # group -> bytes stored this step (the policy's quota)
         self._inflight = collections.deque()  # entries whose device-to-host copy may still run
         self._staging = None  # HostTier staging the writes to files
         # pinned bytes staging file writes (the original goes once copied out; 0: written from where it is)
@@ -340,6 +341,7 @@ class ActivationOffloader:
         self._cum_bytes = 0
         self._marks = []
         self._kept_keys = set()
+        self._layer_stored = collections.defaultdict(int)
         self._fell_back_disk = False
         self._cuda_marks = torch.cuda.is_available() and torch.cuda.is_initialized()
         self._param_ptrs = set()
@@ -460,7 +462,22 @@ class ActivationOffloader:
             self._group_stack.append(index)
             if self._phase == "forward":
                 self._mark("fwd_start", index)
+                if self._pending is not None or self._inflight:
+                    with self._lock:
+                        self._layer_begins(index)
         return hook
+
+    def _layer_begins(self, index):
+        """Forward reaches layer `index` (or the head: ``len(layers)``); lock held. The pending
+        tensor is not the last before backward: stored now, not at the next store (which a
+        kept layer would put off until backward). The originals of layers more than
+        `copy_window` back go now, the compute stream waiting for their copies: where only
+        stores polled, the originals of an offloaded layer followed by kept ones stayed
+        until backward, and the activation peak did not move (the H100 run's adaptive row)."""
+        if self._pending is not None and self._pending.group != index:
+            e, self._pending = self._pending, None
+            self._commit(e)
+        self._poll(force_before=index - self.copy_window)
 
     def _make_post_hook(self, index):
         def hook(module, args, output):
@@ -471,6 +488,9 @@ class ActivationOffloader:
             self._mark("fwd_end", index)
             if index == len(self._layers) - 1:
                 self._after_last_layer = True
+                if self._inflight:
+                    with self._lock:
+                        self._poll(force_before=index + 1 - self.copy_window)
             if torch.is_grad_enabled():
                 for t in _tensors(output):
                     if t.requires_grad:
@@ -544,6 +564,9 @@ class ActivationOffloader:
         r = self.report
         nbytes = t.numel() * t.element_size()
         r.count("packed", nbytes)
+        if self._inflight:  # originals whose copy landed go, whatever happens to this tensor
+            with self._lock:
+                self._poll()
         if not self._active or self._phase != "forward":
             if self._phase == "backward" and self._outstanding == 0:
                 # a new forward after a finished backward in the same block (gradient accumulation)
@@ -586,6 +609,15 @@ class ActivationOffloader:
                 r.count("deduped", entry.nbytes)
                 return _Saved(self, entry, t)
             stored = (span if dense else t.numel()) * t.element_size()
+            quota = self.policy.quota(group)
+            if quota is not None and self._layer_stored[group] + stored > quota:
+                # the policy moves only part of this layer (what its compute hides); the rest stays
+                r.keep("quota", nbytes)
+                if key not in self._kept_keys:
+                    self._kept_keys.add(key)
+                    r.layer_bytes[group] = r.layer_bytes.get(group, 0) + nbytes
+                return t.detach()
+            self._layer_stored[group] += stored
             entry = _Entry(key, group, t, stored, dense, span, self._step)
             entry.outstanding = 1
             self._outstanding += 1
@@ -641,9 +673,17 @@ class ActivationOffloader:
             d2h.wait_stream(torch.cuda.current_stream(t.device))
             with torch.cuda.stream(d2h):
                 if e.dense:
-                    dst.copy_(self._flat(t, e), non_blocking=True)
+                    src = self._flat(t, e)
                 else:
-                    dst.as_strided(e.size, e.stride).copy_(t, non_blocking=True)
+                    # Gathered on the device first (a kernel on the copy stream, into memory of that stream,
+                    # reused in its order once dropped), then one flat copy. A cross-device copy_ into a
+                    # strided host tensor would stage through a *pageable* temporary (torch's
+                    # copy_requires_temporaries): a synchronous cudaMemcpy that blocks the host until the
+                    # compute stream caught up, then a strided copy on the CPU (what the H100 run showed).
+                    src = torch.empty_strided(e.size, e.stride, dtype=e.dtype, device=t.device)
+                    src.copy_(t)
+                    src = self._flat(src, e)
+                dst.copy_(src, non_blocking=True)
                 ev = torch.cuda.Event()
                 ev.record(d2h)
             e.d2h_event = ev

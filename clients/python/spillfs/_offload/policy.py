@@ -7,17 +7,20 @@ clock on the CPU), then measures each tier's bandwidth (a pinned copy each
 way; a file written and read under ``dir`` through the same I/O the
 offloader uses). From these it models a step (below) and decides, layer by
 layer from the first (whose copies have the most compute to hide behind),
-host tier, then SSD, else keep, so that the modelled step stays within
+the largest part of the layer (a fraction of its bytes: ``fractions``) for
+the host tier, else SSD, else keep, so that the modelled step stays within
 ``max_overhead`` of the measured keep-everything step and the host tier
-within ``host_bytes``. It states its prediction (step time, bytes moved off
+within ``host_bytes``; the offloader stores a part's tensors in the order
+they are saved while they fit (:meth:`AdaptivePolicy.quota`). It states its prediction (step time, bytes moved off
 the device) in each step's report beside what was measured, and refreshes
 bandwidths from what the steps measure.
 
 The model: forward runs the layers back to back; layer i's copy to its tier
 starts when its forward ends and when the tier finished the copies before it
 (device to host and host to device are separate directions; a disk serves
-writes and reads in turn); layer i waits for the host copy of layer
-i - 1 - ``copy_window`` (the offloader's window). Backward runs the layers in reverse; layer i's
+writes and reads in turn); layer i (the head: layer n) waits for the host
+copies of the layers up to i - 1 - ``copy_window`` (the offloader's window);
+the peak saved is what that window forced out before the head. Backward runs the layers in reverse; layer i's
 read starts when layer ``i + prefetch_layers`` starts its backward (the
 prefetcher's trigger), when its write is done and the tier is free, and
 layer i waits for it. The predicted step is the measured keep step plus the
@@ -54,6 +57,10 @@ class Policy:
 
     def bytes_hint(self, group):
         return self._bytes.get(group, 0)
+
+    def quota(self, group):
+        """Bytes of `group` to store at most this step (None: no limit)."""
+        return None
 
     def recompute_layers(self):
         return ()
@@ -114,12 +121,15 @@ class AdaptivePolicy:
         self.max_overhead = float(max_overhead)
         self.probe_bytes = probe_bytes
         self.decisions = {}
+        self.fractions = {}
         self.profile = {}
         self.prediction = {}
         self._steps = 0
         self._last_peak_saved = 0
         self._io = {}
         self._profiling = True
+        # a part of a layer smaller than this is not worth a copy (a whole layer always is)
+        self.min_part_bytes = 4 * _MiB
 
     # -- the offloader's calls -------------------------------------------------
 
@@ -145,6 +155,18 @@ class AdaptivePolicy:
 
     def bytes_hint(self, group):
         return self.profile.get("bytes", {}).get(group, 0)
+
+    def quota(self, group):
+        """Bytes of `group` the offloader stores at most (the rest of the layer stays), or
+        None for all of it: a layer whose whole copy its compute cannot hide moves the part
+        that it can (saved tensors in the order they are saved, while they fit)."""
+        if self._profiling:
+            return None
+        frac = self.fractions.get(0 if group == -1 else group)
+        if frac is None or frac >= 1.0:
+            return None
+        # 1 MiB of slack: the profile's bytes and this step's differ by rounding
+        return int(frac * self.profile.get("bytes", {}).get(group, 0)) + _MiB
 
     def recompute_layers(self):
         """Indices of the layers to run under activation checkpointing this step."""
@@ -268,38 +290,60 @@ class AdaptivePolicy:
 
     # -- the model -------------------------------------------------------------
 
-    def simulate(self, decisions, prefetch_layers, copy_window=1):
+    def simulate(self, decisions, prefetch_layers, copy_window=1, fractions=None):
         """Modelled seconds of a step (forward, head, backward; no optimizer)
-        under `decisions` (layer -> "keep"/"host"/"ssd"/"recompute") and the
-        waits in it (forward: for the host copies of the layer ``copy_window``
-        + 1 back, as the offloader's window makes the compute stream wait)."""
+        under `decisions` (layer -> "keep"/"host"/"ssd"/"recompute") and
+        `fractions` (layer -> the part of its bytes moved; 1 where absent), and
+        the waits in it: in forward, layer i (the head: layer n) waits for the
+        host copies of the layers up to i - 1 - ``copy_window`` (the offloader's
+        window makes the compute stream wait for them, so their originals go);
+        in backward, for the reads of layer i, started when layer i +
+        `prefetch_layers` began its backward."""
         p = self.profile
         fwd, bwd, nbytes, bw = p["fwd"], p["bwd"], p["bytes"], p["bandwidth"]
+        fractions = fractions or {}
         n = len(fwd)
+        moved = {i: nbytes.get(i, 0) * fractions.get(i, 1.0) for i in range(n)}
         t = 0.0
         # a recomputed layer saves (almost) nothing and runs its forward again in backward
         bwd = [b + (fwd[i] if decisions.get(i) == "recompute" else 0.0) for i, b in enumerate(bwd)]
         free = {"host_write": 0.0, "ssd": 0.0}
         written = {}
+        host_landed = []  # (layer, time its host copy landed), in order: one copy stream
         fwd_stall = 0.0
+
+        def window_wait(i, t):
+            # the copies of layers <= i - 1 - copy_window: the last of them landed last (in order)
+            last = None
+            for j, end in host_landed:
+                if j <= i - 1 - copy_window:
+                    last = end
+            return max(t, last) if last is not None else t
+
         for i in range(n):
-            j = i - 1 - copy_window
-            if j >= 0 and decisions.get(j) == "host" and written[j] > t:
-                fwd_stall += written[j] - t
-                t = written[j]
-            t += fwd[i]
+            begin = window_wait(i, t)
+            fwd_stall += begin - t
+            t = begin + fwd[i]
             tier = decisions.get(i, "keep")
             if tier in ("keep", "recompute"):
                 continue
             key = "host_write" if tier == "host" else "ssd"
             rate = bw.get(tier + "_write") or 1.0
             start = max(t, free[key])
-            free[key] = start + nbytes.get(i, 0) / rate
+            free[key] = start + moved[i] / rate
             written[i] = free[key]
-        t += p.get("head", 0.0)
-        # the device memory of a layer goes when its copy landed: what landed by now is off the peak
-        self._last_peak_saved = sum(nbytes.get(i, 0) for i, end in written.items() if end <= t) + sum(
-            nbytes.get(i, 0) for i in range(n) if decisions.get(i) == "recompute")
+            if tier == "host":
+                host_landed.append((i, written[i]))
+        begin = window_wait(n, t)  # the head waits as a layer n would
+        fwd_stall += begin - t
+        t = begin + p.get("head", 0.0)
+        # where the peak is (the start of backward), the originals gone are those the window forced out
+        # (host copies of layers <= n - 1 - copy_window: the host runs ahead of the GPU, so a copy that
+        # lands later is no help), those written to files by then, and the recomputed layers
+        self._last_peak_saved = (
+            sum(moved[i] for i, d in decisions.items() if d == "host" and i <= n - 1 - copy_window)
+            + sum(moved[i] for i, d in decisions.items() if d == "ssd" and written[i] <= t)
+            + sum(nbytes.get(i, 0) for i in range(n) if decisions.get(i) == "recompute"))
         read_free = {"host": t, "ssd": max(t, free["ssd"])}
         ready, issued, stall = {}, set(), 0.0
         for j in range(n - 1, -1, -1):
@@ -310,16 +354,35 @@ class AdaptivePolicy:
                 tier = decisions[i]
                 rate = bw.get(tier + "_read") or 1.0
                 start = max(t, written[i], read_free[tier])
-                read_free[tier] = start + nbytes.get(i, 0) / rate
+                read_free[tier] = start + moved[i] / rate
                 ready[i] = read_free[tier]
             begin = max(t, ready.get(j, t))
             stall += begin - t
             t = begin + bwd[j]
         return t, stall + fwd_stall
 
+    def _largest_fraction(self, decisions, fractions, i, tier, cap, base, budget, off):
+        """The largest part of layer i (at most `cap`) that `tier` takes within the budget (0: none)."""
+        def fits(f):
+            t, _ = self.simulate({**decisions, i: tier}, off.prefetch_layers, off.copy_window, {**fractions, i: f})
+            return t - base <= budget
+        if cap >= 1.0 and fits(1.0):
+            return 1.0
+        lo, hi = 0.0, min(cap, 1.0)
+        if fits(hi):
+            return hi
+        for _ in range(12):  # the modelled step grows with the part moved
+            mid = (lo + hi) / 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
     def _decide(self, off):
         p = self.profile
         n = len(p["fwd"])
+        self.fractions = {}
         if n == 0:  # no layers: groups of bytes; offload them all, as "all" does
             self.decisions = {g: "host" for g in p["bytes"]}
             self.prediction = {"step_seconds": p["step_seconds"], "memory_saved": sum(p["bytes"].values())}
@@ -328,36 +391,51 @@ class AdaptivePolicy:
         budget = p["step_seconds"] * self.max_overhead
         host_left = off.host_bytes
         ssd_ok = off.dir is not None and "ssd_write" in p["bandwidth"]
-        decisions = {}
+        decisions, fractions = {}, {}
+        # Layer by layer from the first (the most compute after it to hide its copy behind): the
+        # largest part of it the host tier takes within the budget, else the disk. A part, not
+        # only the whole layer: where a layer's bytes take longer on PCIe than its compute (h2048:
+        # ~1 GiB a layer, 20 ms of copy against ~3.5 ms of forward), whole layers never fit and
+        # everything stayed, though a fifth of each would have moved for free.
+        min_part = max(self.min_part_bytes, 1)
         for i in range(n):
             size = p["bytes"].get(i, 0)
             if size == 0:
                 continue
             for tier in ("host", "ssd"):
-                if tier == "host" and size > host_left:
+                if tier == "host":
+                    cap = host_left / size
+                elif not ssd_ok:
                     continue
-                if tier == "ssd" and not ssd_ok:
+                else:
+                    cap = 1.0
+                if cap < 1.0 and cap * size < min_part:
                     continue
-                trial = dict(decisions)
-                trial[i] = tier
-                t, _ = self.simulate(trial, off.prefetch_layers, off.copy_window)
-                if t - base <= budget:
-                    decisions = trial
-                    if tier == "host":
-                        host_left -= size
-                    break
+                f = self._largest_fraction(decisions, fractions, i, tier, cap, base, budget, off)
+                if f <= 0.0 or (f < 1.0 and f * size < min_part):  # a whole layer, or a part worth a copy
+                    continue
+                decisions[i] = tier
+                if f < 1.0:
+                    fractions[i] = f
+                if tier == "host":
+                    host_left -= f * size
+                break
         if self.recompute:
             rest = [i for i in range(n) if i not in decisions and p["bytes"].get(i, 0) > 0]
             rest.sort(key=lambda i: p["bytes"][i] / max(p["fwd"][i], 1e-9), reverse=True)
             for i in rest:
                 trial = dict(decisions)
                 trial[i] = "recompute"
-                t, _ = self.simulate(trial, off.prefetch_layers, off.copy_window)
+                t, _ = self.simulate(trial, off.prefetch_layers, off.copy_window, fractions)
                 if t - base <= budget:
                     decisions = trial
         self.decisions = {i: decisions.get(i, "keep") for i in range(n)}
-        t, stall = self.simulate(decisions, off.prefetch_layers, off.copy_window)
+        self.fractions = fractions
+        t, stall = self.simulate(decisions, off.prefetch_layers, off.copy_window, fractions)
         self.prediction = {"step_seconds": p["step_seconds"] + (t - base),
-                           "memory_saved": sum(p["bytes"].get(i, 0) for i in decisions),
-                           "peak_saved": self._last_peak_saved,
-                           "stall_seconds": stall}
+                           "memory_saved": int(sum(p["bytes"].get(i, 0) * (fractions.get(i, 1.0)
+                                                                          if d != "recompute" else 1.0)
+                                                   for i, d in decisions.items())),
+                           "peak_saved": int(self._last_peak_saved),
+                           "stall_seconds": stall,
+                           "fractions": dict(fractions)}

@@ -17,6 +17,7 @@ class OffloadReport:
         kept_count, kept_bytes: saved tensors left where they were, for any
             reason (see ``kept_reasons``: ``"small"``, ``"parameter"``,
             ``"head"``, ``"last"``, ``"layer"`` (the policy kept the layer),
+            ``"quota"`` (past the part of its layer the policy moves),
             ``"backward"`` (saved during backward: recomputation),
             ``"no_room"`` (no tier could take it), ``"error"`` (a write failed)).
         host_count, host_bytes: tensors copied to the host tier.
