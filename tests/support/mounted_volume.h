@@ -57,12 +57,6 @@ class MountedVolume {
   bool Remount(std::string* error = nullptr) { return Unmount(error) && Mount(error); }
   // Sends SIGKILL to the daemon and lazily detaches the mount (crash simulation).
   void Kill();
-  // Stops the daemon (SIGSTOP) and waits until none of its threads runs, so
-  // what it has written stays as it is until Resume or Kill. False (the
-  // reason in *error) if it exited instead.
-  bool Pause(std::string* error = nullptr);
-  // Lets a paused daemon run on (SIGCONT).
-  void Resume();
   // Sends `signal` to the daemon and waits for it to exit; true if it exited
   // with status 0 (the daemon unmounts itself), else the reason in *error.
   bool Terminate(int signal, std::string* error = nullptr);

@@ -90,12 +90,6 @@ struct DataCut {
 Result<DataCut> ApplyDataCut(const std::string& journal, const std::string& image,
                              const std::function<bool()>& survives = nullptr);
 
-// Whether the data journal at `journal` holds a whole record, i.e. a write
-// that is not yet durable (false when it holds none or cannot be read). Read
-// while the daemon is stopped (SIGSTOP), it tells whether a power cut at that
-// moment would have a data write to undo: the tests time their cuts with it.
-bool DataJournalHoldsAWrite(const std::string& journal);
-
 // ---- index ----
 
 // Wraps `base`: files under `dir` journal their durable lengths to `journal`,
