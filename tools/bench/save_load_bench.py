@@ -78,6 +78,7 @@ class Bench:
         self.device = torch.device(args.device)
         self.rows = []
         self.raw = {}
+        os.makedirs(args.dir, exist_ok=True)
         self.work = tempfile.mkdtemp(prefix="save_load_bench.", dir=args.dir)
         self.host = os.path.join(self.work, "host")
         os.makedirs(self.host)
@@ -267,12 +268,16 @@ class Bench:
         methods = ["torch.save"] + (["torch.save pinned d2h"] if self.has_pinned_d2h() else []) + \
             ["spillfs", "spillfs posix"]
         targets = [("host", self.host)] + ([("mount", self.volume.mnt)] if self.volume else [])
+        parts = set(a.parts.split(","))
         for name, obj, nbytes in (("tensor", tensor, tensor.numel() * 4), ("state_dict", sd, sd_bytes)):
+            if name not in parts:
+                continue
             self.raw_io(name, nbytes)
             for target, directory in targets:
                 for method in methods + (["spillfs crc32=True"] if name == "tensor" and dev.type == "cuda" else []):
                     self.one(name, obj, nbytes, target, directory, method)
-        self.dedup_second_save(sd, sd_bytes)
+        if "dedup" in parts:
+            self.dedup_second_save(sd, sd_bytes)
 
     def close(self):
         if self.volume is not None:
@@ -330,8 +335,13 @@ def main():
     ap.add_argument("--no-mount", action="store_true", help="ext4 only")
     ap.add_argument("--no-drop-caches", action="store_true")
     ap.add_argument("--skip-cross-checks", action="store_true")
+    ap.add_argument("--parts", default="tensor,state_dict,dedup",
+                    help="what to run, comma-separated: tensor, state_dict, dedup (the second save of the state_dict)")
     ap.add_argument("--json-out")
     args = ap.parse_args()
+    unknown = set(args.parts.split(",")) - {"tensor", "state_dict", "dedup"}
+    if unknown:
+        ap.error(f"--parts: unknown {', '.join(sorted(unknown))} (tensor, state_dict, dedup)")
     bench = Bench(args)
     try:
         bench.run()
