@@ -254,6 +254,20 @@ def test_prefetch_follows_layers(tmp_path):
     assert r.prefetch_hits + r.forwarded_count == r.host_count
 
 
+def test_read_ahead_is_paced_by_backward(tmp_path):
+    """prefetch_layers=1 reads the layer ahead as backward frees the one it runs (bytes for
+    bytes), not all at once beside it: what was read back and not yet used stays within about
+    one layer, and still nothing stalls."""
+    got = train(lambda: mlp(depth=8), mlp_batch, mse, offloader(tmp_path, "host_ample", prefetch_layers=1,
+                                                                min_bytes=1024))
+    r = got[2].report
+    layer = max(r.layer_bytes[g] for g in r.layer_bytes if isinstance(g, int) and g >= 0)
+    entry = 64 * 96 * 4  # the largest tensor a block saves
+    assert r.stalls == 0
+    assert r.read_host_bytes > 2 * layer
+    assert 0 < r.read_ahead_peak_bytes <= layer + entry, (r.read_ahead_peak_bytes, layer)
+
+
 # -- crafted graphs: dedup and forwarding ------------------------------------
 
 def crafted(alive):

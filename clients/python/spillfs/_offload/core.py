@@ -144,7 +144,7 @@ class _Entry:
     __slots__ = ("key", "group", "nbytes", "dtype", "size", "stride", "dense", "device", "span", "tier", "src",
                  "src_weak", "version", "staging", "region", "d2h_event", "file", "file_off", "write_req",
                  "write_error", "loaded", "load_buf", "load_event", "read_req", "prefetched", "outstanding",
-                 "released", "forwarded", "step", "kept_reason", "pool", "staged")
+                 "released", "forwarded", "step", "kept_reason", "pool", "staged", "read_ahead_done")
 
     def __init__(self, key, group, t, nbytes, dense, span, step):
         self.key, self.group, self.nbytes, self.dense, self.span, self.step = key, group, nbytes, dense, span, step
@@ -167,6 +167,7 @@ class _Entry:
         self.file = self.file_off = self.write_req = self.write_error = None
         self.loaded = self.load_buf = self.load_event = self.read_req = None
         self.prefetched = False
+        self.read_ahead_done = True
         self.outstanding = 0
         self.released = False
         self.forwarded = False
@@ -252,6 +253,9 @@ class ActivationOffloader:
         self._step_entries = []
         self._groups = collections.defaultdict(list)
         self._prefetched_groups = set()
+        self._prefetch_queue = collections.deque()  # entries of earlier layers, in the order backward needs them
+        self._prefetch_credit = 0
+        self._read_ahead = 0
         self._layer_files = {}
         self._group_stack = []
         self._pending = None
@@ -333,6 +337,9 @@ class ActivationOffloader:
         self._step_entries = []
         self._groups = collections.defaultdict(list)
         self._prefetched_groups = set()
+        self._prefetch_queue = collections.deque()
+        self._prefetch_credit = 0
+        self._read_ahead = 0  # bytes read back (loads started) and not yet used by backward
         self._layer_files = {}
         self._group_stack = []
         self._pending = None
@@ -541,6 +548,9 @@ class ActivationOffloader:
             return
         with self._lock:
             self._phase = "backward"
+            # reads ahead beyond what backward frees: the layers past the first ahead
+            ahead = max(self._layer_stored.values(), default=0)
+            self._prefetch_credit = max(0, self.prefetch_layers - 1) * ahead
             if self._pending is not None:  # the last tensor saved before backward: keep it
                 e, self._pending = self._pending, None
                 e.tier = "keep"
@@ -572,6 +582,7 @@ class ActivationOffloader:
                 # a new forward after a finished backward in the same block (gradient accumulation)
                 self._phase = "forward"
                 self._prefetched_groups = set()
+                self._prefetch_queue.clear()
                 self._after_last_layer = False
             else:
                 r.keep("backward" if self._active else "inactive", nbytes)
@@ -860,6 +871,12 @@ class ActivationOffloader:
 
     def _unpack(self, saved):
         if not isinstance(saved, _Saved):
+            if self._prefetch_queue and isinstance(saved, torch.Tensor):
+                nbytes = saved.numel() * saved.element_size()
+                if nbytes >= max(self.min_bytes, 1) and not self._is_parameter(saved):
+                    with self._lock:  # an activation kept here: its memory goes once backward used it
+                        self._prefetch_credit += nbytes
+                        self._pump_prefetch()
             return saved
         if saved.value is not None:  # retain_graph: unpacked again
             return saved.value
@@ -909,6 +926,9 @@ class ActivationOffloader:
                             r.stalls += 1
                             r.stall_seconds += waited
                 t = e.loaded
+                if not e.read_ahead_done:
+                    e.read_ahead_done = True
+                    self._read_ahead -= e.nbytes
                 if t.device.type == "cuda":
                     cur = torch.cuda.current_stream(t.device)
                     if e.load_event is not None:
@@ -922,6 +942,7 @@ class ActivationOffloader:
             self._outstanding -= 1
             if e.outstanding == 0:
                 self._release(e)
+                self._prefetch_credit += e.nbytes  # its memory goes once its node ran
             if e.group != _HEAD:
                 self._prefetch_from(e.group)
             return t
@@ -929,27 +950,49 @@ class ActivationOffloader:
     # -- prefetch and loads ---------------------------------------------------
 
     def _prefetch_from(self, group):
-        """Starts reading `group` and the `prefetch_layers` groups before it."""
+        """Starts reading what `group` still needs (its backward begins), and queues the
+        `prefetch_layers` groups before it for reading as backward frees memory."""
         if not isinstance(group, int):
             return
         t0 = time.perf_counter()
         for g in range(group, group - self.prefetch_layers - 1, -1):
             if g < -1:
                 break
+            if g == group:
+                # needed now: whatever the queue still holds of it is read at once
+                for e in self._groups.get(g, ()):
+                    if self._wants_load(e):
+                        self._load(e)
+                        e.prefetched = True
             if g in self._prefetched_groups:
                 continue
             self._prefetched_groups.add(g)
-            for e in self._groups.get(g, ()):
-                if e.released or e.loaded is not None or e.tier not in ("host", "ssd"):
-                    continue
-                if e.src is not None:
-                    continue  # still in memory: forwarded at unpack
-                alive = e.src_weak()
-                if alive is not None and alive._version == e.version:
-                    continue
-                self._load(e)
-                e.prefetched = True
+            if g != group:
+                # backward needs a layer's tensors about in the reverse of the order they were saved
+                self._prefetch_queue.extend(reversed(self._groups.get(g, ())))
+        self._pump_prefetch()
         self.report.add_seconds("prefetch", time.perf_counter() - t0)
+
+    def _wants_load(self, e):
+        if e.released or e.loaded is not None or e.tier not in ("host", "ssd"):
+            return False
+        if e.src is not None:
+            return False  # still in memory: forwarded at unpack
+        alive = e.src_weak()
+        return alive is None or alive._version != e.version
+
+    def _pump_prefetch(self):
+        """Reads queued entries while there is credit: the bytes backward has freed since
+        it began (plus the layers ahead beyond the first), so that reading ahead does not
+        add a layer to the peak; one entry may overdraw it (lock held)."""
+        q = self._prefetch_queue
+        while q and self._prefetch_credit > 0:
+            e = q.popleft()
+            if not self._wants_load(e):
+                continue
+            self._load(e)
+            e.prefetched = True
+            self._prefetch_credit -= e.nbytes
 
     def _load(self, e):
         """Starts bringing `e` back (into e.loaded; e.read_req / e.load_event pending)."""
@@ -991,6 +1034,10 @@ class ActivationOffloader:
                     e.read_req = (req, None, buf, time.perf_counter())
                 self.report.read_ssd_bytes += e.nbytes
         e.loaded = out
+        e.read_ahead_done = False
+        self._read_ahead += e.nbytes
+        if self._read_ahead > self.report.read_ahead_peak_bytes:
+            self.report.read_ahead_peak_bytes = self._read_ahead
 
     def _finish_load(self, e):
         """Waits for the read of `e` (file tier); makes e.loaded complete."""

@@ -31,6 +31,10 @@ class OffloadReport:
             region, before the write to the file happened (no disk read).
         prefetch_hits (int): tensors whose read was started by the prefetcher
             before backward needed them.
+        read_ahead_peak_bytes (int): the most bytes read back and not yet
+            used by backward at any time of the step (the prefetcher reads
+            the layers ahead as backward frees memory, so this stays near
+            one layer's bytes with ``prefetch_layers=1``).
         stalls (int): tensors backward had to wait for (read not started, or
             not finished, when needed).
         stall_seconds (float): host time spent waiting for them.
@@ -67,6 +71,7 @@ class OffloadReport:
         self.read_ssd_bytes = 0
         self.read_staged_bytes = 0
         self.prefetch_hits = 0
+        self.read_ahead_peak_bytes = 0
         self.stalls = 0
         self.stall_seconds = 0.0
         self.copy_waits = 0
