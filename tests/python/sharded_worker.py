@@ -196,6 +196,40 @@ def t_eviction_invariants_per_shard():
         assert s["prefetches"] == len(batches)
 
 
+def t_emulated_gpu_shards():
+    """Shards whose tiers are the CUDA path's (spillfs._gpu_cache.GpuTiers) over
+    fake_gpu_cache's numpy emulation of spill_gpu_cache_*."""
+    import fake_gpu_cache
+    from spillfs import _gpu_cache
+    from spillfs.gnn import _Stats
+    fake = fake_gpu_cache.FakeGpuCacheLibrary()
+    _gpu_cache._library = lambda: fake
+    path = os.path.join(DATA, "i16.npy")
+    a = np.load(path)
+    rows = len(a)
+    score = np.random.default_rng(5).random(rows)
+    for partition in ("hash", "range"):
+        store = ShardedFeatureStore(path, host_bytes=16 * 4096, hot=8, score=score, window=2, partition=partition)
+        fs = store.local
+        fs._tiers = _gpu_cache.GpuTiers(fs, 6 * 4096, 16 * 4096, None, fs._tiers.hot_lines)
+        fs._stats = _Stats()
+        tiers = fs._tiers
+        assert len(tiers.hot_lines) and (store.layout.owner_of_lines(tiers.hot_lines) == RANK).all()
+        batches = [zipf(rows, 80, 20 * s + RANK) for s in range(8)] + [np.array([], dtype=np.int64)]
+        for b in batches[:2]:
+            store.prefetch(b)
+        for i, b in enumerate(batches):
+            store.prefetch(batches[i + 2] if i + 2 < len(batches) else b[:0])
+            np.testing.assert_array_equal(store.gather(torch.from_numpy(b)).numpy(), a[b])
+            tiers.directory.check(hot=tiers.hot_lines)
+            assert_owned(store)
+            c = fake.caches[tiers.cache]  # the emulated GPU's lines = the host directory's, all owned
+            held = np.flatnonzero(c.slot_of_line >= 0)
+            assert (store.layout.owner_of_lines(held) == RANK).all()
+        s, agg = assert_stats(store)
+        assert agg["shard"]["gpu_hits"] > 0 and agg["shard"]["hot_hits"] > 0, agg["shard"]
+
+
 def t_out_of_range_raises_on_every_rank():
     path = os.path.join(DATA, "f32.npy")
     a = np.load(path)
@@ -291,7 +325,7 @@ def main():
     dist.init_process_group("gloo", init_method="file://" + os.path.join(DATA, f"init-{WORLD}"), rank=RANK,
                             world_size=WORLD, timeout=datetime.timedelta(seconds=60))
     for fn in (t_rows_equal_numpy, t_rows_wider_than_a_block_and_int16, t_shard_files,
-               t_eviction_invariants_per_shard, t_out_of_range_raises_on_every_rank):
+               t_eviction_invariants_per_shard, t_emulated_gpu_shards, t_out_of_range_raises_on_every_rank):
         check(fn)
     if WORLD == 2:
         scenario_stalled_peer()

@@ -24,7 +24,7 @@ from spillfs.gnn import ShardedFeatureStore, write_shards
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "sharded_worker.py")
 CHECKS = ["t_rows_equal_numpy", "t_rows_wider_than_a_block_and_int16", "t_shard_files",
-          "t_eviction_invariants_per_shard", "t_out_of_range_raises_on_every_rank"]
+          "t_eviction_invariants_per_shard", "t_emulated_gpu_shards", "t_out_of_range_raises_on_every_rank"]
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available")

@@ -195,7 +195,8 @@ def main(argv=None):
                    "rows_per_s": sum(r["rows_per_s"] for r in everyone),
                    "epoch_seconds": max(r["epoch_seconds"] for r in everyone),
                    "hit_rate": 1 - storage / asked if asked else 0.0,
-                   "ssd_reads": sum(r["ssd_reads"] for r in everyone), "ssd_bytes": sum(r["ssd_bytes"] for r in everyone),
+                   "ssd_reads": sum(r["ssd_reads"] for r in everyone),
+                   "ssd_bytes": sum(r["ssd_bytes"] for r in everyone),
                    "bytes_exchanged": sum(r["bytes_exchanged"] for r in everyone),
                    "remote_rows": sum(r["remote_rows"] for r in everyone),
                    "remote_hits": sum(r["remote_hits"] for r in everyone), "ranks": everyone}
