@@ -51,7 +51,7 @@ def runs(tmp_path_factory):
     """Both groups (2 and 3 ranks) at once; {world: [each rank's results]}."""
     d = str(tmp_path_factory.mktemp("sharded"))
     make_data(d)
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", SPILLFS_IO="posix")
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     procs = {}
     t0 = time.time()
     for world in (2, 3):
