@@ -35,6 +35,10 @@ or ``"static"``: see :mod:`spillfs._line_cache`.
 Errors: an index out of range raises ``IndexError`` naming it; a float index
 ``IndexError`` (as torch); a malformed file ``ValueError`` naming the file.
 Threading: a FeatureStore may be shared by threads; its calls run one at a time.
+
+Several GPUs or hosts: :class:`ShardedFeatureStore` (one process per GPU under
+``torch.distributed``; each rank caches the lines it owns, a gather asks the
+owners in one batched exchange): see :mod:`spillfs._sharded`.
 """
 
 import os
@@ -46,7 +50,7 @@ import numpy as np
 from . import _line_cache
 from ._table import RowReader, open_table, torch_dtype
 
-__all__ = ["FeatureStore", "degree_score", "reverse_pagerank"]
+__all__ = ["FeatureStore", "ShardedFeatureStore", "PeerError", "write_shards", "degree_score", "reverse_pagerank"]
 
 _FAR = _line_cache._FAR
 
@@ -475,3 +479,7 @@ class FeatureStore:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# One cache over several processes (torch.distributed): see spillfs._sharded.
+from ._sharded import PeerError, ShardedFeatureStore, write_shards  # noqa: E402

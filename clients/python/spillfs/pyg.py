@@ -25,7 +25,9 @@ import torch
 from torch_geometric.data import EdgeAttr, GraphStore, TensorAttr
 from torch_geometric.data import FeatureStore as _PygFeatureStore
 
-from .gnn import FeatureStore
+from .gnn import FeatureStore, ShardedFeatureStore
+
+_TABLES = (FeatureStore, ShardedFeatureStore)
 
 __all__ = ["SpillFeatureStore", "SpillGraphStore"]
 
@@ -44,9 +46,13 @@ class SpillFeatureStore(_PygFeatureStore):
 
     def register(self, attr_name, table, group_name=None):
         """Serves ``attr_name`` (of node type ``group_name``; None: a homogeneous
-        graph) from ``table`` (a :class:`spillfs.gnn.FeatureStore`)."""
-        if not isinstance(table, FeatureStore):
-            raise TypeError(f"register() takes a spillfs.gnn.FeatureStore, not {type(table).__name__}")
+        graph) from ``table`` (a :class:`spillfs.gnn.FeatureStore`, or a
+        :class:`spillfs.gnn.ShardedFeatureStore`: its gathers are collective, so
+        every rank's loader must yield the same number of batches, e.g. each
+        rank its share of the seeds, equal sizes, ``drop_last``)."""
+        if not isinstance(table, _TABLES):
+            raise TypeError(f"register() takes a spillfs.gnn.FeatureStore or ShardedFeatureStore, not "
+                            f"{type(table).__name__}")
         self._store[(group_name, attr_name)] = table
         return self
 
@@ -71,7 +77,7 @@ class SpillFeatureStore(_PygFeatureStore):
                 continue
             index = attr.index
             whole = index is None or (isinstance(index, slice) and index == slice(None))
-            if isinstance(held, FeatureStore):
+            if isinstance(held, _TABLES):
                 if whole:
                     out.append(held.gather(slice(None)))
                     continue
