@@ -220,6 +220,31 @@ def make_scores(a):
     return seconds
 
 
+def hot_count(host_bytes, row_bytes):
+    """Hot rows: as many as fill 3/4 of the host budget (the victim buffer the rest)."""
+    return int(host_bytes * 3 // 4 // row_bytes)
+
+
+def hot_rows_path(graph_dir, k):
+    return os.path.join(graph_dir, f"hot_{k}.npy")
+
+
+def hot_rows(a, row_bytes):
+    """The top rows by reverse PageRank, best first (what FeatureStore(hot=k,
+    score=...) picks), once in the parent: the children, in the cgroup, need
+    not sort the whole score."""
+    k = hot_count(parse_size(a.host_bytes), row_bytes)
+    path = hot_rows_path(a.dir, k)
+    if not os.path.exists(path):
+        score = torch.from_numpy(np.load(os.path.join(a.dir, "score.npy"))).to(a.device)
+        order = torch.sort(-score, stable=True).indices[:k]  # = np.argsort(-score, kind="stable")[:k]
+        np.save(path, order.cpu().numpy())
+        del score, order
+        if a.device == "cuda":
+            torch.cuda.empty_cache()
+    return path
+
+
 def setup_cgroup(limit):
     """A cgroup v2 with memory.max = limit; its path, or (None, why not)."""
     base = "/sys/fs/cgroup"
@@ -260,7 +285,7 @@ def run_child(a, contender, table, batches, cgroup, label):
            batches] + a.child_args
     t0 = time.time()
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.seconds * 2 + 240)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(a.seconds * 2, a.seconds + 120))
         stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as e:
         stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -319,6 +344,8 @@ def parent(a):
     pagerank_seconds = make_scores(a)
     if pagerank_seconds is not None:
         meta["pagerank_seconds"] = pagerank_seconds
+    from spillfs._table import open_table
+    hot_rows(a, open_table(table).row_bytes)
     if parts == {"data"}:
         log("data only (--parts data)")
         return
@@ -622,9 +649,9 @@ def make_store(a, feat, info, dev):
     window = 0 if "nowindow" in parts else a.window
     host = parse_size(a.host_bytes)
     kwargs = {}
-    if hot:  # computed by the parent, outside the cgroup (make_scores)
-        score = np.load(os.path.join(a.graph_dir, "score.npy"))
-        kwargs.update(score=score, hot=int(host * 3 // 4 // info.row_bytes))
+    if hot:  # chosen by the parent, outside the cgroup (make_scores, hot_rows); the score file-backed
+        kwargs.update(score=np.load(os.path.join(a.graph_dir, "score.npy"), mmap_mode="r"),
+                      hot=np.load(hot_rows_path(a.graph_dir, hot_count(host, info.row_bytes))))
     victim = None if "novictim" not in parts else 0
     return FeatureStore(a.table, device=dev, gpu_cache_bytes=parse_size(a.gpu_cache), host_bytes=host,
                         window=window, policy=policy, victim_bytes=victim, **kwargs)
