@@ -49,9 +49,9 @@ bandwidth, and GraphSAGE training over the same batches, in one run.
      torch (where PyG is absent); without PyG and without it these skip.
    With --mount (root, /dev/fuse, SPILLFS_BIN or build/bin/spillfs), the table is
    also copied into a spillfs volume made under --dir and raw, mmap and
-   fs-hybrid run there too. It needs a second copy of the table on the disk: at
-   the default scale (17 GB) that leaves little room on a 64 GB disk, so it
-   is off by default (the FeatureStore reads the ext4 file with io_uring
+   fs-hybrid run there too (--places mount: only there). It needs a second
+   copy of the table on the disk: at the default scale (17 GB) that leaves
+   little room on a 64 GB disk and adds about 2 minutes, so it is off by default (the FeatureStore reads the ext4 file with io_uring
    O_DIRECT then).
 4. Prints a table (rows/s, useful GB/s, hit rate per tier, read amplification,
    x mmap, the miss path's IOPS while it reads = ssd_reads / stall_seconds
@@ -136,7 +136,7 @@ def ensure_data(a):
         if os.path.exists(os.path.join(a.dir, f)):
             os.unlink(os.path.join(a.dir, f))
     for f in os.listdir(a.dir):
-        if f.startswith("batches_"):
+        if f.startswith(("batches_", "hot_")):
             os.unlink(os.path.join(a.dir, f))
     need = gnn_graph.bytes_needed(a.scale, a.edge_factor, a.width, getattr(torch, a.dtype))
     log(f"data: generating scale {a.scale} width {a.width} {a.dtype} on {a.device} "
@@ -373,10 +373,13 @@ def parent(a):
                   f"mean-aggregation layers in plain torch)", flush=True)
             contenders = [c for c in contenders if not c.startswith("train-")]
     results = []
-    places = [("ext4", table)]
+    want_places = set(a.places.split(",")) | ({"mount"} if a.mount else set())
+    if want_places - {"ext4", "mount"}:
+        raise SystemExit(f"--places: ext4 and/or mount, not {a.places}")
+    places = [("ext4", table)] if "ext4" in want_places else []
     mount = None
     state = {"meta": meta, "memory_max": limit, "cgroup": cgroup or why, "args": vars(a)}
-    if a.mount:
+    if "mount" in want_places:
         mount = make_mount(a, table)
         places.append(("mount", mount[2]))
     try:
@@ -516,8 +519,8 @@ def print_tables(results):
     if train:
         print("\nGraphSAGE training over the first sampled batches (an 'epoch' = those batches; est.: the time "
               "box ended first, batches x (rows / gather rows/s + compute step))")
-        print("%-20s %-5s %8s %10s %5s %10s %10s %10s %8s" % ("contender", "place", "batches", "epoch s", "", "gather s",
-                                                          "compute s", "model", "x mmap"))
+        print("%-20s %-5s %8s %10s %5s %10s %10s %10s %8s" % (
+            "contender", "place", "batches", "epoch s", "", "gather s", "compute s", "model", "x mmap"))
         for r in train:
             if "error" in r or r.get("skipped"):
                 print("%-20s %-5s %s" % (r["contender"], r["place"], "skipped: " + r["skipped"] if r.get("skipped")
@@ -960,7 +963,8 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--hbm-copy-bytes", default="1G")
     p.add_argument("--hbm-cached", default="1G", help="bytes of lines the hbm part caches and gathers from")
-    p.add_argument("--mount", action="store_true")
+    p.add_argument("--mount", action="store_true", help="also the mount (= --places ext4,mount)")
+    p.add_argument("--places", default="ext4", help="ext4 and/or mount (the table copied into a spillfs volume)")
     p.add_argument("--json-out")
     p.add_argument("--png-out")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="join the JSONs of split runs (no run)")
