@@ -51,8 +51,8 @@ bandwidth, and GraphSAGE training over the same batches, in one run.
    also copied into a spillfs volume made under --dir and raw, mmap and
    fs-hybrid run there too (--places mount: only there). It needs a second
    copy of the table on the disk: at the default scale (17 GB) that leaves
-   little room on a 64 GB disk and adds about 2 minutes, so it is off by default (the FeatureStore reads the ext4 file with io_uring
-   O_DIRECT then).
+   little room on a 64 GB disk and adds about 2 minutes, so it is off by
+   default (the FeatureStore reads the ext4 file with io_uring O_DIRECT then).
 4. Prints a table (rows/s, useful GB/s, hit rate per tier, read amplification,
    x mmap, the miss path's IOPS while it reads = ssd_reads / stall_seconds
    and against raw, and the run-averaged ssd_reads / run seconds), then the HBM
