@@ -192,10 +192,12 @@ def make_batches(a):
     return path
 
 
-def load_batches(path):
+def load_batches(path, with_train=True):
     z = np.load(path)
     nodes, offs = z["nodes"], z["offsets"]
     batches = [nodes[offs[i]:offs[i + 1]] for i in range(len(offs) - 1)]
+    if not with_train:  # the edges stay on disk (memory.max counts what a child holds)
+        return batches, []
     ei, eo, seeds, so = z["ei"], z["ei_offsets"], z["seeds"], z["seed_offsets"]
     train = [(batches[i], ei[:, eo[i]:eo[i + 1]], seeds[so[i]:so[i + 1]]) for i in range(len(eo) - 1)]
     return batches, train
@@ -927,7 +929,7 @@ def child(a):
     if c == "raw":
         child_raw(a, out)
     else:
-        batches, train = load_batches(a.batches_file)
+        batches, train = load_batches(a.batches_file, with_train=c.startswith("train-"))
         if c == "hbm":
             child_hbm(a, out, info, dev, batches)
         elif c.startswith("train-"):
