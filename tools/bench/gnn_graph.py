@@ -20,7 +20,9 @@ and where the seeds lie among the nodes.
 """
 
 import argparse
+import math
 import os
+import shutil
 import sys
 import time
 
@@ -31,27 +33,28 @@ GRAPH500 = (0.57, 0.19, 0.19, 0.05)
 
 
 def rmat_edges(scale, n_edges, seed, device, chunk=1 << 24):
-    """(src, dst) int64 tensors of an RMAT graph, node ids permuted."""
+    """(src, dst) int64 tensors of an RMAT graph, node ids permuted. Filled in
+    place chunk by chunk (no concatenation: peak memory two edge arrays, the
+    permutation and one chunk's temporaries)."""
     a, b, c, _ = GRAPH500
     g = torch.Generator(device=device)
     g.manual_seed(seed)
-    srcs, dsts = [], []
+    src = torch.zeros(n_edges, dtype=torch.int64, device=device)
+    dst = torch.zeros(n_edges, dtype=torch.int64, device=device)
     for start in range(0, n_edges, chunk):
         m = min(chunk, n_edges - start)
-        src = torch.zeros(m, dtype=torch.int64, device=device)
-        dst = torch.zeros(m, dtype=torch.int64, device=device)
+        s, d = src[start:start + m], dst[start:start + m]
         for bit in range(scale):
             r = torch.rand(m, generator=g, device=device)
             down = r >= a + b                                  # quadrants c, d: source bit set
             right = ((r >= a) & (r < a + b)) | (r >= a + b + c)  # quadrants b, d: target bit set
-            src |= down.to(torch.int64) << bit
-            dst |= right.to(torch.int64) << bit
-        srcs.append(src)
-        dsts.append(dst)
-    src, dst = torch.cat(srcs), torch.cat(dsts)
+            s |= down.to(torch.int64) << bit
+            d |= right.to(torch.int64) << bit
     n = 1 << scale
     perm = torch.randperm(n, generator=g, device=device)
-    return perm[src], perm[dst]
+    src = perm[src]
+    dst = perm[dst]
+    return src, dst
 
 
 def to_csr(src, dst, n):
@@ -86,35 +89,140 @@ def npy_header(header, data_offset=4096):
 
 
 def write_table(path, n, width, dtype, device, chunk_bytes=256 << 20):
+    """Writes the (n, width) table chunk by chunk: rows computed on ``device``
+    (expected_rows), copied into one of two host buffers (pinned where the
+    device is a GPU) and written by a writer thread while the next chunk is
+    made; O_DIRECT where the file system takes it (no page cache: the host
+    holds at most two chunks of the table, however large it is), else
+    buffered. Returns "direct" or "buffered"."""
+    import queue
+    import threading
     npdt = torch.empty(0, dtype=dtype).numpy().dtype
+    row_bytes = width * npdt.itemsize
     header = {"descr": np.lib.format.dtype_to_descr(npdt), "fortran_order": False, "shape": (n, width)}
+    rows_per_chunk = max(1, chunk_bytes // row_bytes)
+    step = 4096 // math.gcd(row_bytes, 4096)  # rows a whole number of blocks takes
+    if rows_per_chunk >= step:
+        rows_per_chunk -= rows_per_chunk % step  # whole blocks a chunk (O_DIRECT)
+    cap = -(-rows_per_chunk * row_bytes // 4096) * 4096
+    cuda = torch.device(device).type == "cuda"
+    total = 4096 + n * row_bytes
     with open(path, "wb") as f:
         f.write(npy_header(header, 4096))
-        rows_per_chunk = max(1, chunk_bytes // (width * npdt.itemsize))
+    mode = "buffered"
+    fd = None
+    if hasattr(os, "O_DIRECT") and (rows_per_chunk * row_bytes) % 4096 == 0:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+            mode = "direct"
+        except OSError:
+            fd = None
+    if fd is None:
+        fd = os.open(path, os.O_WRONLY)
+    # Page-aligned buffers (O_DIRECT): pinned ones come aligned; numpy ones are cut to a page.
+    bufs = []
+    for _ in range(2):
+        if cuda:
+            t = torch.empty(cap, dtype=torch.uint8, pin_memory=True)
+            bufs.append((t, t.numpy()))
+        else:
+            raw = np.empty(cap + 4096, dtype=np.uint8)
+            skip = (-raw.ctypes.data) % 4096
+            arr = raw[skip:skip + cap]
+            bufs.append((torch.from_numpy(arr), arr))
+    free, todo, errors = queue.Queue(), queue.Queue(), []
+    for i in range(len(bufs)):
+        free.put(i)
+    state = {"fd": fd, "mode": mode}
+
+    def writer():
+        while True:
+            job = todo.get()
+            if job is None:
+                return
+            i, nbytes, offset = job
+            try:
+                padded = -(-nbytes // 4096) * 4096
+                view = memoryview(bufs[i][1])[:padded if state["mode"] == "direct" else nbytes]
+                done = 0
+                while done < len(view):
+                    try:
+                        done += os.pwrite(state["fd"], view[done:], offset + done)
+                    except OSError as e:
+                        if state["mode"] != "direct" or e.errno != 22 or done:
+                            raise
+                        # EINVAL: this file system refuses O_DIRECT after all: buffered from here on.
+                        os.close(state["fd"])
+                        state.update(fd=os.open(path, os.O_WRONLY), mode="buffered")
+                        view = view[:nbytes]
+            except Exception as e:  # noqa: BLE001: raised by the caller
+                errors.append(e)
+            free.put(i)
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
         for start in range(0, n, rows_per_chunk):
             stop = min(n, start + rows_per_chunk)
-            block = expected_rows(torch.arange(start, stop, device=device), width, dtype)
-            f.write(block.cpu().numpy().tobytes())
-        f.flush()
-        os.fsync(f.fileno())
+            block = expected_rows(torch.arange(start, stop, device=device), width, dtype).reshape(-1)
+            i = free.get()
+            if errors:
+                raise errors[0]
+            nbytes = (stop - start) * row_bytes
+            bufs[i][0][:nbytes].copy_(block.view(torch.uint8))
+            todo.put((i, nbytes, 4096 + start * row_bytes))
+    finally:
+        todo.put(None)
+        thread.join()
+    if errors:
+        raise errors[0]
+    fd = state["fd"]
+    os.ftruncate(fd, total)  # an O_DIRECT tail was padded to a block
+    os.fsync(fd)
+    os.close(fd)
+    return state["mode"]
 
 
-def generate(out, scale, edge_factor, width, dtype, seed=1, device=None):
+def bytes_needed(scale, edge_factor, width, dtype):
+    """Bytes generate() writes: the table (4 KiB header) and the CSR."""
+    n = 1 << scale
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    idx = 4 if n < (1 << 31) else 8
+    return 4096 + n * width * itemsize + (n + 1) * 8 + edge_factor * n * idx + 256
+
+
+def generate(out, scale, edge_factor, width, dtype, seed=1, device=None, chunk_bytes=256 << 20):
+    """Writes the CSR and the table (see the module's doc) into ``out``, after
+    checking the file system has room; returns sizes and timings."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     os.makedirs(out, exist_ok=True)
+    need = bytes_needed(scale, edge_factor, width, dtype)
+    have = shutil.disk_usage(out).free + sum(
+        os.path.getsize(os.path.join(out, f)) for f in ("feat.npy", "indptr.npy", "indices.npy")
+        if os.path.exists(os.path.join(out, f)))
+    if need + (1 << 30) > have:
+        raise SystemExit(f"gnn_graph: scale {scale} width {width} needs {need / 2**30:.1f} GiB (+1 GiB spare) "
+                         f"in {out}, which has {have / 2**30:.1f} GiB free")
     n = 1 << scale
     t0 = time.time()
     src, dst = rmat_edges(scale, edge_factor * n, seed, device)
     indptr, indices = to_csr(src, dst, n)
     del src, dst
     idx_dtype = torch.int32 if n < (1 << 31) else torch.int64
+    indices = indices.to(idx_dtype)
+    edges = int(indptr[-1])
     np.save(os.path.join(out, "indptr.npy"), indptr.cpu().numpy())
-    np.save(os.path.join(out, "indices.npy"), indices.to(idx_dtype).cpu().numpy())
+    del indptr
+    np.save(os.path.join(out, "indices.npy"), indices.cpu().numpy())
+    del indices
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
     t1 = time.time()
-    write_table(os.path.join(out, "feat.npy"), n, width, dtype, device)
+    mode = write_table(os.path.join(out, "feat.npy"), n, width, dtype, device, chunk_bytes)
     t2 = time.time()
-    return {"nodes": n, "edges": int(indptr[-1]), "graph_seconds": t1 - t0, "table_seconds": t2 - t1,
-            "table_bytes": os.path.getsize(os.path.join(out, "feat.npy"))}
+    return {"nodes": n, "edges": edges, "graph_seconds": t1 - t0, "table_seconds": t2 - t1,
+            "table_bytes": os.path.getsize(os.path.join(out, "feat.npy")), "table_write": mode,
+            "generate_device": str(device)}
 
 
 def sample(indptr, indices, seeds, fanouts, generator=None):
