@@ -135,6 +135,18 @@ Result<std::unique_ptr<BlockStore>> NewJournalingBlockStore(std::unique_ptr<Bloc
   return std::unique_ptr<BlockStore>(std::make_unique<JournalingBlockStore>(std::move(base), read_fd, file));
 }
 
+bool DataJournalHoldsAWrite(const std::string& journal) {
+  int fd = open(journal.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  RecordHeader header;
+  struct stat st {};
+  bool whole = pread(fd, &header, sizeof(header), 0) == static_cast<ssize_t>(sizeof(header)) &&
+               header.magic == kRecordMagic && fstat(fd, &st) == 0 &&
+               static_cast<uint64_t>(st.st_size) >= sizeof(header) + header.length;
+  close(fd);
+  return whole;
+}
+
 Result<DataCut> ApplyDataCut(const std::string& journal, const std::string& image,
                              const std::function<bool()>& survives) {
   DataCut cut;

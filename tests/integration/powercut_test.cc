@@ -14,13 +14,32 @@
 // truncates, renames, unlinks, mkdirs, fsync / fdatasync of files, fsync of
 // files written earlier and of directories, and phases without any fsync)
 // keeps, for every file name, each state it had since the last fsync. The
-// daemon is SIGKILLed at a seeded moment. Then the cut: the index directory
+// daemon is SIGKILLed while its data area holds a write that is not durable,
+// however fast or slow the build (CutWhenUnflushed): after a seeded delay the
+// data journal is looked at (the daemon runs on) until it holds a record;
+// if it holds none for kNaturalWait, the writer is told to hold writes
+// unflushed (only ephemeral files, no fsync: their data, written out under
+// RAM-tier pressure, is mapped without a data flush and stays unflushed), so
+// one comes within a bounded amount of writing. The journal is read again
+// once the daemon is gone, which says exactly whether the cut had a data
+// write to undo (a flush may have emptied it between the look and the kill);
+// a cut that had none (the look was stale) is tried again with the next
+// delay, kMaxCutTries in all, and every seed must have had one. Then the cut: the index directory
 // loses what was not synced (powercut::ApplyIndexCut: files truncated to
 // their durable length, never-synced files removed; RocksDB's point-in-time
 // recovery opens it at a batch no older than the last sync), and the data
 // area loses the writes since the last fdatasync (powercut::ApplyDataCut):
 // all of them (LosingEvery...), or a seeded random subset of them (a device
 // may have written any of its cached writes: RandomSubset...).
+//
+// Nothing here stops the daemon (SIGSTOP) to look at it. A try that did
+// (reverted in efce1ed) hung: the group stop never completed because a
+// daemon thread was exiting (a flush batch's spillfs-write thread, which had
+// submitted to io_uring) and waited uninterruptibly in io_wq_put_and_exit
+// for its io_uring worker thread, which the stop had already stopped
+// (docs/reliability.md, "Sanitizers"). Every wait here is bounded: the look
+// (kMaxUnflushedWait), the kill (MountedVolume::Kill), the writer (its
+// operations fail once the daemon is gone).
 //
 // A third test keeps the whole index instead (WalWrittenBack...): the kernel
 // may write RocksDB's WAL back to the media at any moment, before any sync,
@@ -90,6 +109,16 @@ constexpr uint64_t kDefaultIterations = 8;
 constexpr uint64_t kMaxFiles = 40;
 constexpr int kMinKillMs = 200;
 constexpr int kMaxKillMs = 1800;
+// After the seeded delay: how often the data journal is looked at, how long
+// the workload runs as it is before it is told to hold writes unflushed, and
+// how long at most the cut waits for an unflushed write (a workload that
+// makes none this long is broken: the cut then lands anyway, and the test
+// fails).
+constexpr auto kLookInterval = std::chrono::milliseconds(1);
+constexpr auto kNaturalWait = std::chrono::milliseconds(200);
+constexpr auto kMaxUnflushedWait = std::chrono::seconds(20);
+// Cuts per seed at most, until one lands while a data write is unflushed.
+constexpr int kMaxCutTries = 3;
 constexpr uint64_t kBlock = 4096;  // the volume's block size (mkfs default)
 // Files created under this directory (user.spillfs.ephemeral=1, inherited by
 // its subdirectories) are never flushed by fsync or close, only when the RAM
@@ -130,7 +159,10 @@ struct Version {
 // The writer workload and its model of what a power cut may leave.
 class Writer {
  public:
-  Writer(const MountedVolume& volume, uint64_t seed) : rng_(seed), mountpoint_(volume.mountpoint()) {
+  // While `hold_unflushed` is set, the writer touches ephemeral files only
+  // and never syncs (CutWhenUnflushed).
+  Writer(const MountedVolume& volume, uint64_t seed, const std::atomic<bool>& hold_unflushed)
+      : hold_unflushed_(hold_unflushed), rng_(seed), mountpoint_(volume.mountpoint()) {
     root_ = open(volume.mountpoint().c_str(), O_RDONLY | O_DIRECTORY);
   }
   ~Writer() {
@@ -251,6 +283,13 @@ class Writer {
 
   void Step() {
     ++ops_;
+    // The cut is due and the data area holds no write that is not durable:
+    // an ephemeral phase without fsync until the kill (the countdown below
+    // never reaches 0).
+    if (hold_unflushed_.load()) {
+      unsynced_phase_ = 2;
+      ephemeral_phase_ = true;
+    }
     // Phases without any fsync (every fsync makes all earlier data writes
     // durable), so that a kill often finds many writes to undo.
     // Half of them touch ephemeral files only: no durable file's flush then
@@ -399,6 +438,7 @@ class Writer {
     if (Check(ok, "fsync dir " + dir)) AllDurable();
   }
 
+  const std::atomic<bool>& hold_unflushed_;
   int root_ = -1;
   std::mt19937_64 rng_;
   std::string mountpoint_;
@@ -441,6 +481,7 @@ void Walk(const MountedVolume& volume, const std::string& rel, std::set<std::str
 }
 
 struct Totals {
+  uint64_t cuts = 0;  // every try of every seed
   uint64_t survived = 0;
   uint64_t durable_files = 0;  // untouched since the last fsync: byte for byte
   uint64_t durable_bytes = 0;
@@ -457,8 +498,12 @@ struct Totals {
   uint64_t index_bytes_dropped = 0;
   uint64_t ops = 0;
   uint64_t fsyncs = 0;
-  uint64_t ephemeral_at_kill = 0;  // ephemeral files that existed at the kill (all must be gone)
+  uint64_t ephemeral_at_kill = 0;     // ephemeral files that existed at the kill (all must be gone)
+  uint64_t cuts_while_unflushed = 0;  // cuts whose data journal held a write at the kill
+  uint64_t cuts_held = 0;             // cuts for which the writer was told to hold writes unflushed
+  uint64_t cut_ms = 0;                // time from the seeded delay to the kill, all cuts
   std::vector<uint64_t> failed_seeds;
+  std::string missed;  // seeds whose every try found no data write unflushed, and why
 };
 
 // What checking one file found.
@@ -592,13 +637,60 @@ class JournalEnv {
   }
 };
 
+// How a cut was timed, and what it found (CutWhenUnflushed).
+struct CutMoment {
+  int64_t waited_ms = 0;        // after the seeded delay
+  int looks = 0;                // at the data journal, before the kill
+  bool held = false;            // the writer was told to hold writes unflushed
+  bool seen_unflushed = false;  // a look found a whole record
+  bool unflushed = false;       // the journal held one once the daemon was gone
+  std::string error;            // not empty: the kill did not complete
+};
+
+// Kills the daemon after `delay`, at the first look that finds a whole
+// record in its data journal (a write that is not durable); after
+// kNaturalWait without one, the writer is told to hold writes unflushed
+// (`hold`), and after kMaxUnflushedWait, or once the writer has stopped, the
+// daemon is killed anyway. The daemon runs on throughout (nothing stops it),
+// so a look may be stale by the time of the kill: the journal is read again
+// once the daemon has been reaped, and that says whether the cut landed while
+// a data write was unflushed.
+CutMoment CutWhenUnflushed(MountedVolume& volume, const std::string& journal, std::chrono::milliseconds delay,
+                           const std::atomic<bool>& writer_done, std::atomic<bool>& hold, std::atomic<bool>& killed) {
+  CutMoment moment;
+  std::this_thread::sleep_for(delay);
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    ++moment.looks;
+    if (powercut::DataJournalHoldsAWrite(journal)) {
+      moment.seen_unflushed = true;
+      break;
+    }
+    const auto waited = std::chrono::steady_clock::now() - start;
+    if (writer_done.load() || waited > kMaxUnflushedWait) break;
+    if (waited > kNaturalWait && !moment.held) {
+      moment.held = true;
+      hold = true;
+    }
+    std::this_thread::sleep_for(kLookInterval);
+  }
+  killed = true;  // before the kill: the writer's next failure is the kill's
+  volume.Kill(&moment.error);
+  moment.waited_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+  moment.unflushed = moment.error.empty() && powercut::DataJournalHoldsAWrite(journal);
+  return moment;
+}
+
 enum class DataLoss { kAll, kRandomSubset };
 // What the index keeps: what a sync covered, or every byte RocksDB wrote (the
 // kernel wrote the WAL back before its sync).
 enum class IndexLoss { kUnsynced, kNothing };
 
-void RunIteration(uint64_t seed, DataLoss loss, IndexLoss index_loss, Totals* totals) {
-  std::mt19937_64 timing(seed * 104729);
+// One cut of `seed` (try `attempt`: each try has its own delay); *moment says
+// how it was timed.
+void RunIteration(uint64_t seed, int attempt, DataLoss loss, IndexLoss index_loss, Totals* totals, CutMoment* moment) {
+  std::mt19937_64 timing(seed * 104729 + static_cast<uint64_t>(attempt));
   const int kill_ms = std::uniform_int_distribution<int>(kMinKillMs, kMaxKillMs)(timing);
   TempDir scratch_dir("spillfs-powercut");
   const std::string scratch = scratch_dir.path();
@@ -613,15 +705,23 @@ void RunIteration(uint64_t seed, DataLoss loss, IndexLoss index_loss, Totals* to
     options.mount_args = {"--ram-tier", kRamTier, "--flush-batch", kFlushBatch};
     volume = std::make_unique<MountedVolume>(options);
   }
-  Writer writer(*volume, seed);
+  std::atomic<bool> hold{false};
+  Writer writer(*volume, seed, hold);
   std::atomic<bool> killed{false};
-  std::thread thread([&] { writer.Run(killed); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(kill_ms));
-  killed = true;
-  volume->Kill();
+  std::atomic<bool> writer_done{false};
+  std::thread thread([&] {
+    writer.Run(killed);
+    writer_done = true;
+  });
+  *moment = CutWhenUnflushed(*volume, data_journal, std::chrono::milliseconds(kill_ms), writer_done, hold, killed);
   thread.join();
+  ++totals->cuts;
   totals->ops += writer.ops();
   totals->fsyncs += writer.fsyncs();
+  totals->cuts_while_unflushed += moment->unflushed;
+  totals->cuts_held += moment->held;
+  totals->cut_ms += static_cast<uint64_t>(moment->waited_ms);
+  ASSERT_EQ(moment->error, "") << "the kill";
   ASSERT_EQ(writer.early_failure(), "") << "an operation failed before the kill";
 
   // The power cut: the index loses what was not synced, the data area the
@@ -644,12 +744,15 @@ void RunIteration(uint64_t seed, DataLoss loss, IndexLoss index_loss, Totals* to
   totals->data_undone_bytes += data_cut.undone_bytes;
   totals->data_survived += data_cut.survived;
   totals->data_survived_bytes += data_cut.survived_bytes;
-  const std::string where = "killed after " + std::to_string(kill_ms) + " ms at op " + std::to_string(writer.ops()) +
-                            " (" + writer.last_op() + "); " + std::to_string(data_cut.undone) +
-                            " data writes undone, " + std::to_string(data_cut.survived) +
-                            " kept; index: " + std::to_string(index_cut->files_truncated) + " files truncated (" +
-                            std::to_string(index_cut->bytes_dropped) + " bytes), " +
-                            std::to_string(index_cut->files_removed) + " removed";
+  const std::string where =
+      "try " + std::to_string(attempt + 1) + ", killed after " + std::to_string(kill_ms) + " + " +
+      std::to_string(moment->waited_ms) + " ms (" + std::to_string(moment->looks) + " looks" +
+      (moment->held ? ", writes held unflushed" : "") + ", " +
+      (moment->unflushed ? "a data write unflushed" : "no data write unflushed") + ") at op " +
+      std::to_string(writer.ops()) + " (" + writer.last_op() + "); " + std::to_string(data_cut.undone) +
+      " data writes undone, " + std::to_string(data_cut.survived) +
+      " kept; index: " + std::to_string(index_cut->files_truncated) + " files truncated (" +
+      std::to_string(index_cut->bytes_dropped) + " bytes), " + std::to_string(index_cut->files_removed) + " removed";
 
   FsckResult fsck = RunFsck(volume->volume());
   if (!(fsck.rc == 1 && fsck.kinds == std::set<std::string>{"orphan"})) {
@@ -728,29 +831,54 @@ void RunAll(DataLoss loss, IndexLoss index_loss = IndexLoss::kUnsynced) {
   for (uint64_t i = 0; i < iterations; ++i) {
     const uint64_t seed = first_seed + i;
     SCOPED_TRACE("seed " + std::to_string(seed));
-    uint64_t before = totals.survived;
-    RunIteration(seed, loss, index_loss, &totals);
-    if (totals.survived == before) totals.failed_seeds.push_back(seed);
+    // A cut that found no data write unflushed still tested what it could,
+    // but not what the test is for: the seed is cut again (its next delay).
+    std::string misses;
+    for (int attempt = 0; attempt < kMaxCutTries; ++attempt) {
+      const uint64_t before = totals.survived;
+      CutMoment moment;
+      RunIteration(seed, attempt, loss, index_loss, &totals, &moment);
+      if (totals.survived == before) {
+        totals.failed_seeds.push_back(seed);
+        break;
+      }
+      if (moment.unflushed) break;
+      misses += std::string(misses.empty() ? "" : "; ") + "try " + std::to_string(attempt + 1) + ": " +
+                (moment.seen_unflushed ? "a write seen unflushed was flushed before the kill"
+                                       : "none seen in " + std::to_string(moment.waited_ms) + " ms");
+      // None seen at all: the workload is broken, and another try would wait as long.
+      if (!moment.seen_unflushed || attempt + 1 == kMaxCutTries) {
+        totals.missed += "\n  seed " + std::to_string(seed) + ": " + misses;
+        break;
+      }
+    }
   }
   std::string failed;
   for (uint64_t seed : totals.failed_seeds) failed += " " + std::to_string(seed);
   fprintf(stderr,
-          "powercut test (%s%s): %" PRIu64 " of %" PRIu64 " power cuts survived; data writes: %" PRIu64
-          " undone (%" PRIu64 " bytes), %" PRIu64 " kept (%" PRIu64 " bytes); index: %" PRIu64
-          " files truncated (%" PRIu64 " bytes), %" PRIu64 " removed; %" PRIu64 " untouched files (%" PRIu64
-          " bytes) exact, %" PRIu64 " changed files (%" PRIu64 " bytes) checked, %" PRIu64 " lost blocks EIO, %" PRIu64
-          " names not as at the kill; %" PRIu64 " ephemeral files at the kills; %" PRIu64 " ops, %" PRIu64
-          " fsyncs; failed seeds:%s\n",
+          "powercut test (%s%s): %" PRIu64 " of %" PRIu64 " power cuts survived (%" PRIu64 " seeds; %" PRIu64
+          " cuts while a data write was unflushed, %" PRIu64 " with writes held unflushed, %" PRIu64
+          " ms from the seeded delays to the kills); data writes: %" PRIu64 " undone (%" PRIu64 " bytes), %" PRIu64
+          " kept (%" PRIu64 " bytes); index: %" PRIu64 " files truncated (%" PRIu64 " bytes), %" PRIu64
+          " removed; %" PRIu64 " untouched files (%" PRIu64 " bytes) exact, %" PRIu64 " changed files (%" PRIu64
+          " bytes) checked, %" PRIu64 " lost blocks EIO, %" PRIu64 " names not as at the kill; %" PRIu64
+          " ephemeral files at the kills; %" PRIu64 " ops, %" PRIu64 " fsyncs; failed seeds:%s\n",
           loss == DataLoss::kAll ? "every unflushed data write lost" : "a random subset lost",
-          index_loss == IndexLoss::kNothing ? ", the whole index kept" : "", totals.survived, iterations,
-          totals.data_undone, totals.data_undone_bytes, totals.data_survived, totals.data_survived_bytes,
-          totals.index_truncated, totals.index_bytes_dropped, totals.index_removed, totals.durable_files,
-          totals.durable_bytes, totals.changed_files, totals.changed_bytes, totals.eio_blocks, totals.rolled_back,
-          totals.ephemeral_at_kill, totals.ops, totals.fsyncs, failed.empty() ? " none" : failed.c_str());
+          index_loss == IndexLoss::kNothing ? ", the whole index kept" : "", totals.survived, totals.cuts, iterations,
+          totals.cuts_while_unflushed, totals.cuts_held, totals.cut_ms, totals.data_undone, totals.data_undone_bytes,
+          totals.data_survived, totals.data_survived_bytes, totals.index_truncated, totals.index_bytes_dropped,
+          totals.index_removed, totals.durable_files, totals.durable_bytes, totals.changed_files, totals.changed_bytes,
+          totals.eio_blocks, totals.rolled_back, totals.ephemeral_at_kill, totals.ops, totals.fsyncs,
+          failed.empty() ? " none" : failed.c_str());
   ::testing::Test::RecordProperty("iterations_survived", static_cast<int>(totals.survived));
   ::testing::Test::RecordProperty("bytes_verified", std::to_string(totals.durable_bytes + totals.changed_bytes));
-  EXPECT_EQ(totals.survived, iterations);
-  // The simulation must have had something to undo, or it tested nothing.
+  EXPECT_EQ(totals.survived, totals.cuts);
+  // The simulation must have had something to undo, or it tested nothing:
+  // every seed must have been cut while a data write was unflushed.
+  EXPECT_EQ(totals.missed, "") << "seeds never cut while a data write was unflushed (the workload must make one "
+                               << "within " << kMaxUnflushedWait.count() << " s of the seeded delay; a cut whose "
+                               << "write was flushed before the kill is tried again, " << kMaxCutTries
+                               << " tries in all)";
   EXPECT_GT(totals.data_undone_bytes, 0u) << "no data write was ever undone: is the journal written?";
   if (index_loss == IndexLoss::kUnsynced) {
     EXPECT_GT(totals.index_bytes_dropped + totals.index_removed, 0u)

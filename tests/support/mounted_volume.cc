@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -159,12 +160,46 @@ bool MountedVolume::Unmount(std::string* error) {
   return true;
 }
 
-void MountedVolume::Kill() {
-  if (!mounted()) return;
+namespace {
+
+// How long Kill waits for a SIGKILLed daemon, before and after aborting its
+// FUSE connection.
+constexpr auto kKillWait = std::chrono::seconds(10);
+
+// Waits until `pid` has exited (reaped), for at most `limit`.
+bool ReapWithin(pid_t pid, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (true) {
+    pid_t got = waitpid(pid, nullptr, WNOHANG);
+    if (got == pid || (got < 0 && errno == ECHILD)) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace
+
+bool MountedVolume::Kill(std::string* error) {
+  if (!mounted()) return true;
   kill(daemon_pid_, SIGKILL);
-  waitpid(daemon_pid_, nullptr, 0);
+  // A killed process exits once each of its threads has left the kernel. A
+  // daemon thread waiting uninterruptibly on its own mount (a page locked by
+  // a READ in flight, which only a thread now dead would answer) never
+  // would: a forced unmount aborts the connection (fuse_umount_begin), which
+  // fails every request and ends such waits.
+  bool reaped = ReapWithin(daemon_pid_, kKillWait);
+  if (!reaped) {
+    umount2(mountpoint_.c_str(), MNT_FORCE);
+    reaped = ReapWithin(daemon_pid_, kKillWait);
+  }
+  if (!reaped && error) {
+    *error = "the daemon (pid " + std::to_string(daemon_pid_) + ") had not exited " +
+             std::to_string(2 * kKillWait.count()) + " s after SIGKILL, its FUSE connection aborted after " +
+             std::to_string(kKillWait.count()) + " s";
+  }
   daemon_pid_ = -1;
   umount2(mountpoint_.c_str(), MNT_DETACH);
+  return reaped;
 }
 
 bool MountedVolume::Terminate(int signal, std::string* error) {

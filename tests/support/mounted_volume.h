@@ -55,8 +55,13 @@ class MountedVolume {
   // Unmounts with `spillfs umount` and waits until the daemon has exited.
   bool Unmount(std::string* error = nullptr);
   bool Remount(std::string* error = nullptr) { return Unmount(error) && Mount(error); }
-  // Sends SIGKILL to the daemon and lazily detaches the mount (crash simulation).
-  void Kill();
+  // Sends SIGKILL to the daemon, waits (bounded) until it has exited, and
+  // lazily detaches the mount (crash simulation). A daemon that has not
+  // exited 10 s after the signal has a thread waiting in the kernel on its
+  // own mount: the FUSE connection is then aborted (a forced unmount), which
+  // ends that wait, and it is waited for 10 s more. False (the reason in
+  // *error) if it still has not exited.
+  bool Kill(std::string* error = nullptr);
   // Sends `signal` to the daemon and waits for it to exit; true if it exited
   // with status 0 (the daemon unmounts itself), else the reason in *error.
   bool Terminate(int signal, std::string* error = nullptr);

@@ -90,6 +90,14 @@ struct DataCut {
 Result<DataCut> ApplyDataCut(const std::string& journal, const std::string& image,
                              const std::function<bool()>& survives = nullptr);
 
+// Whether the data journal at `journal` holds a whole record, i.e. a write
+// that is not yet durable (false when it holds none or cannot be read). Read
+// while the daemon runs, the answer may be stale by the time it is used (a
+// Flush may empty the journal); read after the daemon was killed and reaped,
+// it says exactly whether the power cut has a data write to undo. The tests
+// time their cuts with it, and check every cut with it.
+bool DataJournalHoldsAWrite(const std::string& journal);
+
 // ---- index ----
 
 // Wraps `base`: files under `dir` journal their durable lengths to `journal`,
