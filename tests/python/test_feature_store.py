@@ -288,6 +288,30 @@ def test_line_directory_units():
     assert vb.take(np.array([3])).tolist() == [0]
 
 
+def test_hybrid_evicts_the_line_the_window_needs_last():
+    # Two cached lines; the window's next batch uses line 0, batches 3 and 4
+    # use line 1, batch 2 the missing line 2. Counting window uses would keep
+    # line 1 (two uses) and evict line 0 just before its reuse; the look-ahead
+    # keeps the line needed soonest and parks line 1 (reused in 3 batches).
+    d = _line_cache.LineDirectory(10, 2, "hybrid", line_score=np.zeros(10))
+    d.admit(np.array([0, 1]), stamp=1)
+    w = _line_cache.Window(4)
+    for batch in ([0], [2], [1], [1]):
+        w.push(batch)
+    slots, ev, ev_slots, reuse = d.admit(np.array([2]), stamp=2, window=w)
+    assert ev.tolist() == [1] and reuse.tolist() == [3] and slots.tolist() == ev_slots.tolist()
+    assert d.lookup(np.array([0, 1, 2])).tolist()[0] >= 0 and d.lookup(np.array([1]))[0] == -1
+    # Between lines the window does not use, the score decides, then recency.
+    d = _line_cache.LineDirectory(10, 3, "hybrid", line_score=np.array([5.0, 1, 1, 9, 0, 0, 0, 0, 0, 7]))
+    d.admit(np.array([0, 1, 2]), stamp=1)
+    d.touch(d.lookup(np.array([1])), 2)
+    slots, ev, _, _ = d.admit(np.array([9]), stamp=3, window=_line_cache.Window(4))
+    assert ev.tolist() == [2]  # lines 1 and 2 score alike; 2 was used less recently
+    slots, ev, _, _ = d.admit(np.array([4]), stamp=4)  # scores below all: not admitted
+    assert slots.tolist() == [-1] and len(ev) == 0
+    d.check()
+
+
 def test_scores():
     # A star: every leaf points at node 0; node 0 points at leaf 1.
     indptr = np.array([0, 1, 2, 3, 4, 5])
