@@ -212,14 +212,18 @@ struct spill_client {
   int Write(const char* path, const void* buf, size_t len);
   // `units`: file offset, low and high hash of whole dedup units written
   // (spill_file writes; they may become blobs), flat; null for none.
+  // `ranges`: file offset and length of each file range the reserved space
+  // goes to, back to back, flat (then `file_offset` is not sent); null or
+  // empty: all of it at `file_offset`.
   static std::string CommitText(const std::string& rel, uint64_t file_offset, uint64_t length, uint64_t size,
-                                const std::vector<uint32_t>& sums, const std::vector<uint64_t>* units = nullptr);
+                                const std::vector<uint32_t>& sums, const std::vector<uint64_t>* units = nullptr,
+                                const std::vector<uint64_t>* ranges = nullptr);
   int Reserve(ControlChannel* txn, const std::string& rel, uint64_t reserve_len,
               std::vector<std::pair<uint64_t, uint64_t>>* space, int* fd);
   Reservation ReserveStep(ControlChannel* txn, const std::string& rel, uint64_t reserve_len);
   Reservation CommitStep(ControlChannel* txn, const std::string& rel, uint64_t pos, uint64_t length, uint64_t size,
                          const std::vector<uint32_t>& sums, uint64_t next_len,
-                         const std::vector<uint64_t>* units = nullptr);
+                         const std::vector<uint64_t>* units = nullptr, const std::vector<uint64_t>* ranges = nullptr);
   void HashStep(TaskPool* pool, const char* base, uint64_t data_len, std::vector<uint32_t>* sums, Latch* latch);
   int WriteOpen(const std::string& rel, const char* src, size_t len);
   int WriteStep(const std::string& rel, const Reservation& r, const char* base, uint64_t data_len, uint64_t reserve_len,

@@ -42,25 +42,32 @@ int spill_client::Write(const char* path, const void* buf, size_t len) {
 // The commit request, serialized by hand: a 1 GiB step carries 262144
 // checksums, which a JSON DOM takes tens of milliseconds to build.
 std::string spill_client::CommitText(const std::string& rel, uint64_t file_offset, uint64_t length, uint64_t size,
-                                     const std::vector<uint32_t>& sums, const std::vector<uint64_t>* units) {
-  std::string text = R"({"op":"commit","path":)" + json(rel).dump() + R"(,"file_offset":)" +
-                     std::to_string(file_offset) + R"(,"length":)" + std::to_string(length) + R"(,"size":)" +
-                     std::to_string(size) + R"(,"block_checksums":[)";
-  text.reserve(text.size() + sums.size() * 11 + 2);
+                                     const std::vector<uint32_t>& sums, const std::vector<uint64_t>* units,
+                                     const std::vector<uint64_t>* ranges) {
   char num[24];  // a u64 has up to 20 digits
-  for (size_t i = 0; i < sums.size(); ++i) {
-    if (i > 0) text.push_back(',');
-    auto [end, ec] = std::to_chars(num, num + sizeof(num), sums[i]);
-    text.append(num, end);
+  auto numbers = [&](std::string* text, const auto& values) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (i > 0) text->push_back(',');
+      auto [end, ec] = std::to_chars(num, num + sizeof(num), values[i]);
+      text->append(num, end);
+    }
+  };
+  const bool ranged = ranges != nullptr && !ranges->empty();
+  std::string text = R"({"op":"commit","path":)" + json(rel).dump();
+  if (ranged) {
+    text += R"(,"ranges":[)";
+    numbers(&text, *ranges);
+    text += "]";
+  } else {
+    text += R"(,"file_offset":)" + std::to_string(file_offset);
   }
+  text += R"(,"length":)" + std::to_string(length) + R"(,"size":)" + std::to_string(size) + R"(,"block_checksums":[)";
+  text.reserve(text.size() + sums.size() * 11 + 2);
+  numbers(&text, sums);
   text += "]";
   if (units != nullptr && !units->empty()) {
     text += R"(,"units":[)";
-    for (size_t i = 0; i < units->size(); ++i) {
-      if (i > 0) text.push_back(',');
-      auto [end, ec] = std::to_chars(num, num + sizeof(num), (*units)[i]);
-      text.append(num, end);
-    }
+    numbers(&text, *units);
     text += "]";
   }
   text += "}";
@@ -110,13 +117,14 @@ spill_client::Reservation spill_client::ReserveStep(ControlChannel* txn, const s
 // it), then reserves the next step of `txn` (`next_len` bytes; none if 0).
 spill_client::Reservation spill_client::CommitStep(ControlChannel* txn, const std::string& rel, uint64_t pos,
                                                    uint64_t length, uint64_t size, const std::vector<uint32_t>& sums,
-                                                   uint64_t next_len, const std::vector<uint64_t>* units) {
+                                                   uint64_t next_len, const std::vector<uint64_t>* units,
+                                                   const std::vector<uint64_t>* ranges) {
   {
     Phase phase("commit", rel, length);
     std::string reply;
     json result;
     Reservation r;
-    r.rc = txn->RequestText(CommitText(rel, pos, length, size, sums, units), "commit", &reply);
+    r.rc = txn->RequestText(CommitText(rel, pos, length, size, sums, units, ranges), "commit", &reply);
     if (r.rc == 0) r.rc = txn->ParseReply("commit", reply, &result);
     if (r.rc != 0) {
       r.message = LastError();

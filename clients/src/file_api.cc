@@ -35,8 +35,8 @@ namespace {
 
 static_assert(sizeof(spillfs::cuda::Hash128) == 2 * sizeof(uint64_t), "Hash128 is (low, high)");
 
-// Units of one dedup request: about 42 bytes each, far below the control
-// file's 16 MiB a request.
+// Units of one dedup request: about 42 bytes each (62 with their offsets),
+// far below the control file's 16 MiB a request.
 constexpr size_t kDedupBatch = 65536;
 
 int Start(spill_file* file, const spill_segment* segments, size_t n, uintptr_t stream, spill_request** out,
@@ -88,33 +88,67 @@ int FileControl(spill_file* file, ControlChannel** out) {
   return 0;
 }
 
-int Dedup(spill_file* file, uint64_t file_offset, const uint64_t* hashes, size_t n_units, uint8_t* needed) {
+// Checkpoint dedup of `n_units` units: at file_offsets[i] where given (a
+// multiple of 256 KiB, strictly increasing), else consecutive from
+// `file_offset`. One request (a batch of kDedupBatch units) for all.
+int Dedup(spill_file* file, uint64_t file_offset, const uint64_t* file_offsets, const uint64_t* hashes, size_t n_units,
+          uint8_t* needed) {
   if (file == nullptr) return Fail(EINVAL, "null file");
   if ((file->flags & SPILL_FILE_WRITE) == 0) return Fail(EBADF, file->path + " was not opened for writing");
   if (file->backend != Backend::kDirectPath && file->backend != Backend::kMount) {
     return Fail(EOPNOTSUPP, file->path + " is not on a spillfs mount: no dedup");
   }
-  if (file_offset % kHashUnit != 0) {
+  if (file_offsets == nullptr && file_offset % kHashUnit != 0) {
     return Fail(EINVAL, "dedup file offset " + std::to_string(file_offset) + " is not a multiple of 256 KiB");
   }
   if (n_units == 0) return 0;
   if (hashes == nullptr || needed == nullptr) return Fail(EFAULT, "null hashes or needed");
+  if (file_offsets != nullptr) {
+    for (size_t i = 0; i < n_units; ++i) {
+      if (file_offsets[i] % kHashUnit != 0) {
+        return Fail(EINVAL, "dedup unit " + std::to_string(i) + " at file offset " + std::to_string(file_offsets[i]) +
+                                " is not at a multiple of 256 KiB");
+      }
+      if (i > 0 && file_offsets[i] <= file_offsets[i - 1]) {
+        return Fail(EINVAL, "dedup units must be sorted by file offset without overlap: unit " + std::to_string(i) +
+                                " at " + std::to_string(file_offsets[i]) +
+                                (file_offsets[i] == file_offsets[i - 1] ? " repeats" : " comes after") + " unit " +
+                                std::to_string(i - 1) + " at " + std::to_string(file_offsets[i - 1]));
+      }
+    }
+  }
+  auto unit_offset = [&](size_t i) { return file_offsets ? file_offsets[i] : file_offset + i * kHashUnit; };
   if (file->client) file->client->AdoptAfterFork();
   file->Changed();
   ControlChannel* control = nullptr;
   if (int rc = FileControl(file, &control); rc != 0) return rc == -ENOTSUP ? -EOPNOTSUPP : rc;
   uint64_t mapped_end = 0;
   char num[24];
+  auto append = [&](std::string* text, uint64_t v) {
+    auto [end, ec] = std::to_chars(num, num + sizeof(num), v);
+    text->append(num, end);
+  };
   for (size_t first = 0; first < n_units; first += kDedupBatch) {
     const size_t count = std::min(kDedupBatch, n_units - first);
-    const uint64_t offset = file_offset + first * kHashUnit;
-    std::string text = R"({"op":"dedup","path":)" + json(file->rel).dump() + R"(,"file_offset":)" +
-                       std::to_string(offset) + R"(,"hashes":[)";
-    text.reserve(text.size() + count * 42 + 2);
-    for (size_t i = 0; i < 2 * count; ++i) {
-      if (i > 0) text.push_back(',');
-      auto [end, ec] = std::to_chars(num, num + sizeof(num), hashes[2 * first + i]);
-      text.append(num, end);
+    std::string text = R"({"op":"dedup","path":)" + json(file->rel).dump();
+    if (file_offsets != nullptr) {
+      text += R"(,"units":[)";
+      text.reserve(text.size() + count * 62 + 2);
+      for (size_t i = first; i < first + count; ++i) {
+        if (i > first) text.push_back(',');
+        append(&text, file_offsets[i]);
+        text.push_back(',');
+        append(&text, hashes[2 * i]);
+        text.push_back(',');
+        append(&text, hashes[2 * i + 1]);
+      }
+    } else {
+      text += R"(,"file_offset":)" + std::to_string(unit_offset(first)) + R"(,"hashes":[)";
+      text.reserve(text.size() + count * 42 + 2);
+      for (size_t i = 0; i < 2 * count; ++i) {
+        if (i > 0) text.push_back(',');
+        append(&text, hashes[2 * first + i]);
+      }
     }
     text += "]}";
     std::string reply;
@@ -130,7 +164,7 @@ int Dedup(spill_file* file, uint64_t file_offset, const uint64_t* hashes, size_t
       const json& v = (*it)[i];
       if (!v.is_number_unsigned() || v.get<uint64_t>() > 1) return Fail(EPROTO, "malformed dedup reply");
       needed[first + i] = static_cast<uint8_t>(v.get<uint64_t>());
-      if (needed[first + i] == 0) mapped_end = offset + (i + 1) * kHashUnit;
+      if (needed[first + i] == 0) mapped_end = std::max(mapped_end, unit_offset(first + i) + kHashUnit);
     }
   }
   // The daemon grew the file over the units it mapped: a write request's end
@@ -260,7 +294,14 @@ int spill_file_close(spill_file* file) {
 
 int spill_file_dedup(spill_file* file, uint64_t file_offset, const uint64_t* hashes, size_t n_units, uint8_t* needed) {
   ClearError();
-  return Dedup(file, file_offset, hashes, n_units, needed);
+  return Dedup(file, file_offset, nullptr, hashes, n_units, needed);
+}
+
+int spill_file_dedup_units(spill_file* file, const uint64_t* file_offsets, const uint64_t* hashes, size_t n_units,
+                           uint8_t* needed) {
+  ClearError();
+  if (n_units > 0 && file_offsets == nullptr) return Fail(EFAULT, "null file offsets");
+  return Dedup(file, 0, file_offsets, hashes, n_units, needed);
 }
 
 int spill_hash_units(const void* ptr, uint64_t length, int32_t device, uintptr_t stream, uint64_t* out) {

@@ -176,23 +176,37 @@ int WriteJob::WriteDirect() {
     }
     size_before_ = static_cast<uint64_t>(st.st_size);
   }
-  // Steps: runs of consecutive pieces, at most commit_bytes (whole chunks).
+  // Steps: runs of pieces (consecutive in the plan, not necessarily in the
+  // file: a dedup'd checkpoint's changed units and headers lie scattered),
+  // at most commit_bytes (whole chunks) of pieces each. A step's pieces go
+  // back to back into its reserved space, and one commit maps them all
+  // (over several file ranges where they are not contiguous): one reserve
+  // and one commit for a request of scattered small pieces, not one each.
   struct Step {
-    size_t first, last;  // pieces
-    uint64_t start, end;
+    size_t first, last;            // pieces
+    uint64_t bytes;                // reserved
+    uint64_t end;                  // of the last piece, in the file
+    std::vector<uint64_t> ranges;  // file offset, length of each contiguous run of pieces, flat
   };
   std::vector<Step> steps;
+  std::vector<uint64_t> at_in_step(plan_.pieces.size());  // where each piece lies in its step's space
   const uint64_t step_bytes = std::max(chunk_bytes_, RoundDown(Settings().commit_bytes.load(), chunk_bytes_));
   for (size_t i = 0; i < plan_.pieces.size(); ++i) {
     const Piece& p = piece(i);
-    if (!steps.empty() && steps.back().end == p.start && p.end - steps.back().start <= step_bytes) {
-      steps.back().last = i + 1;
-      steps.back().end = p.end;
+    const uint64_t n = p.end - p.start;
+    if (steps.empty() || steps.back().bytes + n > step_bytes) steps.push_back(Step{i, i, 0, 0, {}});
+    Step& step = steps.back();
+    at_in_step[i] = step.bytes;
+    if (!step.ranges.empty() && step.end == p.start) {
+      step.ranges.back() += n;
     } else {
-      steps.push_back(Step{i, i + 1, p.start, p.end});
+      step.ranges.insert(step.ranges.end(), {p.start, n});
     }
+    step.last = i + 1;
+    step.bytes += n;
+    step.end = p.end;
   }
-  auto step_len = [&](size_t k) -> uint64_t { return k < steps.size() ? steps[k].end - steps[k].start : 0; };
+  auto step_len = [&](size_t k) -> uint64_t { return k < steps.size() ? steps[k].bytes : 0; };
 
   // Channels round-robin: step k reserves and commits on channel k % depth,
   // so a step's commit (a sync of the data area and an index batch) may take
@@ -233,7 +247,7 @@ int WriteJob::WriteDirect() {
     const size_t slot = k % depth;
     if (k > 0 && settle(slot, &current) != 0) break;
     const Step& step = steps[k];
-    auto sums = std::make_shared<std::vector<uint32_t>>(sums_wanted ? (step.end - step.start) / kBlock : 0);
+    auto sums = std::make_shared<std::vector<uint32_t>>(sums_wanted ? step.bytes / kBlock : 0);
     auto units = std::make_shared<std::vector<uint64_t>>();
     for (size_t i = step.first; i < step.last && error() == 0; ++i) {
       if (int r = Stage(i); r != 0) {
@@ -245,7 +259,7 @@ int WriteJob::WriteDirect() {
       {
         Timed t(&stats_.hash_seconds);
         for (uint64_t b = p.start; sums_wanted && b < p.end; b += kBlock) {
-          (*sums)[(b - step.start) / kBlock] = BlockChecksum(data + (b - p.start), kBlock);
+          (*sums)[(at_in_step[i] + b - p.start) / kBlock] = BlockChecksum(data + (b - p.start), kBlock);
         }
         for (uint64_t u = RoundUp(p.start, kHashUnit);
              units_wanted && u + kHashUnit <= std::min(p.end, plan_.exact_end); u += kHashUnit) {
@@ -253,9 +267,9 @@ int WriteJob::WriteDirect() {
           units->insert(units->end(), {u, h.low64, h.high64});
         }
       }
-      // [p.start, p.end) lies at step offset p.start - step.start of the
-      // reserved space, which may come in several pieces.
-      uint64_t skip = p.start - step.start;
+      // [p.start, p.end) lies at at_in_step[i] of the step's reserved
+      // space, which may come in several pieces.
+      uint64_t skip = at_in_step[i];
       uint64_t at = p.start;
       BeginPiece(i);
       for (auto [phys, len] : current.space) {
@@ -284,13 +298,16 @@ int WriteJob::WriteDirect() {
     // The step's bytes are on the device before it is committed.
     Drain();
     if (error() != 0) break;
-    client->bytes_written.fetch_add(step.end - step.start, std::memory_order_relaxed);
+    client->bytes_written.fetch_add(step.bytes, std::memory_order_relaxed);
     ControlChannel* channel = txn[slot].get();
-    const uint64_t pos = step.start, length = step.end - step.start;
+    const uint64_t pos = step.ranges[0], length = step.bytes;
     const uint64_t size = std::min(step.end, plan_.exact_end);
     const uint64_t next_len = step_len(k + depth);
+    // One run: the plain form; several: "ranges".
+    auto ranges =
+        std::make_shared<std::vector<uint64_t>>(step.ranges.size() > 2 ? step.ranges : std::vector<uint64_t>());
     pending[slot] = std::async(std::launch::async, [=] {
-      return client->CommitStep(channel, rel, pos, length, size, *sums, next_len, units.get());
+      return client->CommitStep(channel, rel, pos, length, size, *sums, next_len, units.get(), ranges.get());
     });
   }
   return settle_all();

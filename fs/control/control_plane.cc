@@ -181,16 +181,33 @@ std::string ControlPlane::AnswerDirect(Handle& handle, const nlohmann::json& req
     }
     if (op == control::op::kDedup) {
       // {"op":"dedup","path":P,"file_offset":N,"hashes":[low0,high0,low1,high1,...]}: the XXH3-128 of
-      // consecutive dedup units from N. Reply: "needed" (1: the client must write the unit; 0: mapped
-      // by reference), "unit_bytes", "mapped_bytes".
-      auto file_offset = UnsignedField(request, "file_offset", std::nullopt);
-      if (!file_offset.ok()) return fail(file_offset.status());
-      auto numbers = NumbersField(request, "hashes", 2);
-      if (!numbers.ok()) return fail(numbers.status());
-      std::vector<std::string> hashes;
-      hashes.reserve(numbers->size() / 2);
-      for (size_t i = 0; i < numbers->size(); i += 2) hashes.push_back(HashBytes((*numbers)[i], (*numbers)[i + 1]));
-      auto mapped = fs_->DirectDedup(*ino, *file_offset, hashes);
+      // consecutive dedup units from N; or {"op":"dedup","path":P,"units":[offset0,low0,high0,...]}:
+      // units anywhere in the file, sorted by offset (a whole checkpoint in one request: one flush,
+      // one batch). Reply: "needed" (1: the client must write the unit; 0: mapped by reference), in
+      // the order given, "unit_bytes", "mapped_bytes".
+      Result<std::vector<bool>> mapped = std::vector<bool>();
+      if (request.contains("units")) {
+        if (request.contains("hashes") || request.contains("file_offset")) {
+          return fail(Status::Error(EINVAL, "dedup takes \"units\" or \"file_offset\" with \"hashes\", not both"));
+        }
+        auto numbers = NumbersField(request, "units", 3);
+        if (!numbers.ok()) return fail(numbers.status());
+        std::vector<DirectUnit> units;
+        units.reserve(numbers->size() / 3);
+        for (size_t i = 0; i < numbers->size(); i += 3) {
+          units.push_back(DirectUnit{(*numbers)[i], HashBytes((*numbers)[i + 1], (*numbers)[i + 2])});
+        }
+        mapped = fs_->DirectDedup(*ino, units);
+      } else {
+        auto file_offset = UnsignedField(request, "file_offset", std::nullopt);
+        if (!file_offset.ok()) return fail(file_offset.status());
+        auto numbers = NumbersField(request, "hashes", 2);
+        if (!numbers.ok()) return fail(numbers.status());
+        std::vector<std::string> hashes;
+        hashes.reserve(numbers->size() / 2);
+        for (size_t i = 0; i < numbers->size(); i += 2) hashes.push_back(HashBytes((*numbers)[i], (*numbers)[i + 1]));
+        mapped = fs_->DirectDedup(*ino, *file_offset, hashes);
+      }
       if (!mapped.ok()) return fail(mapped.status());
       std::string needed;
       needed.reserve(mapped->size() * 2);
@@ -204,8 +221,16 @@ std::string ControlPlane::AnswerDirect(Handle& handle, const nlohmann::json& req
       return fmt::format(R"({{"ok":true,"result":{{"ino":{},"unit_bytes":{},"mapped_bytes":{},"needed":[{}]}}}})", *ino,
                          Filesystem::dedup_unit(), mapped_bytes, needed);
     }
+    // Optional "ranges": [file_offset, length, ...]: the reserved space goes back to back over these
+    // file ranges (sorted, disjoint) instead of from one "file_offset" (Filesystem::DirectCommit).
+    auto range_numbers = NumbersField(request, "ranges", 2);
+    if (!range_numbers.ok()) return fail(range_numbers.status());
+    const bool ranged = request.contains("ranges");
+    if (ranged && request.contains("file_offset")) {
+      return fail(Status::Error(EINVAL, "commit takes \"ranges\" or \"file_offset\", not both"));
+    }
     auto length_field = UnsignedField(request, "length", std::nullopt);
-    auto file_offset = UnsignedField(request, "file_offset", std::nullopt);
+    auto file_offset = ranged ? Result<uint64_t>(uint64_t{0}) : UnsignedField(request, "file_offset", std::nullopt);
     auto size = UnsignedField(request, "size", uint64_t{0});
     auto checksums = ChecksumsField(request);
     // Optional "units": [file_offset, low, high, ...]: whole dedup units of the range and the
@@ -226,7 +251,17 @@ std::string ControlPlane::AnswerDirect(Handle& handle, const nlohmann::json& req
     if (length != reserved) {
       return fail(Status::Error(EINVAL, fmt::format("commit length {} != reserved {}", length, reserved)));
     }
-    Status committed = fs_->DirectCommit(*ino, *file_offset, handle.reserved, *checksums, *size, units);
+    Filesystem::FileRanges ranges;
+    if (ranged) {
+      ranges.reserve(range_numbers->size() / 2);
+      for (size_t i = 0; i < range_numbers->size(); i += 2) {
+        const uint64_t start = (*range_numbers)[i], n = (*range_numbers)[i + 1];
+        if (start + n < start) return fail(Status::Error(EFBIG, "a commit range is past the largest file offset"));
+        ranges.emplace_back(start, start + n);
+      }
+    }
+    Status committed = ranged ? fs_->DirectCommit(*ino, ranges, handle.reserved, *checksums, *size, units)
+                              : fs_->DirectCommit(*ino, *file_offset, handle.reserved, *checksums, *size, units);
     if (!committed.ok()) return fail(committed);
     handle.reserved.clear();
     handle.invalidate = *ino;  // by Read, once no lock is held

@@ -3,6 +3,7 @@
 // fresh space, writes it itself and commits the mapping here.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 
@@ -44,19 +45,51 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
                                 const std::vector<DirectUnit>& units) {
   uint64_t length = 0;
   for (const PhysicalExtent& piece : space) length += piece.length;
-  if (file_offset % block_size_ != 0) return Status::Error(EINVAL, "file_offset must be block aligned");
+  if (file_offset + length < file_offset || file_offset + length > (1ull << 62)) {
+    return Status::Error(EFBIG, "commit range is past the largest file offset");
+  }
+  return DirectCommit(ino, FileRanges{{file_offset, file_offset + length}}, space, checksums, size, units);
+}
+
+Status Filesystem::DirectCommit(InodeNumber ino, const FileRanges& ranges, const std::vector<PhysicalExtent>& space,
+                                const std::vector<uint32_t>& checksums, uint64_t size,
+                                const std::vector<DirectUnit>& units) {
+  uint64_t length = 0;
+  for (const PhysicalExtent& piece : space) length += piece.length;
+  if (ranges.empty()) return Status::Error(EINVAL, "a commit needs a file range");
+  uint64_t covered = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const auto [start, end] = ranges[i];
+    if (start % block_size_ != 0 || end % block_size_ != 0) {
+      return Status::Error(EINVAL, fmt::format("file range {} [{}, {}) is not block aligned", i, start, end));
+    }
+    if (end < start) return Status::Error(EINVAL, fmt::format("file range {} ends before it starts", i));
+    if (end > (1ull << 62)) {
+      return Status::Error(EFBIG, fmt::format("file range {} [{}, {}) is past the largest file offset", i, start, end));
+    }
+    if (i > 0 && start < ranges[i - 1].second) {
+      return Status::Error(EINVAL, fmt::format("file ranges must be sorted without overlap: range {} starts at {}, "
+                                               "before range {} ends ({})",
+                                               i, start, i - 1, ranges[i - 1].second));
+    }
+    covered += end - start;
+  }
+  if (covered != length) {
+    return Status::Error(EINVAL, fmt::format("the file ranges hold {} bytes, the reserved space {}", covered, length));
+  }
+  const uint64_t last_end = ranges.back().second;
   if (checksums_ && checksums.size() != length / block_size_) {
     return Status::Error(EINVAL,
                          fmt::format("expected {} block checksums, got {}", length / block_size_, checksums.size()));
   }
-  if (file_offset + length < file_offset || file_offset + length > (1ull << 62)) {
-    return Status::Error(EFBIG, "commit range is past the largest file offset");
-  }
-  if (size > file_offset + length) return Status::Error(EINVAL, "size lies past the committed data");
+  if (size > last_end) return Status::Error(EINVAL, "size lies past the committed data");
   for (const DirectUnit& unit : units) {
-    if (unit.hash.size() != 16 || unit.file_offset % kDedupUnit != 0 || unit.file_offset < file_offset ||
-        unit.file_offset + kDedupUnit > file_offset + length) {
-      return Status::Error(EINVAL, fmt::format("unit at file offset {} is not a whole, aligned dedup unit of the "
+    // The range holding it: the last one starting at or before it.
+    auto in = std::upper_bound(ranges.begin(), ranges.end(), unit.file_offset,
+                               [](uint64_t v, const std::pair<uint64_t, uint64_t>& r) { return v < r.first; });
+    if (unit.hash.size() != 16 || unit.file_offset % kDedupUnit != 0 || in == ranges.begin() ||
+        unit.file_offset + kDedupUnit > std::prev(in)->second) {
+      return Status::Error(EINVAL, fmt::format("unit at file offset {} is not a whole, aligned dedup unit of a "
                                                "committed range with a 16-byte hash",
                                                unit.file_offset));
     }
@@ -72,45 +105,58 @@ Status Filesystem::DirectCommit(InodeNumber ino, uint64_t file_offset, const std
   // Written blocks past EOF would show through a later truncate up. Checked
   // before MapExtents: that changes the allocator's persisted map, so no
   // return may come between it and the commit.
-  if (file_offset + length > RoundUp(std::max(record.size, size), block_size_)) {
+  if (last_end > RoundUp(std::max(record.size, size), block_size_)) {
     return Status::Error(EINVAL, "commit maps blocks past the end of the file: give size");
   }
   // The units that become blobs (a later write of these bytes shares them).
   std::map<uint64_t, const std::string*> blob_units;
   if (dedup_) blob_units = deduper_.NewBlobUnits(units);
   Txn txn(index_);
-  // One extent per reserved piece, cut around the units that become blobs
-  // (a blob is one extent of its own; a unit split over two pieces stays plain).
+  // One extent per run (a reserved piece within one file range), cut around
+  // the units that become blobs (a blob is one extent of its own; a unit
+  // split over two runs stays plain).
   std::vector<std::pair<uint64_t, ExtentRecord>> extents;
-  uint64_t at = 0;  // of the committed range
-  for (const PhysicalExtent& piece : space) {
-    const uint64_t piece_file = file_offset + at;
-    auto emit = [&](uint64_t from, uint64_t n, bool blob) {
+  // A run: `n` bytes at file offset `run_file`, physical `physical`, byte
+  // `at` of the reserved space (where its checksums start).
+  auto run = [&](uint64_t run_file, uint64_t physical, uint64_t n, uint64_t at) {
+    auto emit = [&](uint64_t from, uint64_t len, bool blob) {
       ExtentRecord extent;
-      extent.physical = piece.offset + from;
-      extent.length = n;
+      extent.physical = physical + from;
+      extent.length = len;
       if (blob) extent.blob_id = extent.physical;
       if (checksums_) {
         auto first = checksums.begin() + static_cast<long>((at + from) / block_size_);
-        extent.block_checksums.assign(first, first + static_cast<long>(n / block_size_));
+        extent.block_checksums.assign(first, first + static_cast<long>(len / block_size_));
       }
-      extents.emplace_back(piece_file + from, std::move(extent));
+      extents.emplace_back(run_file + from, std::move(extent));
     };
-    uint64_t cursor = 0;  // of the piece
-    for (auto it = blob_units.lower_bound(piece_file);
-         it != blob_units.end() && it->first + kDedupUnit <= piece_file + piece.length; ++it) {
-      const uint64_t from = it->first - piece_file;
+    uint64_t cursor = 0;  // of the run
+    for (auto it = blob_units.lower_bound(run_file); it != blob_units.end() && it->first + kDedupUnit <= run_file + n;
+         ++it) {
+      const uint64_t from = it->first - run_file;
       if (from > cursor) emit(cursor, from - cursor, false);
       emit(from, kDedupUnit, true);
       const ExtentRecord& blob = extents.back().second;
       txn.new_blobs[blob.physical] = Dedup::NewBlob(*it->second, blob.block_checksums);
       cursor = from + kDedupUnit;
     }
-    if (cursor < piece.length) emit(cursor, piece.length - cursor, false);
+    if (cursor < n) emit(cursor, n - cursor, false);
+  };
+  size_t r = 0;
+  uint64_t file_at = ranges[0].first;  // where the next reserved byte goes
+  uint64_t at = 0;                     // of the reserved space
+  for (const PhysicalExtent& piece : space) {
+    for (uint64_t used = 0; used < piece.length;) {
+      while (file_at == ranges[r].second) file_at = ranges[++r].first;  // sums are equal: r stays in bounds
+      const uint64_t n = std::min(piece.length - used, ranges[r].second - file_at);
+      run(file_at, piece.offset + used, n, at + used);
+      used += n;
+      file_at += n;
+    }
     at += piece.length;
   }
   uint64_t unmapped = 0;
-  SPILLFS_RETURN_IF_ERROR(UnmapRange(&txn, ino, file_offset, file_offset + length, &unmapped));
+  SPILLFS_RETURN_IF_ERROR(UnmapRanges(&txn, ino, ranges, &unmapped));
   MapExtents(&txn, ino, extents);
   record.allocated_bytes += length - unmapped;
   record.size = std::max(record.size, size);
@@ -134,8 +180,37 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, uint64_t file
   if (n > (1ull << 62) / kDedupUnit || file_offset > (1ull << 62) - n * kDedupUnit) {
     return Status::Error(EFBIG, "dedup range is past the largest file offset");
   }
-  for (const std::string& hash : hashes) {
-    if (hash.size() != 16) return Status::Error(EINVAL, "a dedup hash is not 16 bytes");
+  std::vector<DirectUnit> units;
+  units.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) units.push_back(DirectUnit{file_offset + i * kDedupUnit, hashes[i]});
+  return DirectDedup(ino, units);
+}
+
+Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::vector<DirectUnit>& units) {
+  if (!dedup_) {
+    return Status::Error(EOPNOTSUPP, "deduplication is off on this volume (made with --no-dedup or mounted so)");
+  }
+  const uint64_t n = units.size();
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t at = units[i].file_offset;
+    if (at % kDedupUnit != 0) {
+      return Status::Error(EINVAL, fmt::format("dedup unit {} at file offset {} is not at a multiple of the dedup "
+                                               "unit ({} bytes)",
+                                               i, at, kDedupUnit));
+    }
+    if (at > (1ull << 62) - kDedupUnit) {
+      return Status::Error(EFBIG,
+                           fmt::format("dedup unit {} at file offset {} is past the largest file offset", i, at));
+    }
+    if (i > 0 && at <= units[i - 1].file_offset) {
+      return Status::Error(
+          EINVAL,
+          fmt::format("dedup units must be sorted by file offset without overlap: unit {} at {} {} unit {} at {}", i,
+                      at, at == units[i - 1].file_offset ? "repeats" : "comes after", i - 1, units[i - 1].file_offset));
+    }
+    if (units[i].hash.size() != 16) {
+      return Status::Error(EINVAL, fmt::format("the hash of dedup unit {} is not 16 bytes", i));
+    }
   }
   std::vector<bool> mapped(n, false);
   if (n == 0) return mapped;
@@ -154,10 +229,10 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, uint64_t file
   {
     ReclaimGate::Reader pin(&gate_);
     AlignedBuffer unit;
-    for (const std::string& hash : hashes) {
-      auto [it, fresh] = hits.try_emplace(hash);
+    for (const DirectUnit& u : units) {
+      auto [it, fresh] = hits.try_emplace(u.hash);
       if (!fresh) continue;
-      auto found = deduper_.FindBlob(hash);
+      auto found = deduper_.FindBlob(u.hash);
       if (!found) continue;
       Hit hit;
       hit.blob = found->first;
@@ -174,6 +249,8 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, uint64_t file
       it->second = std::move(hit);
     }
   }
+  // Nothing to map (a first save): no flush, no batch.
+  if (std::none_of(hits.begin(), hits.end(), [](const auto& h) { return h.second.has_value(); })) return mapped;
 
   ExclusiveLock flush_lock(&FlushLock(ino));
   WriterLock io_lock(&IoLock(ino));
@@ -196,9 +273,9 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, uint64_t file
   }
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // file ranges mapped, sorted and merged
   for (uint64_t i = 0; i < n; ++i) {
-    if (!hits[hashes[i]]) continue;
+    if (!hits[units[i].hash]) continue;
     mapped[i] = true;
-    const uint64_t at = file_offset + i * kDedupUnit;
+    const uint64_t at = units[i].file_offset;
     if (!ranges.empty() && ranges.back().second == at) {
       ranges.back().second += kDedupUnit;
     } else {
@@ -212,8 +289,8 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, uint64_t file
   uint64_t shared = 0;
   for (uint64_t i = 0; i < n; ++i) {
     if (!mapped[i]) continue;
-    const Hit& hit = *hits[hashes[i]];
-    Dedup::MapBlob(ino, file_offset + i * kDedupUnit, hit.blob, hit.record, &txn.batch, &txn.blob_refs);
+    const Hit& hit = *hits[units[i].hash];
+    Dedup::MapBlob(ino, units[i].file_offset, hit.blob, hit.record, &txn.batch, &txn.blob_refs);
     if (hit.sums_taken) txn.new_blobs[hit.blob] = hit.record;
     shared += kDedupUnit;
   }

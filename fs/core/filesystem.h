@@ -219,13 +219,29 @@ class Filesystem {
   // checksums are: the control file is root's. Ignored where dedup is off.
   Status DirectCommit(InodeNumber ino, uint64_t file_offset, const std::vector<PhysicalExtent>& space,
                       const std::vector<uint32_t>& checksums, uint64_t size, const std::vector<DirectUnit>& units = {});
-  // The dedup control op: `hashes` are those of consecutive dedup units of
-  // the file from `file_offset` (a multiple of dedup_unit()). Every unit whose
-  // hash a blob of the volume holds is mapped into the file by reference (in
-  // one index batch with the blobs' reference counts, after the file's cached
-  // data is flushed), and the size grows to cover the units mapped. Returns
-  // which units were mapped; the caller writes the others. EOPNOTSUPP where
-  // dedup is off, EINVAL for a misaligned offset or a hash not of 16 bytes.
+  // [start, end) byte ranges of a file, sorted, disjoint.
+  using FileRanges = std::vector<std::pair<uint64_t, uint64_t>>;
+  // The same, the reserved space laid back to back over several file ranges
+  // (block aligned, sorted, disjoint, as many bytes in all as `space`): a
+  // write of scattered pieces (a dedup'd checkpoint's changed units and
+  // headers) in one commit, so one flush and one index batch. A unit must
+  // lie within one range. EINVAL for ranges that break these rules (the
+  // message names the range).
+  Status DirectCommit(InodeNumber ino, const FileRanges& ranges, const std::vector<PhysicalExtent>& space,
+                      const std::vector<uint32_t>& checksums, uint64_t size, const std::vector<DirectUnit>& units = {});
+  // The dedup control op: `units` are dedup units of the file (each at a
+  // multiple of dedup_unit(), sorted by file offset, none twice) with the
+  // hash of the bytes the caller means to put there. Every unit whose hash a
+  // blob of the volume holds is mapped into the file by reference, all in
+  // one index batch with the blobs' reference counts after one flush of the
+  // file's cached data (so one call for a whole file costs what one unit
+  // does, less the per-unit work), and the size grows to cover the units
+  // mapped. Returns which units were mapped (in the order of `units`); the
+  // caller writes the others. EOPNOTSUPP where dedup is off, EINVAL for a
+  // misaligned, unsorted or repeated offset or a hash not of 16 bytes (the
+  // message names the unit), EFBIG past the largest file offset.
+  Result<std::vector<bool>> DirectDedup(InodeNumber ino, const std::vector<DirectUnit>& units);
+  // The same for `hashes` of consecutive units from `file_offset`.
   Result<std::vector<bool>> DirectDedup(InodeNumber ino, uint64_t file_offset, const std::vector<std::string>& hashes);
   static constexpr uint64_t dedup_unit() { return kDedupUnit; }
 

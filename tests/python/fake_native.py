@@ -2,9 +2,9 @@
 
 It takes the same ctypes arguments as the C ABI (spill_segment arrays,
 byref'd request pointers, uint64/uint8 arrays) and keeps a content store of
-256 KiB units: spill_file_dedup copies units the store holds into the file
-(as the volume maps them by reference) and asks for the others; every whole
-aligned unit written is added to the store. So a second save of unchanged
+256 KiB units: spill_file_dedup (and spill_file_dedup_units) copies units
+the store holds into the file (as the volume maps them by reference) and
+asks for the others; every whole aligned unit written is added to the store. So a second save of unchanged
 storages writes only what changed, and the file must still read back right.
 """
 
@@ -111,6 +111,21 @@ class FakeSegmentLib:
                 needed[i] = 1
             else:
                 os.pwrite(fd, chunk, offset + i * UNIT)  # "mapped by reference"
+                needed[i] = 0
+        return 0
+
+    def spill_file_dedup_units(self, handle, offsets, hashes, n, needed):
+        for i in range(n):
+            if offsets[i] % UNIT or (i and offsets[i] <= offsets[i - 1]):
+                return -errno.EINVAL
+        self.dedup_calls += 1
+        fd = self.files[handle]
+        for i in range(n):
+            chunk = self.store.get((hashes[2 * i], hashes[2 * i + 1]))
+            if chunk is None:
+                needed[i] = 1
+            else:
+                os.pwrite(fd, chunk, offsets[i])  # "mapped by reference"
                 needed[i] = 0
         return 0
 

@@ -507,6 +507,17 @@ def test_crc32_combine_matches_zlib():
         assert _zipfile._crc32_combine_py(zlib.crc32(a), zlib.crc32(b), len(b)) == want
 
 
+def test_crc32_combiner_of_a_fixed_length_matches_zlib():
+    import random
+    import zlib
+    rng = random.Random(6)
+    for length in (1, 4096, 256 * KIB):
+        combine = _zipfile.crc32_combiner(length)
+        for _ in range(5):
+            a, b = rng.randbytes(rng.randrange(0, 3000)), rng.randbytes(length)
+            assert combine(zlib.crc32(a), zlib.crc32(b)) == zlib.crc32(a + b)
+
+
 def test_a_library_of_another_version_is_refused(tmp_path):
     src = tmp_path / "fake.c"
     src.write_text('const char* spill_version(void) { return "9.9.9"; }\n')
@@ -564,6 +575,49 @@ def test_dedup_on_a_spillfs_mount(mount):
     assert not r.dedup and r.bytes_shared == 0
 
 
+def test_dedup_of_many_tensors_is_one_request_and_adds_the_changed_bytes(mount):
+    """A state_dict of many tensors (whole units, units and a tail, small
+    ones): each save asks the daemon once, whatever the number of storages;
+    the second save, with a few tensors changed, adds about their bytes to
+    the volume; the CRC-32s the second save took from the units' of the
+    first are right (zipfile checks them)."""
+    if _native.segment_io() is None:
+        pytest.skip("dedup needs libspillfs_client with the segment I/O")
+    gen = torch.Generator().manual_seed(23)
+    sd = {}
+    for i in range(16):
+        sd[f"l{i}.w"] = torch.randn(256, 512, generator=gen)  # 512 KiB: two whole units
+        sd[f"l{i}.u"] = torch.randn(1408, 256, generator=gen)  # 1.375 MiB: five units and a tail
+        sd[f"l{i}.n"] = torch.randn(512, generator=gen)  # small: packed
+    big = [t for t in sd.values() if t.numel() * 4 >= 256 * KIB]
+    tails = sum(t.numel() * 4 % (256 * KIB) for t in big)
+    r1 = spillfs.save(sd, os.path.join(mount, "many1.pt"))
+    assert r1.dedup and r1.dedup_requests == 1, r1
+    before = _physical_bytes(mount)
+    changed = ("l0.w", "l3.u", "l7.u", "l9.w")
+    for name in changed:
+        sd[name].add_(1)
+    r2 = spillfs.save(sd, os.path.join(mount, "many2.pt"))
+    assert r2.dedup and r2.dedup_requests == 1, r2
+    changed_bytes = sum(sd[name].numel() * 4 for name in changed)
+    changed_units = sum(sd[name].numel() * 4 // (256 * KIB) for name in changed)
+    all_units = sum(t.numel() * 4 // (256 * KIB) for t in big)
+    assert r2.bytes_shared == (all_units - changed_units) * 256 * KIB
+    assert changed_bytes <= r2.bytes_written < changed_bytes + tails + 64 * KIB + 16 * 4 * KIB * 3
+    if before is not None:
+        grown = _physical_bytes(mount) - before
+        assert grown < changed_bytes + tails + 64 * KIB + 16 * 4 * KIB * 3 + 1 * MIB, grown
+    for name in ("many1.pt", "many2.pt"):
+        with zipfile.ZipFile(os.path.join(mount, name)) as z:
+            assert z.testzip() is None, name
+    assert_same(sd, torch.load(os.path.join(mount, "many2.pt")))
+    # Unchanged: nothing but the glue is written, still one request.
+    r3 = spillfs.save(sd, os.path.join(mount, "many3.pt"))
+    assert r3.dedup_requests == 1 and r3.bytes_written < tails + 64 * KIB + 16 * 4 * KIB * 3
+    with zipfile.ZipFile(os.path.join(mount, "many3.pt")) as z:
+        assert z.testzip() is None
+
+
 # -- the native path's logic, on a stand-in library --------------------------------
 
 def test_dedup_writes_only_the_units_the_volume_lacks(tmp_path, monkeypatch):
@@ -579,11 +633,13 @@ def test_dedup_writes_only_the_units_the_volume_lacks(tmp_path, monkeypatch):
     sd["view"] = sd["w2"][7:]
     r1 = spillfs.save(sd, tmp_path / "s1.pt")
     assert r1.backend == "native" and r1.dedup and r1.bytes_shared == 0
+    assert fake.dedup_calls == 1 and r1.dedup_requests == 1  # one request for all six storages
     assert_same(sd, torch.load(tmp_path / "s1.pt"))
     for ptr, length, offset, device in fake.segments_seen:
         assert offset % 4096 == 0
     before = fake.written
     r2 = spillfs.save(sd, tmp_path / "s2.pt")
+    assert fake.dedup_calls == 2
     units = sum((t.numel() * 4) // (256 * KIB) for k, t in sd.items() if k.startswith("w"))
     assert r2.bytes_shared == units * 256 * KIB
     tails = sum((t.numel() * 4) % (256 * KIB) for k, t in sd.items() if k.startswith("w"))
@@ -603,3 +659,19 @@ def test_dedup_writes_only_the_units_the_volume_lacks(tmp_path, monkeypatch):
     assert_same(sd, spillfs.load(tmp_path / "s3.pt"))
     r4 = spillfs.save(sd, tmp_path / "s4.pt", dedup=False)
     assert not r4.dedup and r4.bytes_shared == 0 and r4.bytes_written >= 6 * 1_200_000
+
+
+def test_dedup_with_a_library_without_dedup_units(tmp_path, monkeypatch):
+    """A library without spill_file_dedup_units: a dedup request per run of
+    consecutive units (per storage), same result."""
+    from fake_native import FakeSegmentLib
+    fake = FakeSegmentLib()
+    monkeypatch.setattr(_native, "segment_io", lambda: fake)
+    monkeypatch.setattr(_io.NativeFile, "dedup_units_supported", property(lambda self: False))
+    sd = {f"w{i}": torch.randn(300_000) for i in range(4)}
+    spillfs.save(sd, tmp_path / "s1.pt")
+    assert fake.dedup_calls == 4
+    r2 = spillfs.save(sd, tmp_path / "s2.pt")
+    assert fake.dedup_calls == 8 and r2.dedup_requests == 4
+    assert r2.bytes_shared == 4 * (1_200_000 // (256 * KIB)) * 256 * KIB
+    assert_same(sd, torch.load(tmp_path / "s2.pt"))

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 
+#include "spillfs/common/block_checksum.h"
 #include "spillfs/common/control_protocol.h"
 #include "spillfs/common/mountinfo.h"
 #include "spillfs/fs/volume.h"
@@ -303,6 +304,86 @@ TEST_F(ControlPlaneTest, Refusals) {
   reply = Ask(R"({"op":"layout"})");
   EXPECT_EQ(reply["errno"], EINVAL);
   EXPECT_EQ(reply["error"].get<std::string>().rfind("malformed request: ", 0), 0u) << reply;
+}
+
+// The dedup op's "units" form: units anywhere in the file in one request,
+// "needed" in the order given, the blobs' references counted; bad units
+// refused with the unit named. And a commit over several file ranges.
+TEST_F(ControlPlaneTest, DedupUnitsAndRangedCommit) {
+  constexpr uint64_t kUnit = 256 << 10;
+  std::string data;
+  for (uint64_t i = 0; i < 3 * kUnit; ++i) data.push_back(static_cast<char>((i * 2654435761u) >> 13));
+  for (uint64_t u = 0; u < 3; ++u) data[u * kUnit] = static_cast<char>(u);  // three distinct units
+  MakeFile("a", data);
+  ASSERT_TRUE(fs_->FlushAll().ok());  // the units become blobs
+  MakeFile("b", "");
+  auto numbers = [&](uint64_t u) {
+    XXH128_hash_t h = ContentHash128(data.data() + u * kUnit, kUnit);
+    return std::to_string(h.low64) + "," + std::to_string(h.high64);
+  };
+  auto refs = [&] {
+    std::vector<uint64_t> out;
+    auto cursor = fs_->volume().index().NewCursor(Family::kBlob, "p");
+    for (cursor->Seek("p"); cursor->Valid(); cursor->Next()) out.push_back(BlobRecord::Decode(cursor->value())->refs);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  ASSERT_EQ(refs(), (std::vector<uint64_t>{1, 1, 1}));
+  const uint64_t physical = Ask(R"({"op":"du","path":"/"})")["result"]["physical_bytes"];
+  json reply = Ask(R"({"op":"dedup","path":"/b","units":[0,)" + numbers(2) + "," + std::to_string(2 * kUnit) + ",1,2," +
+                   std::to_string(5 * kUnit) + "," + numbers(0) + "]}");
+  ASSERT_EQ(reply["ok"], true) << reply;
+  EXPECT_EQ(reply["result"]["needed"], json::parse("[0,1,0]"));
+  EXPECT_EQ(reply["result"]["mapped_bytes"], 2 * kUnit);
+  EXPECT_EQ(refs(), (std::vector<uint64_t>{1, 2, 2}));
+  json ls = Ask(R"({"op":"ls","paths":["/b"]})");
+  EXPECT_EQ(ls["result"][0]["size"], 6 * kUnit);
+  EXPECT_EQ(Ask(R"({"op":"du","path":"/"})")["result"]["physical_bytes"], physical) << "shared, not copied";
+
+  struct Bad {
+    std::string request;
+    const char* message;
+  };
+  const std::string u = std::to_string(kUnit);
+  for (const Bad& bad : {
+           Bad{R"({"op":"dedup","path":"/b","units":[)" + u + ",1,2,0,3,4]}",
+               "dedup units must be sorted by file offset without overlap: unit 1 at 0 comes after unit 0 at 262144"},
+           Bad{R"({"op":"dedup","path":"/b","units":[)" + u + ",1,2," + u + ",3,4]}",
+               "dedup units must be sorted by file offset without overlap: unit 1 at 262144 repeats unit 0 at 262144"},
+           Bad{R"({"op":"dedup","path":"/b","units":[0,1,2,4096,3,4]})",
+               "dedup unit 1 at file offset 4096 is not at a multiple of the dedup unit (262144 bytes)"},
+           Bad{R"({"op":"dedup","path":"/b","units":[0,1]})", "\"units\" must be an array of 3-tuples of numbers"},
+           Bad{R"({"op":"dedup","path":"/b","file_offset":0,"units":[0,1,2]})",
+               "dedup takes \"units\" or \"file_offset\" with \"hashes\", not both"},
+       }) {
+    json refused = Ask(bad.request);
+    EXPECT_EQ(refused["ok"], false) << bad.request;
+    EXPECT_EQ(refused["errno"], EINVAL) << bad.request << " -> " << refused;
+    EXPECT_EQ(refused["error"], bad.message) << bad.request;
+  }
+  EXPECT_EQ(refs(), (std::vector<uint64_t>{1, 2, 2})) << "nothing mapped by a refused request";
+
+  // A commit over two file ranges of "g".
+  MakeFile("g", "");
+  auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR, 0);
+  ASSERT_TRUE(opened.ok());
+  ControlPlane::Handle* handle = *opened;
+  ASSERT_EQ(json::parse(Send(handle, R"({"op":"reserve","length":12288})"))["ok"], true);
+  json refused = json::parse(Send(
+      handle, R"({"op":"commit","path":"/g","ranges":[0,4096,4096,4096],"length":12288,"block_checksums":[1,2,3]})"));
+  EXPECT_EQ(refused["errno"], EINVAL) << refused;
+  EXPECT_EQ(refused["error"], "the file ranges hold 8192 bytes, the reserved space 12288");
+  json committed = json::parse(Send(
+      handle,
+      R"({"op":"commit","path":"/g","ranges":[0,4096,65536,8192],"length":12288,"size":70000,"block_checksums":[1,2,3]})"));
+  ASSERT_EQ(committed["ok"], true) << committed;
+  control_->Release(handle);
+  longest_.erase(handle);
+  ls = Ask(R"({"op":"ls","paths":["/g"],"extents":true})");
+  EXPECT_EQ(ls["result"][0]["size"], 70000u);
+  ASSERT_EQ(ls["result"][0]["extents"].size(), 2u) << ls;
+  EXPECT_EQ(ls["result"][0]["extents"][0]["length"], 4096u);
+  EXPECT_EQ(ls["result"][0]["extents"][1]["length"], 8192u);
 }
 
 // Without a Filesystem (an unmounted volume) the direct-path ops are unknown.

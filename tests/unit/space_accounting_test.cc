@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "filesystem_fixture.h"
+#include "spillfs/common/aligned_buffer.h"
 #include "spillfs/common/block_checksum.h"
 #include "support/random_bytes.h"
 #include "support/read_bytes.h"
@@ -398,6 +400,139 @@ TEST_F(FilesystemDedupTest, DirectDedupMapsHeldUnitsByReference) {
   EXPECT_TRUE(SameBytes(ReadAll(b), data));
   for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(fs_->Unlink(kRootInode, name).ok()) << name;
   EXPECT_TRUE(Blobs().empty());
+  EXPECT_EQ(FreeBlocks(), initial_free_);
+}
+
+// The units form: units anywhere in the file, in one call (one flush, one
+// batch); the same blob twice; bad input refused with the unit named and
+// nothing mapped.
+TEST_F(FilesystemDedupTest, DirectDedupOfScatteredUnitsInOneCall) {
+  const uint64_t unit = Filesystem::dedup_unit();
+  std::mt19937_64 rng(78);
+  const std::string data = RandomBytes(rng, 4 * unit);
+  InodeNumber a = MakeFile(kRootInode, "a");
+  WriteAt(a, 0, data);
+  FlushAll();
+  std::map<std::string, uint64_t> blob_of;  // hash -> physical
+  for (const auto& [physical, blob] : Blobs()) blob_of[blob.hash] = physical;
+  ASSERT_EQ(blob_of.size(), 4u);
+  const uint64_t free_before = FreeBlocks();
+  auto refs = [&](size_t u) { return Blobs().at(blob_of.at(Hash(data, u))).refs; };
+
+  InodeNumber b = MakeFile(kRootInode, "b");
+  auto mapped = fs_->DirectDedup(b, std::vector<DirectUnit>{{0, Hash(data, 0)},
+                                                            {3 * unit, Hash(data, 2)},
+                                                            {5 * unit, std::string(16, 'u')},
+                                                            {6 * unit, Hash(data, 3)},
+                                                            {9 * unit, Hash(data, 3)}});
+  ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
+  EXPECT_EQ(*mapped, (std::vector<bool>{true, true, false, true, true}));
+  EXPECT_EQ(Size(b), 10 * unit);
+  const std::string zeros(unit, '\0');
+  auto u = [&](size_t i) { return data.substr(i * unit, unit); };
+  EXPECT_TRUE(SameBytes(ReadAll(b), u(0) + zeros + zeros + u(2) + zeros + zeros + u(3) + zeros + zeros + u(3)));
+  EXPECT_EQ(refs(0), 2u);
+  EXPECT_EQ(refs(1), 1u) << "not asked for";
+  EXPECT_EQ(refs(2), 2u);
+  EXPECT_EQ(refs(3), 3u) << "mapped twice into b";
+  EXPECT_EQ(FreeBlocks(), free_before) << "mapping by reference takes no space";
+  ExpectExtentMapSane(b);
+  ExpectSpaceAccountedFor();
+
+  // Refused, naming the unit; nothing mapped.
+  InodeNumber c = MakeFile(kRootInode, "c");
+  struct Bad {
+    std::vector<DirectUnit> units;
+    const char* says;
+  };
+  for (const Bad& bad : {
+           Bad{{{2 * unit, Hash(data, 0)}, {unit, Hash(data, 1)}}, "unit 1 at 262144 comes after unit 0 at 524288"},
+           Bad{{{unit, Hash(data, 0)}, {unit, Hash(data, 1)}}, "unit 1 at 262144 repeats unit 0 at 262144"},
+           Bad{{{0, Hash(data, 0)}, {unit + 4096, Hash(data, 1)}}, "unit 1 at file offset 266240 is not at a multiple"},
+           Bad{{{0, Hash(data, 0)}, {unit, "short"}}, "the hash of dedup unit 1 is not 16 bytes"},
+       }) {
+    auto refused = fs_->DirectDedup(c, bad.units);
+    ASSERT_FALSE(refused.ok()) << bad.says;
+    EXPECT_EQ(refused.status().code(), EINVAL) << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find(bad.says), std::string::npos) << refused.status().ToString();
+  }
+  EXPECT_EQ(Size(c), 0u);
+  EXPECT_EQ(refs(0), 2u);
+  EXPECT_EQ(refs(1), 1u);
+
+  // Nothing held: nothing mapped (and no flush, no batch).
+  auto none = fs_->DirectDedup(c, std::vector<DirectUnit>{{0, std::string(16, 'x')}, {unit, std::string(16, 'y')}});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, (std::vector<bool>{false, false}));
+  EXPECT_EQ(Size(c), 0u);
+
+  ASSERT_TRUE(fs_->Unlink(kRootInode, "b").ok());
+  EXPECT_EQ(refs(3), 1u);
+  ASSERT_TRUE(fs_->Unlink(kRootInode, "a").ok());
+  EXPECT_TRUE(Blobs().empty());
+  EXPECT_EQ(FreeBlocks(), initial_free_);
+}
+
+// A ranged commit: reserved space laid over several file ranges at once,
+// a whole unit of one becoming a blob; ranges that break the rules refused.
+TEST_F(FilesystemDedupTest, DirectCommitOverSeveralFileRanges) {
+  const uint64_t unit = Filesystem::dedup_unit();
+  std::mt19937_64 rng(79);
+  const uint64_t length = 4096 + unit + 8192;
+  const std::string bytes = RandomBytes(rng, length);
+  auto space = fs_->DirectReserve(length);
+  ASSERT_TRUE(space.ok()) << space.status().ToString();
+  AlignedBuffer aligned;  // the store is O_DIRECT
+  ASSERT_TRUE(aligned.Resize(length).ok());
+  std::memcpy(aligned.data(), bytes.data(), length);
+  ASSERT_TRUE(fs_->volume().store().Write(*space, aligned.data()).ok());
+  std::vector<uint32_t> sums;
+  for (uint64_t b = 0; b < length; b += kBlock) sums.push_back(BlockChecksum(bytes.data() + b, kBlock));
+  InodeNumber f = MakeFile(kRootInode, "f");
+  // Refusals first (the space stays reserved).
+  struct Bad {
+    Filesystem::FileRanges ranges;
+    std::vector<DirectUnit> units;
+    const char* says;
+  };
+  for (const Bad& bad : {
+           Bad{{{0, 4096}, {2048, 2048 + unit + 8192}}, {}, "file range 1 [2048"},
+           Bad{{{unit, unit + 4096}, {0, unit + 8192}}, {}, "range 1 starts at 0, before range 0 ends"},
+           Bad{{{0, 4096}, {unit, 2 * unit}}, {}, "the file ranges hold"},
+           Bad{{{0, 4096}, {unit, unit + 8192}, {2 * unit, 3 * unit}}, {{0, Hash(bytes, 0)}}, "unit at file offset 0"},
+       }) {
+    Status refused = fs_->DirectCommit(f, bad.ranges, *space, sums, 3 * unit, bad.units);
+    EXPECT_EQ(refused.code(), EINVAL) << refused.ToString();
+    EXPECT_NE(refused.message().find(bad.says), std::string::npos) << refused.ToString();
+  }
+  // [0, 4 KiB), [unit, unit + 8 KiB), [2 units, 3 units): the last a whole unit.
+  const std::string unit_bytes = bytes.substr(4096 + 8192);
+  XXH128_hash_t h = ContentHash128(unit_bytes.data(), unit);
+  const std::string hash(reinterpret_cast<const char*>(&h), sizeof(h));
+  Status committed = fs_->DirectCommit(f, {{0, 4096}, {unit, unit + 8192}, {2 * unit, 3 * unit}}, *space, sums,
+                                       3 * unit - 100, {{2 * unit, hash}});
+  ASSERT_TRUE(committed.ok()) << committed.ToString();
+  std::string want(3 * unit - 100, '\0');
+  want.replace(0, 4096, bytes.substr(0, 4096));
+  want.replace(unit, 8192, bytes.substr(4096, 8192));
+  want.replace(2 * unit, unit - 100, unit_bytes.substr(0, unit - 100));
+  EXPECT_EQ(Size(f), 3 * unit - 100);
+  EXPECT_TRUE(SameBytes(ReadAll(f), want));
+  auto blobs = Blobs();
+  ASSERT_EQ(blobs.size(), 1u);
+  EXPECT_EQ(blobs.begin()->second.hash, hash);
+  EXPECT_EQ(blobs.begin()->second.refs, 1u);
+  ExpectExtentMapSane(f);
+  ExpectSpaceAccountedFor();
+  // The blob shares: a dedup of its hash maps it.
+  InodeNumber g = MakeFile(kRootInode, "g");
+  auto mapped = fs_->DirectDedup(g, std::vector<DirectUnit>{{unit, hash}});
+  ASSERT_TRUE(mapped.ok());
+  EXPECT_EQ(*mapped, std::vector<bool>{true});
+  EXPECT_EQ(Blobs().begin()->second.refs, 2u);
+  Reopen();
+  EXPECT_TRUE(SameBytes(ReadAll(f), want));
+  for (const char* name : {"f", "g"}) ASSERT_TRUE(fs_->Unlink(kRootInode, name).ok()) << name;
   EXPECT_EQ(FreeBlocks(), initial_free_);
 }
 

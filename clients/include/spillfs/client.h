@@ -234,6 +234,16 @@ SPILL_API int spill_file_close(spill_file* file);
 SPILL_API int spill_file_dedup(spill_file* file, uint64_t file_offset, const uint64_t* hashes, size_t n_units,
                                uint8_t* needed);
 
+/* Checkpoint dedup of units anywhere in the file, as spill_file_dedup: unit i
+ * lies at file_offsets[i] (each a multiple of 256 KiB, strictly increasing:
+ * else -EINVAL naming the unit, and nothing is mapped) with the hash
+ * hashes[2i], hashes[2i + 1]. One request to the daemon (one flush, one index
+ * batch) for up to 65536 units (16 GiB), so a whole checkpoint's storages
+ * cost one round trip, not one each. needed[i] as spill_file_dedup's; same
+ * errors. */
+SPILL_API int spill_file_dedup_units(spill_file* file, const uint64_t* file_offsets, const uint64_t* hashes,
+                                     size_t n_units, uint8_t* needed);
+
 /* XXH3-128 of each whole 256 KiB unit of [ptr, ptr + length) into out
  * (2 numbers a unit: low, high 64 bits; length / 262144 units, a trailing
  * partial unit is not hashed), bit-identical to the daemon's dedup hash.

@@ -197,6 +197,7 @@ class NativeFile:
         code = backend(handle) if backend is not None else -1
         self.backend = _native.BACKEND_NAMES.get(code, "native")
         self.stats = {}  # spill_io_stats of the requests waited for, summed
+        self.dedup_requests = 0  # dedup calls answered (each one round trip, up to 65536 units)
 
     def _submit(self, fn, segments, stream, what):
         n = len(segments)
@@ -240,13 +241,53 @@ class NativeFile:
             return None
         n = len(hashes) // 2
         needed = (ctypes.c_uint8 * max(n, 1))()
-        hash_array = (ctypes.c_uint64 * max(len(hashes), 1)).from_buffer(hashes) if n else (ctypes.c_uint64 * 1)()
-        rc = self.lib.spill_file_dedup(self.handle, offset, hash_array, n, needed)
+        rc = self.lib.spill_file_dedup(self.handle, offset, _u64_array(hashes), n, needed)
+        return self._needed(rc, needed, n)
+
+    @property
+    def dedup_units_supported(self):
+        """Whether :meth:`dedup_units` is one request (the library has it)."""
+        return hasattr(self.lib, "spill_file_dedup_units")
+
+    def dedup_units(self, offsets, hashes):
+        """As :meth:`dedup`, for units anywhere in the file: unit i at
+        ``offsets[i]`` (multiples of 256 KiB, strictly increasing; an array of
+        uint64) with hash ``hashes[2i], hashes[2i + 1]``; one request to the
+        daemon for all. A library without spill_file_dedup_units: a request
+        per run of consecutive units."""
+        if not self._dedup_supported:
+            return None
+        n = len(offsets)
+        if 2 * n != len(hashes):
+            raise ValueError(f"{n} unit offsets but {len(hashes)} hash numbers (2 a unit)")
+        if not self.dedup_units_supported:
+            return self._dedup_by_runs(offsets, hashes)
+        needed = (ctypes.c_uint8 * max(n, 1))()
+        rc = self.lib.spill_file_dedup_units(self.handle, _u64_array(offsets), _u64_array(hashes), n, needed)
+        return self._needed(rc, needed, n)
+
+    def _dedup_by_runs(self, offsets, hashes):
+        import array
+        out = bytearray()
+        i = 0
+        while i < len(offsets):
+            j = i + 1
+            while j < len(offsets) and offsets[j] == offsets[j - 1] + _native.HASH_UNIT_BYTES:
+                j += 1
+            needed = self.dedup(offsets[i], array.array("Q", hashes[2 * i:2 * j]))
+            if needed is None:
+                return None
+            out += needed
+            i = j
+        return out
+
+    def _needed(self, rc, needed, n):
         if rc in (-_errno.EOPNOTSUPP, -_errno.ENOTSUP, -_errno.ENOSYS, -_errno.EACCES, -_errno.EPERM):
             # not a spillfs mount, a volume without dedup, or its control file is root's: nothing mapped
             self._dedup_supported = False
             return None
         _native.check(rc, "dedup", self.path)
+        self.dedup_requests += 1
         return bytearray(needed)[:n]
 
     def truncate(self, size):
@@ -259,6 +300,13 @@ class NativeFile:
         if self.handle:
             handle, self.handle = self.handle, None
             _native.check(self.lib.spill_file_close(handle), "close", self.path)
+
+
+def _u64_array(values):
+    """`values` (an array.array("Q")) as a ctypes uint64 pointer (a dummy when empty)."""
+    if len(values) == 0:
+        return (ctypes.c_uint64 * 1)()
+    return (ctypes.c_uint64 * len(values)).from_buffer(values)
 
 
 def open_file(path, write, size_hint=0, backend="auto"):

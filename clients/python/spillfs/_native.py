@@ -136,6 +136,10 @@ def _declare_segments(lib):
     lib.spill_file_dedup.restype = ip
     lib.spill_config_set.argtypes = [cp, u64]
     lib.spill_config_set.restype = ip
+    if hasattr(lib, "spill_file_dedup_units"):  # optional: without it, a dedup request per storage
+        lib.spill_file_dedup_units.argtypes = [vp, ctypes.POINTER(u64), ctypes.POINTER(u64), sz,
+                                               ctypes.POINTER(ctypes.c_uint8)]
+        lib.spill_file_dedup_units.restype = ip
 
 
 def load_library():

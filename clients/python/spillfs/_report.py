@@ -42,6 +42,8 @@ class IOReport:
         crc32_skipped (int): records written with a CRC-32 of 0 (see
             ``spillfs.save``'s ``crc32``).
         dedup (bool): whether the save asked the volume to share units.
+        dedup_requests (int): dedup requests sent to the daemon (one for a
+            whole file, up to 65536 units).
         seconds (dict): seconds per stage. save: ``pickle``, ``hash`` and
             ``dedup`` (dedup only), ``write`` (submitting and waiting for the
             data, CRCs computed meanwhile), ``crc`` (waiting for CRCs after
@@ -59,7 +61,8 @@ class IOReport:
     """
 
     _FIELDS = ("op", "path", "backend", "io_path", "io_stats", "file_bytes", "storages", "storage_bytes", "bytes_written",
-               "bytes_shared", "bytes_read", "device_bytes", "crc32_skipped", "dedup", "seconds")
+               "bytes_shared", "bytes_read", "device_bytes", "crc32_skipped", "dedup", "dedup_requests",
+               "seconds")
 
     def __init__(self, op=None, path=None):
         self.op = op
@@ -76,6 +79,7 @@ class IOReport:
         self.device_bytes = 0
         self.crc32_skipped = 0
         self.dedup = False
+        self.dedup_requests = 0
         self.seconds = {}
 
     @contextmanager

@@ -8,9 +8,10 @@ By offsets, the file is written in two phases:
    through the library's pinned pool (native) or through pinned staging
    buffers here (Python I/O, or ``crc32=True``); with dedup, only the 256 KiB
    units the volume does not hold; CRC-32s are computed meanwhile on threads;
-2. once those are done, the *glue*: every other byte (local headers, small
-   records, big storages' tails, the central directory), in regions that start
-   4 KiB-aligned and end where a big storage starts or at the end of file.
+2. once their CRCs are known (the bigs' request may still run), the *glue*:
+   every other byte (local headers, small records, big storages' tails, the
+   central directory), in regions that start 4 KiB-aligned and end where a
+   big storage starts or at the end of file: no block of the bigs' bodies.
 
 So every segment the native I/O gets starts at a 4 KiB boundary and is a
 whole number of 4 KiB blocks long, except the one that ends the file.
@@ -24,6 +25,8 @@ from ._zipfile import BIG_ALIGN
 
 BLOCK = 4096
 _STAGE_CHUNK = 64 << 20
+_HASH_GROUP_MIN = 4 << 20  # bytes of host storages one hashing task takes at least
+_NOT_SPILLFS = ("direct_io", "buffered")  # native backends off a spillfs mount: no dedup, no hashing
 
 
 def _torch():
@@ -34,7 +37,8 @@ def _torch():
 class Source:
     """A storage to save: its untyped storage (kept alive), where its bytes are."""
 
-    __slots__ = ("storage", "nbytes", "ptr", "device", "crc", "crc_future", "host_copy", "stream", "needed")
+    __slots__ = ("storage", "nbytes", "ptr", "device", "crc", "crc_future", "host_copy", "stream", "needed",
+                 "hashes")
 
     def __init__(self, storage):
         torch = _torch()
@@ -52,6 +56,7 @@ class Source:
         self.host_copy = None
         self.stream = 0
         self.needed = None  # dedup: bytearray of 0/1 per whole unit; None = write all
+        self.hashes = None  # dedup: the XXH3-128 of each whole unit (array of 2 uint64 a unit)
         if self.device >= 0:
             self.stream = torch.cuda.current_stream(self.device).cuda_stream
 
@@ -170,26 +175,14 @@ def _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflig
     pool = _io.crc_pool()
     bigs = sorted((r for r in records if isinstance(r.payload, Source) and r.align >= BIG_ALIGN),
                   key=lambda r: r.data_offset)
-    if opts.dedup and file.native:
-        # storage by storage, so that off a spillfs mount (the first answer) one storage is hashed in vain
-        for r in bigs:
-            src = r.payload
-            if src.nbytes < BIG_ALIGN:
-                continue
-            with report.stage("hash"):
-                hashes = _io.hash_units(src.ptr, src.nbytes, src.device, src.stream)
-            with report.stage("dedup"):
-                needed = file.dedup(r.data_offset, hashes)
-            if needed is None:  # not a spillfs mount
-                break
-            src.needed = needed
-            report.dedup = True
-            report.bytes_shared += (len(needed) - sum(needed)) * BIG_ALIGN
+    if opts.dedup and file.native and file.backend not in _NOT_SPILLFS:
+        _dedup(file, [r for r in bigs if r.payload.nbytes >= BIG_ALIGN], report)
     with report.stage("write"):
         # One request per memory (host; each CUDA device with its stream), all in flight at once;
         # the CRC-32s of host storages are computed meanwhile.
         batches = {}
         staged = []
+        by_units = []  # host storages whose CRC-32 comes from their units'
         for r in bigs:
             src = r.payload
             body_end = src.nbytes // BLOCK * BLOCK  # the tail goes with the glue
@@ -203,17 +196,21 @@ def _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflig
             report.bytes_written += sum(s.length for s in segments)
             if src.device >= 0:
                 report.device_bytes += sum(s.length for s in segments)
-            if want_crc:
+            if want_crc and src.hashes is not None and src.device < 0:
+                by_units.append(src)
+            elif want_crc:
                 src.crc_future = inflight.add(_zipfile.crc32_parallel(src.host_bytes(), pool))
             else:
                 report.crc32_skipped += 1
         for (_, stream), segments in batches.items():
             if segments:
                 inflight.add(file.write(segments, stream))
+        _start_unit_crcs(by_units, pool, inflight)
         for r, body_end, want_crc in staged:
             src = r.payload
             src.crc = _stage_device(file, src, r.data_offset, body_end, want_crc, opts, report, inflight)
-        inflight.wait_all()
+    # The glue goes out while the bigs' request may still run: its blocks are
+    # none of theirs.
     with report.stage("crc"):
         for r in bigs:
             if r.payload.crc_future is not None:
@@ -229,9 +226,167 @@ def _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflig
         glue = _glue_regions(records, bigs, cd, cd_offset, file_size)
         segments = [_io.Segment(_addr(buf), len(buf), start, -1) for start, buf in glue]
         inflight.add(file.write(segments))
-        inflight.wait_all()
+        inflight.wait_all()  # the bigs' requests too
         report.bytes_written += sum(len(buf) for _, buf in glue)
     return file_size
+
+
+def _hash_all(sources):
+    """The unit hashes of each source (an array of 2 uint64 a unit), host
+    ones on the CRC pool's threads (the library drops the GIL), in groups of
+    about equal bytes; CUDA ones here, on their streams."""
+    out = [None] * len(sources)
+    host = [i for i, s in enumerate(sources) if s.device < 0]
+    for i, s in enumerate(sources):
+        if s.device >= 0:
+            out[i] = _io.hash_units(s.ptr, s.nbytes, s.device, s.stream)
+    total = sum(sources[i].nbytes for i in host)
+    workers = _io.crc_pool()._max_workers
+    if total < 8 * _HASH_GROUP_MIN or workers < 2:
+        for i in host:
+            out[i] = _io.hash_units(sources[i].ptr, sources[i].nbytes, -1)
+        return out
+    groups, group, size = [], [], 0
+    per_group = max(_HASH_GROUP_MIN, total // (2 * workers))
+    for i in host:
+        group.append(i)
+        size += sources[i].nbytes
+        if size >= per_group:
+            groups.append(group)
+            group, size = [], 0
+    if group:
+        groups.append(group)
+
+    def run(group):
+        return [(i, _io.hash_units(sources[i].ptr, sources[i].nbytes, -1)) for i in group]
+    futures = [_io.crc_pool().submit(run, g) for g in groups]
+    error = None
+    for f in futures:  # every one waited for: they read the tensors' memory
+        try:
+            for i, hashes in f.result():
+                out[i] = hashes
+        except BaseException as e:  # noqa: B902 - raised once all are done
+            error = error or e
+    if error is not None:
+        raise error
+    return out
+
+
+def _dedup(file, bigs, report):
+    """Hashes the whole 256 KiB units of every big storage, then asks the
+    volume in ONE request (whatever the number of storages) which units it
+    lacks; the others are mapped into the file by reference. Sets each
+    source's `needed`."""
+    import array
+    if not bigs:
+        return
+    sources = [r.payload for r in bigs]
+    with report.stage("hash"):
+        hashes = _hash_all(sources)
+    offsets, all_hashes = array.array("Q"), array.array("Q")
+    for r, h in zip(bigs, hashes):
+        offsets.extend(range(r.data_offset, r.data_offset + len(h) // 2 * BIG_ALIGN, BIG_ALIGN))
+        all_hashes.extend(h)
+    before = getattr(file, "dedup_requests", 0)
+    with report.stage("dedup"):
+        needed = file.dedup_units(offsets, all_hashes)
+    if needed is None:  # not a spillfs mount (or no dedup there)
+        return
+    report.dedup = True
+    report.dedup_requests += getattr(file, "dedup_requests", before + 1) - before
+    report.bytes_shared += (len(needed) - sum(needed)) * BIG_ALIGN
+    at = 0
+    for src, h in zip(sources, hashes):
+        n = len(h) // 2
+        src.needed = needed[at:at + n]
+        src.hashes = h
+        at += n
+
+
+# CRC-32s of 256 KiB units by their XXH3-128 (as one int), of the units this
+# process saved with dedup lately: a storage saved again mostly unchanged
+# gets its CRC-32 from its units' (combined, four table lookups a unit)
+# without reading its bytes, as the volume shares them by the same hash.
+# Bounded: cleared when it would pass _UNIT_CRC_LIMIT units (~100 bytes each).
+_unit_crcs = {}
+_UNIT_CRC_LIMIT = 1 << 18  # 64 GiB of units
+_UNIT_CRC_TASK = 128  # units a CRC task computes at most (32 MiB)
+
+
+def _unit_key(hashes, i):
+    return hashes[2 * i] | (hashes[2 * i + 1] << 64)
+
+
+def _crc_units(view, hashes, units):
+    """CRC-32 of each of `units` (unit indices) of `view`; each kept in _unit_crcs."""
+    out = []
+    for i in units:
+        crc = zlib.crc32(view[i * BIG_ALIGN:(i + 1) * BIG_ALIGN])
+        _unit_crcs[_unit_key(hashes, i)] = crc
+        out.append(crc)
+    return out
+
+
+class _UnitCrc:
+    """The CRC-32 of a host storage from those of its whole units (kept ones,
+    or computed on the pool) and of its tail; a future-like with result()."""
+
+    def __init__(self, src, crcs):
+        self.src = src
+        self.crcs = crcs  # per unit: an int, or (future, index in its result)
+        self.value = None
+
+    def result(self):
+        if self.value is None:
+            combine = _zipfile.crc32_combiner(BIG_ALIGN)
+            crc, error = 0, None
+            for c in self.crcs:
+                if isinstance(c, tuple):
+                    try:
+                        c = c[0].result()[c[1]]
+                    except BaseException as e:  # noqa: B902 - raised once all are done
+                        error = error or e
+                        continue
+                crc = combine(crc, c)
+            if error is not None:
+                raise error
+            whole = len(self.crcs) * BIG_ALIGN
+            if whole < self.src.nbytes:
+                crc = zlib.crc32(self.src.host_bytes(whole), crc)
+            self.value = crc
+        return self.value
+
+
+def _start_unit_crcs(sources, pool, inflight):
+    """Starts the CRC-32s of host `sources` that have unit hashes: the units'
+    kept CRC-32s, the others' computed on `pool` in tasks of up to
+    _UNIT_CRC_TASK units. Sets each source's crc_future."""
+    if len(_unit_crcs) + sum(len(s.hashes) // 2 for s in sources) > _UNIT_CRC_LIMIT:
+        _unit_crcs.clear()
+    task = []  # (src, unit) of the task being gathered
+
+    def submit():
+        # one task per source's run of missing units, but several sources' runs in one pool call
+        jobs = {}
+        for src, i in task:
+            jobs.setdefault(id(src), (src, []))[1].append(i)
+        work = [(src.host_bytes(), src.hashes, units) for src, units in jobs.values()]
+        future = inflight.add(pool.submit(lambda: [c for v, h, u in work for c in _crc_units(v, h, u)]))
+        for k, (src, i) in enumerate(task):
+            src.crc_future.crcs[i] = (future, k)
+        task.clear()
+
+    for src in sources:
+        n = len(src.hashes) // 2
+        crcs = [_unit_crcs.get(_unit_key(src.hashes, i)) for i in range(n)]
+        src.crc_future = _UnitCrc(src, crcs)
+        for i in range(n):
+            if crcs[i] is None:
+                task.append((src, i))
+                if len(task) >= _UNIT_CRC_TASK:
+                    submit()
+    if task:
+        submit()
 
 
 def _addr(buf):

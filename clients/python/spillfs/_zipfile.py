@@ -332,6 +332,34 @@ def crc32_combine(crc1, crc2, len2):
     return _crc32_combine_py(crc1, crc2, len2)
 
 
+_combiners = {}
+
+
+def crc32_combiner(len2):
+    """A function (crc1, crc2) -> crc32_combine(crc1, crc2, len2) for one
+    fixed `len2`: four table lookups, no call into zlib. Its tables (made
+    once per length from 33 CRCs of len2 zeros: crc32(B, c) is
+    M(len(B)) c ^ crc32(B, 0), M linear) are kept for the process."""
+    combine = _combiners.get(len2)
+    if combine is None:
+        zeros = bytes(len2)
+        base = zlib.crc32(zeros)
+        columns = [zlib.crc32(zeros, 1 << i) ^ base for i in range(32)]
+        tables = []
+        for k in range(4):
+            table = [0] * 256
+            for b in range(1, 256):
+                low = b & -b
+                table[b] = table[b ^ low] ^ columns[8 * k + low.bit_length() - 1]
+            tables.append(table)
+        t0, t1, t2, t3 = tables
+
+        def combine(crc1, crc2):
+            return t0[crc1 & 255] ^ t1[(crc1 >> 8) & 255] ^ t2[(crc1 >> 16) & 255] ^ t3[crc1 >> 24] ^ crc2
+        _combiners[len2] = combine
+    return combine
+
+
 def crc32_parallel(view, pool, chunk=32 << 20):
     """zlib.crc32 of a byte memoryview, its chunks on `pool`'s threads
     (zlib releases the GIL), combined in order. Returns a future-like with
