@@ -242,7 +242,9 @@ class Bench:
             after = self.volume.stat() if target == "mount" else None
             extra = {"changed_bytes": changed_bytes, "changed_tensors": len(changed),
                      "bytes_written": r2.bytes_written, "bytes_shared": r2.bytes_shared, "dedup": r2.dedup,
-                     "first_save_seconds": round(first, 3), "speedup_vs_first": round(first / second, 2)}
+                     "first_save_seconds": round(first, 3), "speedup_vs_first": round(first / second, 2),
+                     "stages": {k: round(v, 4) for k, v in r2.seconds.items()},
+                     "dedup_requests": getattr(r2, "dedup_requests", None)}
             if after is not None:
                 extra["ssd_bytes_first"] = mid["bytes_written_ssd"] - before["bytes_written_ssd"]
                 extra["ssd_bytes_second"] = after["bytes_written_ssd"] - mid["bytes_written_ssd"]
