@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #if SPILLFS_HAVE_CUDA
@@ -66,12 +67,13 @@ struct FeatureCache::Impl {
   int32_t* slot_of_line = nullptr;  // lines(), -1: absent
   int32_t* hot_slot_of_line = nullptr;
   uint32_t* stamps = nullptr;              // cache_lines
-  unsigned long long* counters = nullptr;  // 3, device
+  unsigned long long* counters = nullptr;  // device, internal::kGatherCounters (idle between gathers)
   char* staging_device = nullptr;          // staging_lines x line_bytes
   Mapped hot, victim, ring, args;
-  Mapped counts;                 // 3 counters read back
+  Mapped counts;                 // internal::kGatherReported, written by the gather kernel
   char* staging_host = nullptr;  // pinned (not mapped)
   size_t ring_capacity = 0;      // entries
+  int sm_count = 1;
   size_t last_misses = 0;
 
   ~Impl() {
@@ -105,6 +107,8 @@ Result<std::unique_ptr<FeatureCache>> FeatureCache::Create(int device, const Fea
     return Status::Invalid("more than 2^31 lines");
   }
   if (shape.staging_lines == 0) return Status::Invalid("staging_lines must be positive");
+  // The gather kernel counts a warp step's words in 32 bits.
+  if (shape.row_bytes > (uint64_t{1} << 26)) return Status::Invalid("rows of more than 64 MiB");
   DeviceGuard guard(device);
   SPILLFS_RETURN_IF_ERROR(guard.status());
   auto impl = std::make_unique<Impl>();
@@ -114,7 +118,7 @@ Result<std::unique_ptr<FeatureCache>> FeatureCache::Create(int device, const Fea
   SPILLFS_RETURN_IF_ERROR(DeviceAlloc(&impl->slot_of_line, n_lines));
   SPILLFS_RETURN_IF_ERROR(DeviceAlloc(&impl->hot_slot_of_line, n_lines));
   SPILLFS_RETURN_IF_ERROR(DeviceAlloc(&impl->stamps, shape.cache_lines));
-  SPILLFS_RETURN_IF_ERROR(DeviceAlloc(&impl->counters, 3));
+  SPILLFS_RETURN_IF_ERROR(DeviceAlloc(&impl->counters, internal::kGatherCounters));
   SPILLFS_RETURN_IF_ERROR(DeviceAlloc(&impl->staging_device, shape.staging_lines * lb));
   SPILLFS_CUDA_RETURN_IF_ERROR(cudaMemset(impl->slot_of_line, 0xff, n_lines * sizeof(int32_t)));
   SPILLFS_CUDA_RETURN_IF_ERROR(cudaMemset(impl->hot_slot_of_line, 0xff, n_lines * sizeof(int32_t)));
@@ -124,7 +128,9 @@ Result<std::unique_ptr<FeatureCache>> FeatureCache::Create(int device, const Fea
   impl->staging_host = static_cast<char*>(staging);
   SPILLFS_RETURN_IF_ERROR(impl->hot.Allocate(shape.hot_lines * lb));
   SPILLFS_RETURN_IF_ERROR(impl->victim.Allocate(shape.victim_lines * lb));
-  SPILLFS_RETURN_IF_ERROR(impl->counts.Allocate(3 * sizeof(unsigned long long)));
+  SPILLFS_RETURN_IF_ERROR(impl->counts.Allocate(internal::kGatherReported * sizeof(unsigned long long)));
+  SPILLFS_RETURN_IF_ERROR(internal::ResetGatherCounters(impl->counters, 0));
+  SPILLFS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&impl->sm_count, cudaDevAttrMultiProcessorCount, device));
   SPILLFS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return std::unique_ptr<FeatureCache>(new FeatureCache(device, shape, std::move(impl)));
 }
@@ -172,10 +178,13 @@ Status FeatureCache::Gather(const int64_t* index, size_t n, void* out, uint32_t 
     SPILLFS_RETURN_IF_ERROR(impl_->ring.Allocate(2 * n * sizeof(int64_t)));
     impl_->ring_capacity = n;
   }
+  // One wait a gather: the kernel's last block writes the counts into mapped
+  // memory and leaves the device counters idle (no memset, no copy).
   cudaStream_t s = AsStream(stream);
-  SPILLFS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(impl_->counters, 0, 3 * sizeof(unsigned long long), s));
   internal::GatherLaunch a;
   a.g = {shape_.row_bytes, shape_.rows_per_line, shape_.line_bytes()};
+  a.rows = shape_.rows;
+  a.sm_count = impl_->sm_count;
   a.index = index;
   a.n = n;
   a.out = static_cast<char*>(out);
@@ -186,18 +195,29 @@ Status FeatureCache::Gather(const int64_t* index, size_t n, void* out, uint32_t 
   a.stamps = impl_->stamps;
   a.stamp = stamp;
   a.counters = impl_->counters;
+  a.report = reinterpret_cast<unsigned long long*>(impl_->counts.device);
   a.ring = reinterpret_cast<int64_t*>(impl_->ring.device);
   a.ring_capacity = impl_->ring_capacity;
-  SPILLFS_RETURN_IF_ERROR(internal::LaunchGather(a, stream));
-  SPILLFS_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(impl_->counts.host, impl_->counters, 3 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, s));
+  Status launched = internal::LaunchGather(a, stream);
+  if (!launched.ok()) {
+    (void)internal::ResetGatherCounters(impl_->counters, stream);  // the check may have run alone
+    cudaStreamSynchronize(s);
+    return launched;
+  }
   SPILLFS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-  const auto* c = reinterpret_cast<const unsigned long long*>(impl_->counts.host);
-  counts->gpu_hits = c[0];
-  counts->hot_hits = c[1];
-  counts->misses = c[2];
-  impl_->last_misses = c[2];
-  if (c[2] > impl_->ring_capacity) return Status::Error(EIO, "request ring overflow");
+  const auto* c = reinterpret_cast<const volatile unsigned long long*>(impl_->counts.host);
+  const unsigned long long refused = c[internal::kFirstRefused];
+  if (refused != internal::kNoPosition) {
+    int64_t value = 0;
+    SPILLFS_CUDA_RETURN_IF_ERROR(cudaMemcpy(&value, index + refused, sizeof(value), cudaMemcpyDeviceToHost));
+    return Status::Error(ERANGE, "index " + std::to_string(value) + " (position " + std::to_string(refused) +
+                                     ") is out of range for " + std::to_string(shape_.rows) + " rows");
+  }
+  counts->gpu_hits = c[internal::kGpuHits];
+  counts->hot_hits = c[internal::kHotHits];
+  counts->misses = c[internal::kRingTail];
+  impl_->last_misses = counts->misses;
+  if (counts->misses > impl_->ring_capacity) return Status::Error(EIO, "request ring overflow");
   return Status::OK();
 }
 

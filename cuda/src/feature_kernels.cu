@@ -1,10 +1,12 @@
-// The kernels of FeatureCache (feature_launch.h): the gather (a warp per row:
-// HBM line, hot-node buffer over PCIe, else a request-ring entry), and the
-// fill (evictions into the victim buffer, staged rows scattered to the
-// output and installed into their slots). Per-line state is touched by the
-// warp of that row only, with atomics (stamps, counters, the ring's tail):
-// no lock.
+// The kernels of FeatureCache (feature_launch.h): the gather (an index check,
+// then warps resolving up to 32 rows at once: HBM line, hot-node buffer over
+// PCIe, else a request-ring entry, and copying them), and the fill
+// (evictions into the victim buffer, staged rows scattered to the output and
+// installed into their slots). Per-line state is touched with atomics only
+// (stamps, counters, the ring's tail): no lock.
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "cuda_util.h"
 #include "feature_launch.h"
@@ -33,50 +35,151 @@ __device__ __forceinline__ void WarpCopy(char* dst, const char* src, uint64_t by
   }
 }
 
-__global__ void __launch_bounds__(kBlockThreads) GatherKernel(GatherLaunch a) {
-  __shared__ unsigned long long counts[3];
-  if (threadIdx.x < 3) counts[threadIdx.x] = 0;
+// The gather keeps 4 blocks (32 warps) an SM resident: at most 64 registers
+// a thread, room for kCopyUnroll 16-byte words a lane in flight.
+constexpr int kGatherMinBlocks = 4;
+constexpr int kCopyUnroll = 8;
+constexpr unsigned kAllLanes = 0xffffffffu;
+
+__device__ __forceinline__ unsigned long long WarpSum(unsigned long long v) {
+  for (int d = kWarp / 2; d > 0; d /= 2) v += __shfl_down_sync(kAllLanes, v, d);
+  return v;  // in lane 0
+}
+
+// Before the gather, on its stream: the first position whose index is outside
+// [-rows, rows) into counters[kFirstRefused]. A pass of its own so that a
+// refused batch changes nothing (no stamp raised, no ring entry); it also
+// brings the index into L2 for the gather.
+__global__ void CheckIndexKernel(const int64_t* index, size_t n, int64_t rows, unsigned long long* first_refused) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t v = index[i];
+    if (v < -rows || v >= rows) atomicMin(first_refused, static_cast<unsigned long long>(i));
+  }
+}
+
+// A warp takes `step_rows` (8, 16 or 32) consecutive positions at a time.
+// 1. Lane j resolves position base + j: its index, the line's slot (HBM),
+//    else its hot slot, else a ring entry; the loads of the step's rows are
+//    all in flight together rather than one dependent chain a row.
+// 2. The warp copies the step's rows (consecutive in the output) as one run
+//    of words: word w is word w % row_words of row w / row_words, whose
+//    source the lane takes from the row's lane (a shuffle). Each lane loads
+//    kCopyUnroll words before it stores any: with 16-byte words 4 KiB a warp
+//    in flight, which is what keeps HBM busy (a warp a row with one word a
+//    lane had 512 B in flight behind two dependent loads).
+// Rows are read and written once: streaming loads and stores (evict-first)
+// keep the index, slot and stamp tables in L2.
+template <typename Word>
+__global__ void __launch_bounds__(kBlockThreads, kGatherMinBlocks) GatherKernel(GatherLaunch a, uint32_t step_rows) {
+  __shared__ unsigned long long block_hits[2];
+  if (threadIdx.x < 2) block_hits[threadIdx.x] = 0;
   __syncthreads();
   const int lane = threadIdx.x % kWarp;
+  const uint32_t row_words = static_cast<uint32_t>(a.g.row_bytes / sizeof(Word));
   const uint64_t warps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
-  unsigned long long mine[3] = {0, 0, 0};
-  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; i < a.n; i += warps) {
-    const int64_t row = a.index[i];
-    const uint64_t line = static_cast<uint64_t>(row) / a.g.rows_per_line;
-    const uint64_t within = (static_cast<uint64_t>(row) - line * a.g.rows_per_line) * a.g.row_bytes;
+  unsigned long long hits = 0, hot_hits = 0;
+  // Written by CheckIndexKernel, before this kernel on the stream.
+  const bool refused = *const_cast<volatile unsigned long long*>(&a.counters[kFirstRefused]) != kNoPosition;
+  for (uint64_t base = (static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp) * step_rows;
+       !refused && base < a.n; base += warps * step_rows) {
+    const uint64_t i = base + lane;
     const char* src = nullptr;
-    const int32_t slot = a.slot_of_line[line];
-    if (slot >= 0) {
-      src = a.lines + static_cast<uint64_t>(slot) * a.g.line_bytes + within;
-      if (lane == 0) {
+    bool miss = false;
+    int64_t row = 0;
+    if (static_cast<uint32_t>(lane) < step_rows && i < a.n) {
+      row = a.index[i];
+      if (row < 0) row += static_cast<int64_t>(a.rows);
+      const uint64_t line = static_cast<uint64_t>(row) / a.g.rows_per_line;
+      const uint64_t within = (static_cast<uint64_t>(row) - line * a.g.rows_per_line) * a.g.row_bytes;
+      const int32_t slot = a.slot_of_line[line];
+      if (slot >= 0) {
+        src = a.lines + static_cast<uint64_t>(slot) * a.g.line_bytes + within;
+        // Unconditional: its result unused, atomicMax is a fire-and-forget
+        // reduction at L2; reading the stamp first to skip it would cost a
+        // dependent load and as many L2 accesses.
         atomicMax(&a.stamps[slot], a.stamp);
-        ++mine[0];
+        ++hits;
+      } else {
+        const int32_t hot = a.hot_slot_of_line != nullptr ? a.hot_slot_of_line[line] : -1;
+        if (hot >= 0) {
+          src = a.hot + static_cast<uint64_t>(hot) * a.g.line_bytes + within;
+          ++hot_hits;
+        } else {
+          miss = true;
+        }
       }
-    } else {
-      const int32_t hot = a.hot_slot_of_line != nullptr ? a.hot_slot_of_line[line] : -1;
-      if (hot >= 0) {
-        src = a.hot + static_cast<uint64_t>(hot) * a.g.line_bytes + within;
-        if (lane == 0) ++mine[1];
-      } else if (lane == 0) {
-        ++mine[2];
-        const unsigned long long k = atomicAdd(&a.counters[2], 1ull);
+    }
+    // The warp's misses take their ring entries with one atomicAdd, in lane order.
+    const unsigned missed = __ballot_sync(kAllLanes, miss);
+    if (missed != 0) {
+      const int leader = __ffs(missed) - 1;
+      unsigned long long first = 0;
+      if (lane == leader) first = atomicAdd(&a.counters[kRingTail], static_cast<unsigned long long>(__popc(missed)));
+      first = __shfl_sync(kAllLanes, first, leader);
+      if (miss) {
+        const unsigned long long k = first + __popc(missed & ((1u << lane) - 1));
         if (k < a.ring_capacity) {
           a.ring[2 * k] = row;
           a.ring[2 * k + 1] = static_cast<int64_t>(i);
         }
       }
     }
-    if (src != nullptr) WarpCopy(a.out + i * a.g.row_bytes, src, a.g.row_bytes, lane);
+    // Rows that missed are left for the fill (their words are skipped).
+    const uint64_t left = a.n - base;
+    const uint32_t total = (left < step_rows ? static_cast<uint32_t>(left) : step_rows) * row_words;
+    Word* dst = reinterpret_cast<Word*>(a.out + base * a.g.row_bytes);
+    for (uint32_t w0 = 0; w0 < total; w0 += kWarp * kCopyUnroll) {
+      Word v[kCopyUnroll];
+      unsigned loaded = 0;
+#pragma unroll
+      for (int u = 0; u < kCopyUnroll; ++u) {
+        const uint32_t w = w0 + u * kWarp + lane;
+        const uint32_t r = min(w / row_words, static_cast<uint32_t>(kWarp - 1));  // < 32 wherever w < total
+        const auto* from = reinterpret_cast<const Word*>(
+            __shfl_sync(kAllLanes, reinterpret_cast<unsigned long long>(src), static_cast<int>(r)));
+        if (w < total && from != nullptr) {
+          v[u] = __ldcs(from + (w - r * row_words));
+          loaded |= 1u << u;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kCopyUnroll; ++u) {
+        if (loaded & (1u << u)) __stcs(dst + w0 + u * kWarp + lane, v[u]);
+      }
+    }
   }
-  if (lane == 0) {
-    atomicAdd(&counts[0], mine[0]);
-    atomicAdd(&counts[1], mine[1]);
+  // Counts: a warp's, then the block's, then one atomicAdd each.
+  hits = WarpSum(hits);
+  hot_hits = WarpSum(hot_hits);
+  if (lane == 0 && (hits | hot_hits) != 0) {
+    atomicAdd(&block_hits[0], hits);
+    atomicAdd(&block_hits[1], hot_hits);
   }
+  // The ring's tail needs no fence here: each leader waited for its
+  // atomicAdd's result, so those are done before the barrier. The rows and
+  // ring entries are the host's once the kernel has ended.
   __syncthreads();
-  if (threadIdx.x == 0) {
-    if (counts[0]) atomicAdd(&a.counters[0], counts[0]);
-    if (counts[1]) atomicAdd(&a.counters[1], counts[1]);
+  if (threadIdx.x != 0) return;
+  if (block_hits[0] != 0) atomicAdd(&a.counters[kGpuHits], block_hits[0]);
+  if (block_hits[1] != 0) atomicAdd(&a.counters[kHotHits], block_hits[1]);
+  __threadfence();  // the block's counts before its "done"
+  // The last block: every other block has counted; report, and leave the
+  // counters idle for the next gather.
+  if (atomicAdd(&a.counters[kBlocksDone], 1ull) == gridDim.x - 1) {
+    __threadfence();
+    volatile unsigned long long* report = a.report;
+    report[kGpuHits] = atomicExch(&a.counters[kGpuHits], 0ull);
+    report[kHotHits] = atomicExch(&a.counters[kHotHits], 0ull);
+    report[kRingTail] = atomicExch(&a.counters[kRingTail], 0ull);
+    report[kFirstRefused] = atomicExch(&a.counters[kFirstRefused], kNoPosition);
+    atomicExch(&a.counters[kBlocksDone], 0ull);
+    __threadfence_system();
   }
+}
+
+__global__ void ResetCountersKernel(unsigned long long* counters) {
+  if (threadIdx.x < kGatherCounters) counters[threadIdx.x] = threadIdx.x == kFirstRefused ? kNoPosition : 0;
 }
 
 __global__ void __launch_bounds__(kBlockThreads) EvictKernel(FillLaunch a) {
@@ -139,8 +242,40 @@ cudaStream_t AsStream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
 Status LaunchGather(const GatherLaunch& a, uintptr_t stream) {
   if (a.n == 0) return Status::OK();
-  GatherKernel<<<Blocks(a.n), kBlockThreads, 0, AsStream(stream)>>>(a);
+  cudaStream_t s = AsStream(stream);
+  const uint64_t sms = a.sm_count > 0 ? static_cast<uint64_t>(a.sm_count) : 1;
+  const uint64_t check_blocks = std::min<uint64_t>((a.n + kBlockThreads - 1) / kBlockThreads, sms * 8);
+  CheckIndexKernel<<<static_cast<unsigned>(check_blocks), kBlockThreads, 0, s>>>(
+      a.index, a.n, static_cast<int64_t>(a.rows), &a.counters[kFirstRefused]);
+  SPILLFS_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "index check kernel launch"));
+  // 32 rows a warp step (a lane each), fewer where that would leave resident
+  // warps idle (a batch of tens of thousands of rows).
+  const uint64_t resident_warps = sms * kGatherMinBlocks * kWarpsPerBlock;
+  uint32_t step_rows = kWarp;
+  while (step_rows > 8 && (a.n + step_rows - 1) / step_rows < resident_warps) step_rows /= 2;
+  const uint64_t steps = (a.n + step_rows - 1) / step_rows;
+  // A step a warp, up to 8 resident waves of blocks; past that the warps loop.
+  const uint64_t blocks = std::min<uint64_t>((steps + kWarpsPerBlock - 1) / kWarpsPerBlock, sms * kGatherMinBlocks * 8);
+  // The widest word that the row size and every base address allow (lines,
+  // hot rows and output rows then all lie at multiples of it).
+  const uintptr_t align = a.g.row_bytes | reinterpret_cast<uintptr_t>(a.out) | reinterpret_cast<uintptr_t>(a.lines) |
+                          reinterpret_cast<uintptr_t>(a.hot);
+  const dim3 grid(static_cast<unsigned>(blocks));
+  if (align % 16 == 0) {
+    GatherKernel<uint4><<<grid, kBlockThreads, 0, s>>>(a, step_rows);
+  } else if (align % 8 == 0) {
+    GatherKernel<uint2><<<grid, kBlockThreads, 0, s>>>(a, step_rows);
+  } else if (align % 4 == 0) {
+    GatherKernel<unsigned int><<<grid, kBlockThreads, 0, s>>>(a, step_rows);
+  } else {
+    GatherKernel<unsigned char><<<grid, kBlockThreads, 0, s>>>(a, step_rows);
+  }
   return CudaStatus(cudaGetLastError(), "gather kernel launch");
+}
+
+Status ResetGatherCounters(unsigned long long* counters, uintptr_t stream) {
+  ResetCountersKernel<<<1, kWarp, 0, AsStream(stream)>>>(counters);
+  return CudaStatus(cudaGetLastError(), "counter reset kernel launch");
 }
 
 Status LaunchEvict(const FillLaunch& a, uintptr_t stream) {

@@ -4,7 +4,8 @@
 // scattered, lines installed) the output equals the table; the next gather
 // serves the same rows from HBM and hot rows from the pinned hot buffer,
 // stamps mark the lines hit, and evicted lines land in the victim buffer.
-// Rows of 12 bytes (1-byte copies... 4-byte words), 64 and 4400 bytes. Every
+// Rows of 12 bytes (1-byte copies... 4-byte words), 64 and 4400 bytes; then
+// many rows through every shape of the gather kernel (3 to 4400 bytes). Every
 // test skips, saying so, without a CUDA device; without CUDA in the build the
 // library answers -ENOTSUP (checked where no device is present).
 #include <cuda_runtime.h>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "spillfs/client.h"
@@ -158,5 +160,136 @@ TEST_P(FeatureCacheGpuTest, MissesFillHitsHotAndVictims) {
 }
 
 INSTANTIATE_TEST_SUITE_P(RowBytes, FeatureCacheGpuTest, ::testing::Values(12, 64, 4400));
+
+// Many rows through every shape of the gather kernel: batches that give a
+// warp 32, 16 and 8 rows a step (and a partial step), 16-, 8-, 4- and 1-byte
+// words (output addresses offset by 0, 8, 4, 1), negative indices, and a
+// refused batch (an index out of range) that changes nothing, after which the
+// next gather counts right (the counters went back to idle).
+class FeatureCacheManyRowsTest : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(FeatureCacheManyRowsTest, StepsWordsNegativesAndRefusals) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t row_bytes = GetParam();
+  const uint64_t rows = row_bytes > 1024 ? 3001 : 20011;
+  const uint64_t rpl = std::max<uint64_t>(1, 4096 / row_bytes);
+  const uint64_t n_lines = (rows + rpl - 1) / rpl;
+  const uint64_t lb = rpl * row_bytes;
+  std::vector<uint8_t> table(n_lines * lb);
+  std::mt19937_64 rng(row_bytes + 7);
+  for (auto& b : table) b = static_cast<uint8_t>(rng());
+  spill_gpu_cache_shape shape{row_bytes, rows, rpl, /*cache*/ n_lines, 0, 0, /*staging*/ n_lines};
+  spill_gpu_cache* cache = spill_gpu_cache_create(0, &shape);
+  ASSERT_NE(cache, nullptr) << spill_last_error();
+
+  const size_t n = std::min<size_t>(200000, (size_t{64} << 20) / row_bytes);
+  std::vector<int64_t> index(n), norm(n);
+  for (size_t i = 0; i < n; ++i) {
+    index[i] = static_cast<int64_t>(rng() % (2 * rows)) - static_cast<int64_t>(rows);  // [-rows, rows)
+    norm[i] = index[i] < 0 ? index[i] + static_cast<int64_t>(rows) : index[i];
+  }
+  int64_t* d_index = nullptr;
+  uint8_t* d_buf = nullptr;
+  ASSERT_CUDA(cudaMalloc(&d_index, n * 8));
+  ASSERT_CUDA(cudaMalloc(&d_buf, n * row_bytes + 16));
+  ASSERT_CUDA(cudaMemcpy(d_index, index.data(), n * 8, cudaMemcpyHostToDevice));
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const auto s = reinterpret_cast<uintptr_t>(stream);
+  auto check_out = [&](const uint8_t* d_out, size_t count) {
+    std::vector<uint8_t> out(count * row_bytes);
+    ASSERT_CUDA(cudaMemcpy(out.data(), d_out, out.size(), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(std::memcmp(out.data() + i * row_bytes, table.data() + norm[i] * row_bytes, row_bytes), 0)
+          << "row " << norm[i] << " (index " << index[i] << ") at " << i << " of " << count;
+    }
+  };
+
+  // Every row misses: the ring holds each position once, with its row in [0, rows).
+  spill_gpu_gather_counts counts{};
+  ASSERT_EQ(spill_gpu_cache_gather(cache, d_index, n, d_buf, 1, s, &counts), 0) << spill_last_error();
+  EXPECT_EQ(counts.gpu_hits, 0u);
+  EXPECT_EQ(counts.hot_hits, 0u);
+  ASSERT_EQ(counts.misses, n);
+  std::vector<int64_t> mrows(n), mpos(n);
+  ASSERT_EQ(spill_gpu_cache_misses(cache, mrows.data(), mpos.data(), n), 0);
+  std::vector<char> seen(n, 0);
+  for (size_t k = 0; k < n; ++k) {
+    ASSERT_TRUE(mpos[k] >= 0 && static_cast<size_t>(mpos[k]) < n && !seen[mpos[k]]) << mpos[k];
+    seen[mpos[k]] = 1;
+    ASSERT_EQ(mrows[k], norm[mpos[k]]) << "at " << mpos[k];
+  }
+  // Every line staged and installed into the slot of its number.
+  std::memcpy(spill_gpu_cache_host_buffer(cache, 2), table.data(), table.size());
+  std::vector<int64_t> lines(n_lines), entry_staged(n);
+  std::iota(lines.begin(), lines.end(), 0);
+  for (size_t k = 0; k < n; ++k) entry_staged[k] = mrows[k] / static_cast<int64_t>(rpl);
+  spill_gpu_fill fill{0,
+                      nullptr,
+                      nullptr,
+                      nullptr,
+                      n_lines,
+                      lines.data(),
+                      lines.data(),
+                      n,
+                      mrows.data(),
+                      mpos.data(),
+                      entry_staged.data()};
+  ASSERT_EQ(spill_gpu_cache_fill(cache, &fill, d_buf, 1, s), 0) << spill_last_error();
+  check_out(d_buf, n);
+
+  // All hits: every word size, every step size.
+  uint32_t stamp = 1;
+  for (size_t offset : {0, 8, 4, 1}) {
+    for (size_t count : {n, std::min<size_t>(n, 50000), size_t{37}}) {
+      ++stamp;
+      ASSERT_CUDA(cudaMemset(d_buf, 0, n * row_bytes + 16));
+      ASSERT_EQ(spill_gpu_cache_gather(cache, d_index, count, d_buf + offset, stamp, s, &counts), 0)
+          << spill_last_error();
+      EXPECT_EQ(counts.gpu_hits, count) << "offset " << offset;
+      EXPECT_EQ(counts.hot_hits, 0u);
+      EXPECT_EQ(counts.misses, 0u);
+      check_out(d_buf + offset, count);
+    }
+  }
+  // The last three gathers (offset 1) stamped the lines of n, 50000 and 37
+  // rows; lines no index names kept the install's stamp.
+  std::vector<uint32_t> stamps(n_lines), expect(n_lines, 1);
+  const size_t last_counts[3] = {n, std::min<size_t>(n, 50000), 37};
+  for (int k = 0; k < 3; ++k) {
+    for (size_t i = 0; i < last_counts[k]; ++i) expect[norm[i] / rpl] = stamp - 2 + k;
+  }
+  ASSERT_EQ(spill_gpu_cache_stamps(cache, stamps.data()), 0);
+  EXPECT_EQ(stamps, expect);
+
+  // Refused: an index out of range (either side) changes nothing.
+  for (int64_t bad : {static_cast<int64_t>(rows), -static_cast<int64_t>(rows) - 1}) {
+    const size_t at = n / 2 + 3;
+    ASSERT_CUDA(cudaMemcpy(d_index + at, &bad, 8, cudaMemcpyHostToDevice));
+    ASSERT_CUDA(cudaMemset(d_buf, 0xab, n * row_bytes));
+    counts = {1, 1, 1};
+    EXPECT_EQ(spill_gpu_cache_gather(cache, d_index, n, d_buf, stamp + 1, s, &counts), -ERANGE);
+    EXPECT_NE(std::string(spill_last_error()).find(std::to_string(at)), std::string::npos) << spill_last_error();
+    EXPECT_EQ(counts.gpu_hits + counts.hot_hits + counts.misses, 0u);
+    std::vector<uint8_t> out(n * row_bytes);
+    ASSERT_CUDA(cudaMemcpy(out.data(), d_buf, out.size(), cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](uint8_t b) { return b == 0xab; }));
+    ASSERT_EQ(spill_gpu_cache_stamps(cache, stamps.data()), 0);
+    EXPECT_EQ(stamps, expect);
+    ASSERT_CUDA(cudaMemcpy(d_index + at, &index[at], 8, cudaMemcpyHostToDevice));
+    // The next gather counts from zero again.
+    ASSERT_EQ(spill_gpu_cache_gather(cache, d_index, n, d_buf, stamp, s, &counts), 0) << spill_last_error();
+    EXPECT_EQ(counts.gpu_hits, n);
+    EXPECT_EQ(counts.misses, 0u);
+    check_out(d_buf, n);
+  }
+
+  EXPECT_EQ(spill_gpu_cache_destroy(cache), 0);
+  cudaFree(d_index);
+  cudaFree(d_buf);
+  cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(RowBytes, FeatureCacheManyRowsTest, ::testing::Values(3, 12, 64, 512, 4400));
 
 }  // namespace

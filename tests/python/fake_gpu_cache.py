@@ -2,11 +2,13 @@
 clients/include/spillfs/client.h states it) in numpy over host memory, so the
 orchestration of spillfs._gpu_cache.GpuTiers (ring -> lines -> victim buffer or
 storage -> staging -> fill) runs in CI without a GPU. The kernels' semantics:
-gather serves HBM lines then hot lines, posts the rest to the ring and raises
-the stamps of the lines hit; fill evicts (copying victims), scatters staged
+gather refuses a batch with an index outside [-rows, rows) (-ERANGE), else
+serves HBM lines then hot lines, posts the rest to the ring and raises the
+stamps of the lines hit; fill evicts (copying victims), scatters staged
 rows to the output and installs lines. Addresses are real host addresses."""
 
 import ctypes
+import errno
 
 import numpy as np
 
@@ -79,6 +81,9 @@ class FakeGpuCacheLibrary:
         out = _array(out_addr, n * c.rb, np.uint8).reshape(n, c.rb)
         counts = counts_ref._obj
         counts.gpu_hits = counts.hot_hits = counts.misses = 0
+        if ((idx < -c.rows) | (idx >= c.rows)).any():
+            return -errno.ERANGE  # refused whole: nothing gathered, counted or stamped
+        idx = np.where(idx < 0, idx + c.rows, idx)  # negatives count from the end
         c.ring = []
         hot = self._host(c, 0, c.n_hot)
         for i, row in enumerate(idx.tolist()):

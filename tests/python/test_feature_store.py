@@ -441,3 +441,8 @@ def test_gpu_tiers_on_an_emulated_cache(tmp_path, monkeypatch, policy):
         assert s["victims_stored"] > 0 and s["victim_hits"] + s["victims_restored"] > 0
     with pytest.raises(IndexError, match="3001"):
         fs.gather(torch.tensor([3001]))
+    with pytest.raises(IndexError, match="-3002"):  # refused by the (emulated) kernel: nothing counted
+        fs.gather(torch.tensor([5, -3002], dtype=torch.int32))
+    assert fs.stats()["requests"] == s["requests"]
+    neg = torch.tensor([-1, 0, -3001, -17])  # negatives count from the end, in the kernel
+    np.testing.assert_array_equal(fs.gather(neg).numpy(), a[neg.numpy()])

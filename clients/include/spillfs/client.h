@@ -295,7 +295,7 @@ SPILL_API int spill_file_read_rows(spill_file* file, uint64_t data_offset, uint6
  * lines of rows_per_line rows); the policy (what to keep, evict, park) is the
  * caller's. Lines live in HBM; a hot-node buffer and a victim buffer in
  * pinned, GPU-mapped host memory; staging in pinned memory. A batch:
- * spill_gpu_cache_gather (a warp per row: an HBM line, else the hot buffer,
+ * spill_gpu_cache_gather (a lane a row: an HBM line, else the hot buffer,
  * else an entry of the request ring), then, for the rows that missed,
  * spill_gpu_cache_misses (the ring), spill_gpu_cache_stamps (each slot's last
  * use) and spill_gpu_cache_fill per staging load (the caller put the lines
@@ -349,7 +349,10 @@ SPILL_API void* spill_gpu_cache_host_buffer(spill_gpu_cache* cache, int which);
 /* Hot line lines[i] is held in slot i of the hot buffer (filled by the caller). */
 SPILL_API int spill_gpu_cache_set_hot(spill_gpu_cache* cache, const int64_t* lines, size_t n);
 /* out (device, n x row_bytes) gets the rows `index` (device int64, each in
- * [0, rows)) that the GPU tiers hold; the others are posted to the ring. */
+ * [-rows, rows): negatives count from the end) that the GPU tiers hold; the
+ * others are posted to the ring (as rows in [0, rows)). An index out of range:
+ * -ERANGE naming it and its position, and nothing gathered, counted or
+ * stamped. */
 SPILL_API int spill_gpu_cache_gather(spill_gpu_cache* cache, const int64_t* index, size_t n, void* out, uint32_t stamp,
                                      uintptr_t stream, spill_gpu_gather_counts* counts);
 SPILL_API int spill_gpu_cache_misses(spill_gpu_cache* cache, int64_t* rows, int64_t* positions, size_t n);

@@ -14,6 +14,7 @@ Threading: called under the FeatureStore's lock.
 """
 
 import ctypes
+import errno
 
 import numpy as np
 
@@ -110,20 +111,24 @@ class GpuTiers:
         self.stamps = np.zeros(n_cache, dtype=np.uint32)
 
     def _index(self, store, index):
+        """The index as int64 on the device. An integer tensor goes as it is:
+        negatives and the range check are the gather kernel's (-ERANGE:
+        :meth:`_refuse`), not torch ops here, which cost a wait a batch."""
         import torch
         from .gnn import _as_index
-        rows = store.info.rows
         if isinstance(index, torch.Tensor) and index.dtype != torch.bool and not index.is_floating_point() \
                 and not index.is_complex():
-            idx = index.reshape(-1).to(self.device, torch.int64)
-            if idx.numel():
-                bad = (idx < -rows) | (idx >= rows)
-                if bool(bad.any()):
-                    first = int(index.reshape(-1)[bad.nonzero()[0, 0].to(index.device)])
-                    raise IndexError(f"index {first} is out of bounds for dimension 0 with size {rows}")
-                idx = torch.where(idx < 0, idx + rows, idx)
-            return idx.contiguous()
-        return torch.from_numpy(_as_index(index, rows)).to(self.device)
+            return index.reshape(-1).to(self.device, torch.int64).contiguous()
+        return torch.from_numpy(_as_index(index, store.info.rows)).to(self.device)
+
+    @staticmethod
+    def _refuse(index, idx, rows):
+        """After the gather refused ``idx`` (-ERANGE): IndexError naming the first
+        index out of range, as ``index`` gave it."""
+        bad = (idx < -rows) | (idx >= rows)
+        if bool(bad.any()):
+            first = int(index.reshape(-1)[bad.nonzero()[0, 0].to(index.device)])
+            raise IndexError(f"index {first} is out of bounds for dimension 0 with size {rows}")
 
     def gather(self, store, index, st):
         import torch
@@ -131,14 +136,17 @@ class GpuTiers:
         idx = self._index(store, index)
         n = idx.numel()
         out = torch.empty((n, info.width), dtype=store.dtype, device=self.device)
-        st.requests += n
         if n == 0:
             return out
         stamp = store.stamp & 0xFFFFFFFF
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
         counts = _Counts()
-        _native.check(lib.spill_gpu_cache_gather(self.cache, idx.data_ptr(), n, out.data_ptr(), stamp, stream,
-                                                 ctypes.byref(counts)), "gathering rows", info.path)
+        rc = lib.spill_gpu_cache_gather(self.cache, idx.data_ptr(), n, out.data_ptr(), stamp, stream,
+                                        ctypes.byref(counts))
+        if rc == -errno.ERANGE:  # refused whole: nothing gathered, counted or stamped
+            self._refuse(index, idx, info.rows)
+        _native.check(rc, "gathering rows", info.path)
+        st.requests += n
         st.gpu_hits += counts.gpu_hits
         st.hot_hits += counts.hot_hits
         m = int(counts.misses)

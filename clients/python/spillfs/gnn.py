@@ -17,7 +17,7 @@ block checksums verified) or any other file system (io_uring ``O_DIRECT``).
 Tiers, searched in order for each row of a batch:
 
 - ``device="cuda"``: the GPU software cache (lines in HBM, looked up by a
-  gather kernel, a warp per row), the hot-node buffer (pinned host memory
+  gather kernel, up to 32 rows a warp), the hot-node buffer (pinned host memory
   the kernel reads over PCIe), the victim buffer, then storage: the kernel
   posts what is left to a request ring the host turns into batched row reads
   (``spill_file_read_rows``) into pinned staging. ``gpu_cache_bytes`` bounds

@@ -18,14 +18,16 @@
 //    the victim buffer or storage), copied to the GPU in one transfer, then
 //    scattered to the output and installed into their slots.
 //
-// One batch: Gather (a warp per row: HBM line, else hot buffer, else a ring
-// entry; the stream is synchronized and the counts read), then, where rows
-// missed, Misses, Stamps and one Fill per staging load.
+// One batch: Gather (an index check, then warps resolving up to 32 rows at
+// once: HBM line, else hot buffer, else a ring entry; one wait for the
+// stream, the counts written by the kernel into mapped memory), then, where
+// rows missed, Misses, Stamps and one Fill per staging load.
 //
 // Threading: thread-compatible (one call at a time: the caller's lock). Work
 // runs on the caller's stream; Gather and Fill return once it has run.
 // Error convention: Status; Create fails with ENOTSUP "built without CUDA" or
-// ENODEV; CUDA failures are EIO naming the call; EINVAL for bad arguments.
+// ENODEV; CUDA failures are EIO naming the call; EINVAL for bad arguments
+// (rows of more than 64 MiB among them); ERANGE for an index out of range.
 #pragma once
 
 #include <cstddef>
@@ -93,9 +95,11 @@ class FeatureCache {
 
   // Hot line lines[i] is in slot i of the hot buffer (i < hot_lines).
   Status SetHot(const int64_t* lines, size_t n);
-  // out[i] = row index[i] (device memory; every index in [0, rows)) for the
-  // rows the GPU tiers hold; the others are posted to the ring. `stamp` marks
-  // the lines hit. Returns once the kernel has run.
+  // out[i] = row index[i] (device memory, each in [-rows, rows): negatives
+  // count from the end) for the rows the GPU tiers hold; the others are
+  // posted to the ring (their rows in [0, rows)). `stamp` marks the lines
+  // hit. Returns once the kernels have run. An index out of range: ERANGE
+  // naming it and its position, and nothing gathered, counted or stamped.
   Status Gather(const int64_t* index, size_t n, void* out, uint32_t stamp, uintptr_t stream, GatherCounts* counts);
   // The first n ring entries of the last Gather (n <= its misses).
   Status Misses(int64_t* rows, int64_t* positions, size_t n) const;
