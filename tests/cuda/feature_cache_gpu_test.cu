@@ -76,10 +76,14 @@ TEST_P(FeatureCacheGpuTest, MissesFillHitsHotAndVictims) {
   uint8_t* d_out = nullptr;
   ASSERT_CUDA(cudaMalloc(&d_index, n * 8));
   ASSERT_CUDA(cudaMalloc(&d_out, n * row_bytes));
-  ASSERT_CUDA(cudaMemcpy(d_index, index.data(), n * 8, cudaMemcpyHostToDevice));
   cudaStream_t stream;
   ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const auto s = reinterpret_cast<uintptr_t>(stream);
+  // Every write to device memory on `stream`: a non-blocking stream is not
+  // ordered after the legacy default stream (cudaMemset, and cudaMemcpy from
+  // pageable memory, can return before their write has landed).
+  ASSERT_CUDA(cudaMemcpyAsync(d_index, index.data(), n * 8, cudaMemcpyHostToDevice, stream));
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
 
   auto check_out = [&] {
     std::vector<uint8_t> out(n * row_bytes);
@@ -93,7 +97,7 @@ TEST_P(FeatureCacheGpuTest, MissesFillHitsHotAndVictims) {
   const size_t n_hot = std::count_if(index.begin(), index.end(), is_hot);
 
   spill_gpu_gather_counts counts{};
-  ASSERT_CUDA(cudaMemset(d_out, 0, n * row_bytes));
+  ASSERT_CUDA(cudaMemsetAsync(d_out, 0, n * row_bytes, stream));
   ASSERT_EQ(spill_gpu_cache_gather(cache, d_index, n, d_out, 1, s, &counts), 0) << spill_last_error();
   EXPECT_EQ(counts.gpu_hits, 0u);
   EXPECT_EQ(counts.hot_hits, n_hot);
@@ -132,7 +136,7 @@ TEST_P(FeatureCacheGpuTest, MissesFillHitsHotAndVictims) {
   check_out();
 
   // Again: every row from HBM or the hot buffer.
-  ASSERT_CUDA(cudaMemset(d_out, 0, n * row_bytes));
+  ASSERT_CUDA(cudaMemsetAsync(d_out, 0, n * row_bytes, stream));
   ASSERT_EQ(spill_gpu_cache_gather(cache, d_index, n, d_out, 2, s, &counts), 0) << spill_last_error();
   EXPECT_EQ(counts.misses, 0u);
   EXPECT_EQ(counts.hot_hits, n_hot);
@@ -192,10 +196,13 @@ TEST_P(FeatureCacheManyRowsTest, StepsWordsNegativesAndRefusals) {
   uint8_t* d_buf = nullptr;
   ASSERT_CUDA(cudaMalloc(&d_index, n * 8));
   ASSERT_CUDA(cudaMalloc(&d_buf, n * row_bytes + 16));
-  ASSERT_CUDA(cudaMemcpy(d_index, index.data(), n * 8, cudaMemcpyHostToDevice));
   cudaStream_t stream;
   ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const auto s = reinterpret_cast<uintptr_t>(stream);
+  // Device writes go on `stream` (see MissesFillHitsHotAndVictims): the
+  // gathers run there, unordered with the legacy default stream.
+  ASSERT_CUDA(cudaMemcpyAsync(d_index, index.data(), n * 8, cudaMemcpyHostToDevice, stream));
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
   auto check_out = [&](const uint8_t* d_out, size_t count) {
     std::vector<uint8_t> out(count * row_bytes);
     ASSERT_CUDA(cudaMemcpy(out.data(), d_out, out.size(), cudaMemcpyDeviceToHost));
@@ -243,7 +250,7 @@ TEST_P(FeatureCacheManyRowsTest, StepsWordsNegativesAndRefusals) {
   for (size_t offset : {0, 8, 4, 1}) {
     for (size_t count : {n, std::min<size_t>(n, 50000), size_t{37}}) {
       ++stamp;
-      ASSERT_CUDA(cudaMemset(d_buf, 0, n * row_bytes + 16));
+      ASSERT_CUDA(cudaMemsetAsync(d_buf, 0, n * row_bytes + 16, stream));
       ASSERT_EQ(spill_gpu_cache_gather(cache, d_index, count, d_buf + offset, stamp, s, &counts), 0)
           << spill_last_error();
       EXPECT_EQ(counts.gpu_hits, count) << "offset " << offset;
@@ -265,8 +272,11 @@ TEST_P(FeatureCacheManyRowsTest, StepsWordsNegativesAndRefusals) {
   // Refused: an index out of range (either side) changes nothing.
   for (int64_t bad : {static_cast<int64_t>(rows), -static_cast<int64_t>(rows) - 1}) {
     const size_t at = n / 2 + 3;
-    ASSERT_CUDA(cudaMemcpy(d_index + at, &bad, 8, cudaMemcpyHostToDevice));
-    ASSERT_CUDA(cudaMemset(d_buf, 0xab, n * row_bytes));
+    // Landed before the check kernel reads it: else the check could pass and
+    // the gather read `bad` (a row out of range: an illegal address).
+    ASSERT_CUDA(cudaMemcpyAsync(d_index + at, &bad, 8, cudaMemcpyHostToDevice, stream));
+    ASSERT_CUDA(cudaMemsetAsync(d_buf, 0xab, n * row_bytes, stream));
+    ASSERT_CUDA(cudaStreamSynchronize(stream));
     counts = {1, 1, 1};
     EXPECT_EQ(spill_gpu_cache_gather(cache, d_index, n, d_buf, stamp + 1, s, &counts), -ERANGE);
     EXPECT_NE(std::string(spill_last_error()).find(std::to_string(at)), std::string::npos) << spill_last_error();
@@ -276,7 +286,8 @@ TEST_P(FeatureCacheManyRowsTest, StepsWordsNegativesAndRefusals) {
     EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](uint8_t b) { return b == 0xab; }));
     ASSERT_EQ(spill_gpu_cache_stamps(cache, stamps.data()), 0);
     EXPECT_EQ(stamps, expect);
-    ASSERT_CUDA(cudaMemcpy(d_index + at, &index[at], 8, cudaMemcpyHostToDevice));
+    ASSERT_CUDA(cudaMemcpyAsync(d_index + at, &index[at], 8, cudaMemcpyHostToDevice, stream));
+    ASSERT_CUDA(cudaStreamSynchronize(stream));
     // The next gather counts from zero again.
     ASSERT_EQ(spill_gpu_cache_gather(cache, d_index, n, d_buf, stamp, s, &counts), 0) << spill_last_error();
     EXPECT_EQ(counts.gpu_hits, n);
