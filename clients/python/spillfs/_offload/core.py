@@ -252,7 +252,8 @@ class ActivationOffloader:
         self._entries = {}  # key -> live entry
         self._step_entries = []
         self._groups = collections.defaultdict(list)
-        self._prefetched_groups = set()
+        self._prefetched_groups = set()  # queued for reading ahead
+        self._started_groups = set()  # whose backward began (what they still needed was read then)
         self._prefetch_queue = collections.deque()  # entries of earlier layers, in the order backward needs them
         self._prefetch_credit = 0
         self._read_ahead = 0
@@ -337,6 +338,7 @@ class ActivationOffloader:
         self._step_entries = []
         self._groups = collections.defaultdict(list)
         self._prefetched_groups = set()
+        self._started_groups = set()
         self._prefetch_queue = collections.deque()
         self._prefetch_credit = 0
         self._read_ahead = 0  # bytes read back (loads started) and not yet used by backward
@@ -582,6 +584,7 @@ class ActivationOffloader:
                 # a new forward after a finished backward in the same block (gradient accumulation)
                 self._phase = "forward"
                 self._prefetched_groups = set()
+                self._started_groups = set()
                 self._prefetch_queue.clear()
                 self._after_last_layer = False
             else:
@@ -958,8 +961,9 @@ class ActivationOffloader:
         for g in range(group, group - self.prefetch_layers - 1, -1):
             if g < -1:
                 break
-            if g == group:
-                # needed now: whatever the queue still holds of it is read at once
+            if g == group and g not in self._started_groups:
+                # needed now (once: every unpack of the group comes here): what the queue still holds of it
+                self._started_groups.add(g)
                 for e in self._groups.get(g, ()):
                     if self._wants_load(e):
                         self._load(e)
