@@ -103,29 +103,24 @@ class FakeSegmentLib:
     def spill_file_dedup(self, handle, offset, hashes, n, needed):
         if offset % UNIT:
             return -errno.EINVAL
-        self.dedup_calls += 1
-        fd = self.files[handle]
-        for i in range(n):
-            chunk = self.store.get((hashes[2 * i], hashes[2 * i + 1]))
-            if chunk is None:
-                needed[i] = 1
-            else:
-                os.pwrite(fd, chunk, offset + i * UNIT)  # "mapped by reference"
-                needed[i] = 0
-        return 0
+        return self._map_units(handle, [offset + i * UNIT for i in range(n)], hashes, needed)
 
     def spill_file_dedup_units(self, handle, offsets, hashes, n, needed):
         for i in range(n):
             if offsets[i] % UNIT or (i and offsets[i] <= offsets[i - 1]):
                 return -errno.EINVAL
+        return self._map_units(handle, [offsets[i] for i in range(n)], hashes, needed)
+
+    def _map_units(self, handle, offsets, hashes, needed):
+        """One dedup request: units the store holds are "mapped by reference" (written here)."""
         self.dedup_calls += 1
         fd = self.files[handle]
-        for i in range(n):
+        for i, at in enumerate(offsets):
             chunk = self.store.get((hashes[2 * i], hashes[2 * i + 1]))
             if chunk is None:
                 needed[i] = 1
             else:
-                os.pwrite(fd, chunk, offsets[i])  # "mapped by reference"
+                os.pwrite(fd, chunk, at)
                 needed[i] = 0
         return 0
 

@@ -530,15 +530,7 @@ class ShardedFeatureStore:
             self._st["prefetches"] += 1
 
     def __getitem__(self, index):
-        torch = _torch()
-        if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
-            return self.gather(np.array([index], dtype=np.int64))[0]
-        if isinstance(index, tuple):
-            rows = self.gather(index[0])
-            return rows[(slice(None),) + tuple(index[1:])]
-        if isinstance(index, torch.Tensor) and index.dim() == 0:
-            return self.gather(index.reshape(1))[0]
-        return self.gather(index)
+        return _gnn._rows_by_index(self.gather, index)
 
     def stats(self, aggregate=False):
         """This rank's counters: as requester, ``requests`` = ``local_rows``

@@ -254,6 +254,20 @@ class _HostTiers:
         st.victims_restored += int(admitted.sum())
 
 
+def _rows_by_index(gather, index):
+    """``store[index]`` of a store whose rows come from ``gather``: an int (or a 0-d
+    tensor) gives one row, a tuple indexes the gathered rows' columns too."""
+    torch = _torch()
+    if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+        return gather(np.array([index], dtype=np.int64))[0]
+    if isinstance(index, tuple):
+        rows = gather(index[0])
+        return rows[(slice(None),) + tuple(index[1:])]
+    if isinstance(index, torch.Tensor) and index.dim() == 0:
+        return gather(index.reshape(1))[0]
+    return gather(index)
+
+
 class FeatureStore:
     """A feature table (rows = nodes) gathered by index on ``device`` through a
     cache. See the module's documentation.
@@ -433,15 +447,7 @@ class FeatureStore:
             self._stats.prefetches += 1
 
     def __getitem__(self, index):
-        torch = _torch()
-        if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
-            return self.gather(np.array([index], dtype=np.int64))[0]
-        if isinstance(index, tuple):
-            rows = self.gather(index[0])
-            return rows[(slice(None),) + tuple(index[1:])]
-        if isinstance(index, torch.Tensor) and index.dim() == 0:
-            return self.gather(index.reshape(1))[0]
-        return self.gather(index)
+        return _rows_by_index(self.gather, index)
 
     def stats(self):
         """Counters since the store was made: rows asked (``requests``) and
