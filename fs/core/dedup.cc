@@ -153,7 +153,7 @@ void Dedup::MapBlob(InodeNumber ino, uint64_t file_offset, uint64_t blob, const 
 
 Status Dedup::ApplyBlobRefs(const std::map<uint64_t, int64_t>& blob_refs,
                             const std::map<uint64_t, BlobRecord>& new_blobs, Index::Batch* batch,
-                            std::vector<PhysicalExtent>* freed) const {
+                            std::vector<PhysicalExtent>* freed, bool* blobs_changed) const {
   for (auto& [physical, delta] : blob_refs) {
     if (delta == 0) continue;
     BlobRecord blob;
@@ -170,9 +170,14 @@ Status Dedup::ApplyBlobRefs(const std::map<uint64_t, int64_t>& blob_refs,
     if (refs > 0) {
       blob.refs = static_cast<uint64_t>(refs);
       batch->Put(Family::kBlob, keys::BlobByPhysical(physical), blob.Encode());
-      if (fresh != new_blobs.end()) batch->Put(Family::kBlob, keys::BlobByHash(blob.hash), EncodeMetaU64(physical));
+      // A rewrite of a blob that has references (DirectDedup's checksums) counts as new too.
+      if (fresh != new_blobs.end()) {
+        batch->Put(Family::kBlob, keys::BlobByHash(blob.hash), EncodeMetaU64(physical));
+        if (blobs_changed) *blobs_changed = true;
+      }
       continue;
     }
+    if (blobs_changed) *blobs_changed = true;
     batch->Delete(Family::kBlob, keys::BlobByPhysical(physical));
     std::string owner;
     if (index_.Get(Family::kBlob, keys::BlobByHash(blob.hash), &owner).ok() && owner == EncodeMetaU64(physical)) {

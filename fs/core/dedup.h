@@ -28,8 +28,10 @@
 // the index without a lock. A hit found by Deduplicate may vanish before its
 // batch commits (the blob's last other reference dropped meanwhile):
 // CheckShared, under the commit lock, says so (EAGAIN) and the flush retries
-// the batch without dedup. DirectDedup looks for its blobs again
-// (FindBlob) under the commit lock, and maps only those still there. The methods that write a batch (MapShared,
+// the batch without dedup. DirectDedup maps only the blobs still there under
+// the commit lock: looked up again (FindBlob) where a batch deleted or wrote
+// a blob since its look-ups began (Filesystem::blob_epoch_, which
+// ApplyBlobRefs' blobs_changed drives). The methods that write a batch (MapShared,
 // ApplyBlobRefs) run under the commit lock (Filesystem::mu_), since the
 // reference counts they read must not change before the batch commits.
 // HashSegments uses up to four threads of its own.
@@ -135,9 +137,11 @@ class Dedup {
   // records in `batch`; `new_blobs` are the records the batch writes anew
   // (blobs it first writes, counted from no references, and blobs whose
   // checksums DirectDedup took, from their references). A blob whose last
-  // reference went is deleted and its whole range freed.
+  // reference went is deleted and its whole range freed. `*blobs_changed`
+  // (where given) is set when the batch deletes a blob or writes a new one
+  // (a blob's keys change, not only its reference count).
   Status ApplyBlobRefs(const std::map<uint64_t, int64_t>& blob_refs, const std::map<uint64_t, BlobRecord>& new_blobs,
-                       Index::Batch* batch, std::vector<PhysicalExtent>* freed) const;
+                       Index::Batch* batch, std::vector<PhysicalExtent>* freed, bool* blobs_changed = nullptr) const;
 
  private:
   const Index& index_;

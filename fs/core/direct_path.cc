@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <string_view>
+#include <unordered_map>
 
 #include "core/filesystem.h"
 #include "spillfs/common/clock.h"
@@ -219,20 +221,28 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
   // or (a blob from before they were kept) taken from its bytes, read once
   // and checked against the hash. The pin keeps the blocks of a blob freed
   // meanwhile from reuse while they are read; a blob gone by the commit is
-  // not mapped (checked again under mu_).
+  // not mapped (checked again under mu_ where blob_epoch_ moved meanwhile).
+  // One look-up per distinct hash: hits[of[i]] is unit i's.
   struct Hit {
     uint64_t blob = 0;
     BlobRecord record;
     bool sums_taken = false;  // read here: the commit stores them in the record
   };
-  std::map<std::string, std::optional<Hit>> hits;  // by hash
+  std::vector<std::optional<Hit>> hits;
+  std::vector<size_t> of(n);
+  const uint64_t epoch = blob_epoch_.load(std::memory_order_acquire);  // before the look-ups
+  bool any = false;
   {
+    std::unordered_map<std::string_view, size_t> by_hash;  // views of units' hashes
+    by_hash.reserve(n);
     ReclaimGate::Reader pin(&gate_);
     AlignedBuffer unit;
-    for (const DirectUnit& u : units) {
-      auto [it, fresh] = hits.try_emplace(u.hash);
+    for (uint64_t i = 0; i < n; ++i) {
+      auto [it, fresh] = by_hash.try_emplace(units[i].hash, hits.size());
+      of[i] = it->second;
       if (!fresh) continue;
-      auto found = deduper_.FindBlob(u.hash);
+      std::optional<Hit>& slot = hits.emplace_back();
+      auto found = deduper_.FindBlob(units[i].hash);
       if (!found) continue;
       Hit hit;
       hit.blob = found->first;
@@ -246,11 +256,12 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
         }
         hit.sums_taken = true;
       }
-      it->second = std::move(hit);
+      slot = std::move(hit);
+      any = true;
     }
   }
   // Nothing to map (a first save): no flush, no batch.
-  if (std::none_of(hits.begin(), hits.end(), [](const auto& h) { return h.second.has_value(); })) return mapped;
+  if (!any) return mapped;
 
   ExclusiveLock flush_lock(&FlushLock(ino));
   WriterLock io_lock(&IoLock(ino));
@@ -261,10 +272,14 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
   MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "dedup target is not a regular file");
-  // Still there, unchanged (a commit of another file may have dropped it).
-  for (auto& [hash, hit] : hits) {
-    if (!hit) continue;
-    auto now = deduper_.FindBlob(hash);
+  // Still there, unchanged (a commit of another file may have dropped it):
+  // certain where no blob was deleted or written since the look-ups began
+  // (blob_epoch_), else looked up again. A record this commit rewrites needs
+  // its reference count as it is now, so is always looked up again.
+  const bool moved = blob_epoch_.load(std::memory_order_relaxed) != epoch;
+  for (std::optional<Hit>& hit : hits) {
+    if (!hit || !(moved || hit->sums_taken)) continue;
+    auto now = deduper_.FindBlob(hit->record.hash);
     if (!now || now->first != hit->blob) {
       hit.reset();
       continue;
@@ -273,7 +288,7 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
   }
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // file ranges mapped, sorted and merged
   for (uint64_t i = 0; i < n; ++i) {
-    if (!hits[units[i].hash]) continue;
+    if (!hits[of[i]]) continue;
     mapped[i] = true;
     const uint64_t at = units[i].file_offset;
     if (!ranges.empty() && ranges.back().second == at) {
@@ -289,7 +304,7 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
   uint64_t shared = 0;
   for (uint64_t i = 0; i < n; ++i) {
     if (!mapped[i]) continue;
-    const Hit& hit = *hits[units[i].hash];
+    const Hit& hit = *hits[of[i]];
     Dedup::MapBlob(ino, units[i].file_offset, hit.blob, hit.record, &txn.batch, &txn.blob_refs);
     if (hit.sums_taken) txn.new_blobs[hit.blob] = hit.record;
     shared += kDedupUnit;

@@ -206,9 +206,15 @@ Result<bool> Filesystem::DirIsEmpty(InodeNumber ino) {
 }
 
 Status Filesystem::CommitTxn(Txn* txn) {
-  SPILLFS_RETURN_IF_ERROR(deduper_.ApplyBlobRefs(txn->blob_refs, txn->new_blobs, &txn->batch, &txn->freed));
+  bool blobs_changed = false;
+  SPILLFS_RETURN_IF_ERROR(
+      deduper_.ApplyBlobRefs(txn->blob_refs, txn->new_blobs, &txn->batch, &txn->freed, &blobs_changed));
   allocator_.CommitFreed(txn->freed, &txn->batch);
   SPILLFS_RETURN_IF_ERROR(index_.Commit(&txn->batch));
+  // After the commit: a look-up that saw the old epoch may have seen the
+  // blobs as they were (DirectDedup checks them again); one that sees the
+  // new epoch sees this batch.
+  if (blobs_changed) blob_epoch_.fetch_add(1, std::memory_order_release);
   // The freed space stays unused until readers are done with it and this
   // batch is durable (reclaim_gate.h, allocator.h).
   gate_.Retire(std::move(txn->freed), txn->batch.commit_number());

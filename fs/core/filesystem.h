@@ -447,6 +447,13 @@ class Filesystem {
   std::thread flusher_;
   bool opened_ = false;  // Open finished (recovery included): a close may be marked clean
   std::atomic<uint64_t> privilege_epoch_{1};
+  // Bumped by CommitTxn, under mu_, after a batch that deleted a blob or
+  // wrote a new one (Dedup::ApplyBlobRefs: the only online writer of blob
+  // records besides reference counts) is committed. Read without a lock:
+  // where it has not moved since a look-up (FindBlob) began, the blob found
+  // is still there with the record found but for its reference count
+  // (DirectDedup checks again only where it moved).
+  std::atomic<uint64_t> blob_epoch_{0};
 
   // ---- The locks, in the order they are taken (outer first) ----
   //
