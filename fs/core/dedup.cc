@@ -20,6 +20,29 @@ std::string Dedup::Hash(const char* unit) {
   return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
 }
 
+namespace {
+
+// Runs share(k) for k in [0, shares): share 0 on this thread, the others on
+// threads of their own (on this one where no thread is to be had).
+template <typename Share>
+void RunShares(unsigned shares, const char* thread_name, const Share& share) {
+  std::vector<std::future<void>> others;
+  for (unsigned k = 1; k < shares; ++k) {
+    try {
+      others.push_back(std::async(std::launch::async, [&share, k, thread_name] {
+        pthread_setname_np(pthread_self(), thread_name);
+        share(k);
+      }));
+    } catch (const std::system_error&) {
+      share(k);
+    }
+  }
+  share(0);
+  for (auto& f : others) f.get();
+}
+
+}  // namespace
+
 void Dedup::HashSegments(std::vector<Segment>* segments, bool dedup) const {
   constexpr unsigned kThreads = 4;
   constexpr uint64_t kBytesPerThread = 4 << 20;  // less is hashed here
@@ -36,23 +59,10 @@ void Dedup::HashSegments(std::vector<Segment>* segments, bool dedup) const {
     for (Segment& segment : *segments) hash(segment);
     return;
   }
-  // Segments dealt round-robin; this thread takes share 0.
-  auto share = [&](unsigned k) {
+  // Segments dealt round-robin.
+  RunShares(helpers, "spillfs-hash", [&](unsigned k) {
     for (size_t i = k; i < segments->size(); i += helpers) hash((*segments)[i]);
-  };
-  std::vector<std::future<void>> others;
-  for (unsigned k = 1; k < helpers; ++k) {
-    try {
-      others.push_back(std::async(std::launch::async, [&share, k] {
-        pthread_setname_np(pthread_self(), "spillfs-hash");
-        share(k);
-      }));
-    } catch (const std::system_error&) {
-      share(k);  // no thread to be had: hash that share here
-    }
-  }
-  share(0);
-  for (auto& f : others) f.get();
+  });
 }
 
 void Dedup::Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* shared) const {
@@ -121,6 +131,43 @@ std::optional<std::pair<uint64_t, BlobRecord>> Dedup::FindBlob(const std::string
   return std::make_pair(blob, std::move(*record));
 }
 
+std::vector<std::optional<std::pair<uint64_t, BlobRecord>>> Dedup::FindBlobs(
+    const std::vector<std::string_view>& hashes) const {
+  constexpr unsigned kThreads = 4;
+  constexpr size_t kHashesPerThread = 1024;  // fewer are looked up here
+  std::vector<std::optional<std::pair<uint64_t, BlobRecord>>> found(hashes.size());
+  auto look_up = [&](size_t begin, size_t end) {
+    std::vector<std::string> keys;
+    keys.reserve(end - begin);
+    for (size_t i = begin; i < end; ++i) keys.push_back(keys::BlobByHash(hashes[i]));
+    std::vector<std::optional<std::string>> values;
+    // A failed look-up finds nothing (as FindBlob): the unit is written, not shared.
+    if (!index_.MultiGet(Family::kBlob, keys, &values).ok()) return;
+    std::vector<size_t> at;      // hashes[at[j]] names blob[j]
+    std::vector<uint64_t> blob;  // physical offsets
+    keys.clear();
+    for (size_t i = begin; i < end; ++i) {
+      const std::optional<std::string>& value = values[i - begin];
+      if (!value || value->size() != 8) continue;
+      at.push_back(i);
+      blob.push_back(coding::DecodeFixed64BE(value->data()));
+      keys.push_back(keys::BlobByPhysical(blob.back()));
+    }
+    if (!index_.MultiGet(Family::kBlob, keys, &values).ok()) return;
+    for (size_t j = 0; j < at.size(); ++j) {
+      if (!values[j]) continue;
+      auto record = BlobRecord::Decode(*values[j]);
+      if (!record.ok() || record->hash != hashes[at[j]] || record->length != kDedupUnit) continue;
+      found[at[j]].emplace(blob[j], std::move(*record));
+    }
+  };
+  const size_t n = hashes.size();
+  const unsigned shares = static_cast<unsigned>(std::clamp<size_t>(n / kHashesPerThread, 1, kThreads));
+  // Contiguous shares: each one's keys go to RocksDB together.
+  RunShares(shares, "spillfs-dedup", [&](unsigned k) { look_up(n * k / shares, n * (k + 1) / shares); });
+  return found;
+}
+
 std::map<uint64_t, const std::string*> Dedup::NewBlobUnits(const std::vector<DirectUnit>& units) const {
   std::map<uint64_t, const std::string*> blob_units;
   std::set<std::string_view> seen;
@@ -152,14 +199,19 @@ void Dedup::MapBlob(InodeNumber ino, uint64_t file_offset, uint64_t blob, const 
 }
 
 Status Dedup::ApplyBlobRefs(const std::map<uint64_t, int64_t>& blob_refs,
-                            const std::map<uint64_t, BlobRecord>& new_blobs, Index::Batch* batch,
+                            const std::map<uint64_t, BlobRecord>& new_blobs,
+                            const std::unordered_map<uint64_t, const BlobRecord*>& current, Index::Batch* batch,
                             std::vector<PhysicalExtent>* freed, bool* blobs_changed) const {
   for (auto& [physical, delta] : blob_refs) {
     if (delta == 0) continue;
+    if (blobs_changed) *blobs_changed = true;
     BlobRecord blob;
     auto fresh = new_blobs.find(physical);
+    auto known = current.find(physical);
     if (fresh != new_blobs.end()) {
       blob = fresh->second;
+    } else if (known != current.end()) {
+      blob = *known->second;
     } else {
       std::string value;
       Status found = index_.Get(Family::kBlob, keys::BlobByPhysical(physical), &value);
@@ -170,14 +222,9 @@ Status Dedup::ApplyBlobRefs(const std::map<uint64_t, int64_t>& blob_refs,
     if (refs > 0) {
       blob.refs = static_cast<uint64_t>(refs);
       batch->Put(Family::kBlob, keys::BlobByPhysical(physical), blob.Encode());
-      // A rewrite of a blob that has references (DirectDedup's checksums) counts as new too.
-      if (fresh != new_blobs.end()) {
-        batch->Put(Family::kBlob, keys::BlobByHash(blob.hash), EncodeMetaU64(physical));
-        if (blobs_changed) *blobs_changed = true;
-      }
+      if (fresh != new_blobs.end()) batch->Put(Family::kBlob, keys::BlobByHash(blob.hash), EncodeMetaU64(physical));
       continue;
     }
-    if (blobs_changed) *blobs_changed = true;
     batch->Delete(Family::kBlob, keys::BlobByPhysical(physical));
     std::string owner;
     if (index_.Get(Family::kBlob, keys::BlobByHash(blob.hash), &owner).ok() && owner == EncodeMetaU64(physical)) {

@@ -29,12 +29,12 @@
 // batch commits (the blob's last other reference dropped meanwhile):
 // CheckShared, under the commit lock, says so (EAGAIN) and the flush retries
 // the batch without dedup. DirectDedup maps only the blobs still there under
-// the commit lock: looked up again (FindBlob) where a batch deleted or wrote
-// a blob since its look-ups began (Filesystem::blob_epoch_, which
-// ApplyBlobRefs' blobs_changed drives). The methods that write a batch (MapShared,
+// the commit lock: looked up again (FindBlobs) where a batch changed a blob
+// record since its look-ups began (Filesystem::blob_epoch_, which
+// ApplyBlobRefs' blobs_changed drives), else known as they are. The methods that write a batch (MapShared,
 // ApplyBlobRefs) run under the commit lock (Filesystem::mu_), since the
 // reference counts they read must not change before the batch commits.
-// HashSegments uses up to four threads of its own.
+// HashSegments and FindBlobs use up to four threads of their own.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +42,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -106,6 +108,11 @@ class Dedup {
   // The blob that holds `hash` (its physical offset and record, whose hash
   // and length agree), or nullopt.
   std::optional<std::pair<uint64_t, BlobRecord>> FindBlob(const std::string& hash) const;
+  // FindBlob of each of `hashes`, looked up together (a multi-get by hash,
+  // then one by physical offset), on up to four threads where there are
+  // thousands: a save's dedup request names every unit of a checkpoint.
+  std::vector<std::optional<std::pair<uint64_t, BlobRecord>>> FindBlobs(
+      const std::vector<std::string_view>& hashes) const;
   // Of a commit's whole `units`, those that become new blobs (file offset ->
   // hash): the first of equal hashes, where no blob holds the hash yet.
   std::map<uint64_t, const std::string*> NewBlobUnits(const std::vector<DirectUnit>& units) const;
@@ -136,12 +143,14 @@ class Dedup {
   // Applies reference deltas (blob physical offset -> delta) to the blob
   // records in `batch`; `new_blobs` are the records the batch writes anew
   // (blobs it first writes, counted from no references, and blobs whose
-  // checksums DirectDedup took, from their references). A blob whose last
-  // reference went is deleted and its whole range freed. `*blobs_changed`
-  // (where given) is set when the batch deletes a blob or writes a new one
-  // (a blob's keys change, not only its reference count).
+  // checksums DirectDedup took, from their references); `current` are
+  // records the caller knows as they are now (DirectDedup's hits: not read
+  // again); the others are read. A blob whose last reference went is deleted
+  // and its whole range freed. `*blobs_changed` (where given) is set when the
+  // batch changes any blob record (its keys or its reference count).
   Status ApplyBlobRefs(const std::map<uint64_t, int64_t>& blob_refs, const std::map<uint64_t, BlobRecord>& new_blobs,
-                       Index::Batch* batch, std::vector<PhysicalExtent>* freed, bool* blobs_changed = nullptr) const;
+                       const std::unordered_map<uint64_t, const BlobRecord*>& current, Index::Batch* batch,
+                       std::vector<PhysicalExtent>* freed, bool* blobs_changed = nullptr) const;
 
  private:
   const Index& index_;

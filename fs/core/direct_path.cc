@@ -221,32 +221,36 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
   // or (a blob from before they were kept) taken from its bytes, read once
   // and checked against the hash. The pin keeps the blocks of a blob freed
   // meanwhile from reuse while they are read; a blob gone by the commit is
-  // not mapped (checked again under mu_ where blob_epoch_ moved meanwhile).
+  // not mapped (looked up again under mu_ where blob_epoch_ moved meanwhile).
   // One look-up per distinct hash: hits[of[i]] is unit i's.
   struct Hit {
     uint64_t blob = 0;
     BlobRecord record;
     bool sums_taken = false;  // read here: the commit stores them in the record
   };
-  std::vector<std::optional<Hit>> hits;
+  std::vector<std::string_view> distinct;  // views of units' hashes
   std::vector<size_t> of(n);
+  {
+    std::unordered_map<std::string_view, size_t> by_hash;
+    by_hash.reserve(n);
+    for (uint64_t i = 0; i < n; ++i) {
+      auto [it, fresh] = by_hash.try_emplace(units[i].hash, distinct.size());
+      if (fresh) distinct.push_back(units[i].hash);
+      of[i] = it->second;
+    }
+  }
   const uint64_t epoch = blob_epoch_.load(std::memory_order_acquire);  // before the look-ups
+  std::vector<std::optional<Hit>> hits(distinct.size());
   bool any = false;
   {
-    std::unordered_map<std::string_view, size_t> by_hash;  // views of units' hashes
-    by_hash.reserve(n);
     ReclaimGate::Reader pin(&gate_);
+    auto found = deduper_.FindBlobs(distinct);
     AlignedBuffer unit;
-    for (uint64_t i = 0; i < n; ++i) {
-      auto [it, fresh] = by_hash.try_emplace(units[i].hash, hits.size());
-      of[i] = it->second;
-      if (!fresh) continue;
-      std::optional<Hit>& slot = hits.emplace_back();
-      auto found = deduper_.FindBlob(units[i].hash);
-      if (!found) continue;
+    for (size_t h = 0; h < distinct.size(); ++h) {
+      if (!found[h]) continue;
       Hit hit;
-      hit.blob = found->first;
-      hit.record = std::move(found->second);
+      hit.blob = found[h]->first;
+      hit.record = std::move(found[h]->second);
       if (checksums_ && hit.record.block_checksums.size() != kDedupUnit / block_size_) {
         // No memory for the read: not mapped (the caller writes the unit).
         if (!unit.Resize(kDedupUnit).ok()) continue;
@@ -256,7 +260,7 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
         }
         hit.sums_taken = true;
       }
-      slot = std::move(hit);
+      hits[h] = std::move(hit);
       any = true;
     }
   }
@@ -272,19 +276,27 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
   MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "dedup target is not a regular file");
-  // Still there, unchanged (a commit of another file may have dropped it):
-  // certain where no blob was deleted or written since the look-ups began
-  // (blob_epoch_), else looked up again. A record this commit rewrites needs
-  // its reference count as it is now, so is always looked up again.
-  const bool moved = blob_epoch_.load(std::memory_order_relaxed) != epoch;
-  for (std::optional<Hit>& hit : hits) {
-    if (!hit || !(moved || hit->sums_taken)) continue;
-    auto now = deduper_.FindBlob(hit->record.hash);
-    if (!now || now->first != hit->blob) {
-      hit.reset();
-      continue;
+  // Still there with the records found (a commit of another file may have
+  // dropped a blob or changed its reference count): certain where no batch
+  // changed a blob record since the look-ups began (blob_epoch_), else
+  // looked up again, here, where they cannot change before this commit.
+  if (blob_epoch_.load(std::memory_order_relaxed) != epoch) {
+    std::vector<size_t> again;
+    std::vector<std::string_view> hashes;
+    for (size_t h = 0; h < hits.size(); ++h) {
+      if (!hits[h]) continue;
+      again.push_back(h);
+      hashes.push_back(distinct[h]);
     }
-    hit->record.refs = now->second.refs;  // the base ApplyBlobRefs counts from, if it rewrites the record
+    auto now = deduper_.FindBlobs(hashes);
+    for (size_t j = 0; j < again.size(); ++j) {
+      std::optional<Hit>& hit = hits[again[j]];
+      if (!now[j] || now[j]->first != hit->blob) {
+        hit.reset();
+        continue;
+      }
+      hit->record.refs = now[j]->second.refs;
+    }
   }
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // file ranges mapped, sorted and merged
   for (uint64_t i = 0; i < n; ++i) {
@@ -306,7 +318,11 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
     if (!mapped[i]) continue;
     const Hit& hit = *hits[of[i]];
     Dedup::MapBlob(ino, units[i].file_offset, hit.blob, hit.record, &txn.batch, &txn.blob_refs);
-    if (hit.sums_taken) txn.new_blobs[hit.blob] = hit.record;
+    if (hit.sums_taken) {
+      txn.new_blobs[hit.blob] = hit.record;
+    } else {
+      txn.current_blobs.emplace(hit.blob, &hit.record);
+    }
     shared += kDedupUnit;
   }
   record.allocated_bytes += shared - unmapped;

@@ -207,8 +207,8 @@ Result<bool> Filesystem::DirIsEmpty(InodeNumber ino) {
 
 Status Filesystem::CommitTxn(Txn* txn) {
   bool blobs_changed = false;
-  SPILLFS_RETURN_IF_ERROR(
-      deduper_.ApplyBlobRefs(txn->blob_refs, txn->new_blobs, &txn->batch, &txn->freed, &blobs_changed));
+  SPILLFS_RETURN_IF_ERROR(deduper_.ApplyBlobRefs(txn->blob_refs, txn->new_blobs, txn->current_blobs, &txn->batch,
+                                                 &txn->freed, &blobs_changed));
   allocator_.CommitFreed(txn->freed, &txn->batch);
   SPILLFS_RETURN_IF_ERROR(index_.Commit(&txn->batch));
   // After the commit: a look-up that saw the old epoch may have seen the

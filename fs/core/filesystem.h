@@ -270,6 +270,9 @@ class Filesystem {
     // Blobs first written by this txn, and blobs whose record it rewrites
     // (DirectDedup adds checksums): the record that ApplyBlobRefs updates.
     std::map<uint64_t, BlobRecord> new_blobs;
+    // Records known as they are under mu_ (DirectDedup's hits), not read
+    // again; they outlive the txn.
+    std::unordered_map<uint64_t, const BlobRecord*> current_blobs;
   };
 
   Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& options);
@@ -447,12 +450,12 @@ class Filesystem {
   std::thread flusher_;
   bool opened_ = false;  // Open finished (recovery included): a close may be marked clean
   std::atomic<uint64_t> privilege_epoch_{1};
-  // Bumped by CommitTxn, under mu_, after a batch that deleted a blob or
-  // wrote a new one (Dedup::ApplyBlobRefs: the only online writer of blob
-  // records besides reference counts) is committed. Read without a lock:
-  // where it has not moved since a look-up (FindBlob) began, the blob found
-  // is still there with the record found but for its reference count
-  // (DirectDedup checks again only where it moved).
+  // Bumped by CommitTxn, under mu_, after a batch that changed a blob record
+  // (created, deleted, or its reference count: Dedup::ApplyBlobRefs is the
+  // only online writer of blob records) is committed. Read without a lock:
+  // where it has not moved since a look-up (FindBlobs) began, the blob found
+  // is still there with the record found (DirectDedup looks again only where
+  // it moved).
   std::atomic<uint64_t> blob_epoch_{0};
 
   // ---- The locks, in the order they are taken (outer first) ----

@@ -4,6 +4,7 @@
 #include <rocksdb/cache.h>
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
+#include <rocksdb/filter_policy.h>
 #include <rocksdb/listener.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
@@ -82,6 +83,10 @@ rocksdb::ColumnFamilyOptions FamilyOptions(const std::shared_ptr<rocksdb::Cache>
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = block_cache;
   table.cache_index_and_filter_blocks = true;
+  // Point look-ups of keys that are absent, or in another file, skip a
+  // file's blocks (the dedup look-ups of a save: one a unit, most of them in
+  // files, the changed units absent). 10 bits a key: ~1% false positives.
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   options.write_buffer_size = 16 << 20;
   return options;
@@ -195,6 +200,25 @@ rocksdb::ColumnFamilyHandle* Index::Handle(Family family) const { return handles
 Status Index::Get(Family family, std::string_view key, std::string* value) const {
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), Handle(family), rocksdb::Slice(key.data(), key.size()), value);
   return FromRocks(s, fmt::format("{} key not found", FamilyName(family)));
+}
+
+Status Index::MultiGet(Family family, const std::vector<std::string>& keys,
+                       std::vector<std::optional<std::string>>* values) const {
+  const size_t n = keys.size();
+  values->assign(n, std::nullopt);
+  if (n == 0) return Status::OK();
+  std::vector<rocksdb::Slice> slices;
+  slices.reserve(n);
+  for (const std::string& key : keys) slices.emplace_back(key.data(), key.size());
+  std::vector<rocksdb::PinnableSlice> found(n);
+  std::vector<rocksdb::Status> statuses(n);
+  db_->MultiGet(rocksdb::ReadOptions(), Handle(family), n, slices.data(), found.data(), statuses.data());
+  for (size_t i = 0; i < n; ++i) {
+    if (statuses[i].IsNotFound()) continue;
+    SPILLFS_RETURN_IF_ERROR(FromRocks(statuses[i], fmt::format("{} multi-get", FamilyName(family))));
+    (*values)[i].emplace(found[i].data(), found[i].size());
+  }
+  return Status::OK();
 }
 
 Status Index::Commit(Batch* batch, bool sync) {

@@ -15,12 +15,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "spillfs/kvindex/records.h"
 #include "spillfs/common/status.h"
+#include "spillfs/kvindex/records.h"
 
 namespace rocksdb {
 class DB;
@@ -105,6 +106,12 @@ class Index {
 
   // Returns NotFound (ENOENT) when the key is absent.
   Status Get(Family family, std::string_view key, std::string* value) const;
+  // Looks `keys` of one family up at once (RocksDB's MultiGet: one pass over
+  // the memtables and files for the lot, reads of one block shared).
+  // (*values)[i] is keys[i]'s value, or nullopt where absent. An error other
+  // than an absent key is returned (values then undefined).
+  Status MultiGet(Family family, const std::vector<std::string>& keys,
+                  std::vector<std::optional<std::string>>* values) const;
   // Numbers the batch (Batch::commit_number) once it is committed.
   Status Commit(Batch* batch, bool sync = false);
   // Makes every committed batch durable.
