@@ -266,6 +266,7 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
   }
   // Nothing to map (a first save): no flush, no batch.
   if (!any) return mapped;
+  if (options_.dedup_looked_up) options_.dedup_looked_up();
 
   ExclusiveLock flush_lock(&FlushLock(ino));
   WriterLock io_lock(&IoLock(ino));

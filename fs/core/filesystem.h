@@ -102,6 +102,10 @@ struct FilesystemOptions {
   // A test seam: fails RAM-tier memory as if the system had none left
   // (BufferPool::SlabFault; spillfs/testing/memory.h). The product sets none.
   BufferPool::SlabFault ram_tier_slab_fault = nullptr;
+  // A test seam: runs in DirectDedup after its blob look-ups, before it
+  // takes its locks, where a commit of another file may land (a test makes
+  // one there). The product sets none.
+  std::function<void()> dedup_looked_up = nullptr;
 };
 
 // A file's committed mapping, handed to direct-path clients.

@@ -1,10 +1,12 @@
 // Unit tests for kvindex/index.h: an Index in a temporary directory.
 #include "spillfs/kvindex/index.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <atomic>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -125,6 +127,39 @@ TEST_F(IndexTest, PutGetDeleteAndFamiliesAreSeparate) {
   EXPECT_EQ(s.code(), ENOENT);
   EXPECT_TRUE(index->Get(Family::kInode, "key", &value).ok());
   EXPECT_TRUE(index->Get(Family::kInode, "other", &value).IsNotFound());
+}
+
+// Keys looked up together: each value at its key's place, absent keys (and a
+// key of another family) nullopt, keys from the memtable and from files alike.
+TEST_F(IndexTest, MultiGetFindsEachKeyInPlace) {
+  auto index = Create();
+  ASSERT_NE(index, nullptr);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 2000; ++i) keys.push_back(fmt::format("k{:05}", (i * 7919) % 2000));
+  auto put = [&](int from, int to, Family family) {
+    Index::Batch batch(*index);
+    for (int i = from; i < to; ++i) batch.Put(family, keys[i], "v" + keys[i]);
+    ASSERT_TRUE(index->Commit(&batch).ok());
+  };
+  put(0, 1000, Family::kBlob);
+  index.reset();  // the first half to files (the reopen's recovery writes them), the rest in the memtable
+  index = Reopen();
+  ASSERT_NE(index, nullptr);
+  put(1000, 1500, Family::kBlob);
+  put(1500, 1600, Family::kExtent);
+  std::vector<std::optional<std::string>> values;
+  ASSERT_TRUE(index->MultiGet(Family::kBlob, keys, &values).ok());
+  ASSERT_EQ(values.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i < 1500) {
+      ASSERT_TRUE(values[i].has_value()) << keys[i];
+      EXPECT_EQ(*values[i], "v" + keys[i]);
+    } else {
+      EXPECT_FALSE(values[i].has_value()) << keys[i];
+    }
+  }
+  ASSERT_TRUE(index->MultiGet(Family::kBlob, {}, &values).ok());
+  EXPECT_TRUE(values.empty());
 }
 
 TEST_F(IndexTest, FamilyNames) {

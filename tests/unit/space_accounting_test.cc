@@ -12,7 +12,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -318,6 +320,13 @@ TEST_P(FilesystemDataTest, FreedSpaceIsReusedOnlyOnceItsBatchIsDurable) {
 class FilesystemDedupTest : public FilesystemTestBase {
  protected:
   uint64_t RamTier() const override { return 32 << 20; }
+  void Tune(FilesystemOptions* options) const override {
+    options->dedup_looked_up = [this] {
+      if (between_lookup_and_commit_) between_lookup_and_commit_();
+    };
+  }
+  // Run by DirectDedup after its look-ups, before its locks.
+  std::function<void()> between_lookup_and_commit_;
 
   static std::string Hash(const std::string& data, size_t unit) {
     XXH128_hash_t h = ContentHash128(data.data() + unit * Filesystem::dedup_unit(), Filesystem::dedup_unit());
@@ -469,6 +478,69 @@ TEST_F(FilesystemDedupTest, DirectDedupOfScatteredUnitsInOneCall) {
   ASSERT_TRUE(fs_->Unlink(kRootInode, "b").ok());
   EXPECT_EQ(refs(3), 1u);
   ASSERT_TRUE(fs_->Unlink(kRootInode, "a").ok());
+  EXPECT_TRUE(Blobs().empty());
+  EXPECT_EQ(FreeBlocks(), initial_free_);
+}
+
+// A commit of other files between DirectDedup's look-ups and its own commit:
+// a blob it found gets another reference, or is gone. It counts from the
+// references as they are now, and maps only what is still there.
+TEST_F(FilesystemDedupTest, DirectDedupAfterOtherCommitsChangedItsBlobs) {
+  const uint64_t unit = Filesystem::dedup_unit();
+  std::mt19937_64 rng(78);
+  const std::string data = RandomBytes(rng, 3 * unit);
+  WriteAt(MakeFile(kRootInode, "a"), 0, data.substr(0, 2 * unit));
+  WriteAt(MakeFile(kRootInode, "x"), 0, data.substr(2 * unit));  // unit 2's blob: x's alone
+  FlushAll();
+  ASSERT_EQ(Blobs().size(), 3u);
+  auto blob_of = [&](size_t u) {
+    for (const auto& [physical, blob] : Blobs()) {
+      if (blob.hash == Hash(data, u)) return physical;
+    }
+    return uint64_t{0};
+  };
+  const uint64_t blob0 = blob_of(0), blob1 = blob_of(1);
+  const InodeNumber d = MakeFile(kRootInode, "d");
+  // Runs `change` once, in the first DirectDedup that reaches the seam.
+  auto between = [&](std::function<void()> change) {
+    auto once = std::make_shared<bool>(true);
+    between_lookup_and_commit_ = [once, change] {
+      if (*once) {
+        *once = false;
+        change();
+      }
+    };
+  };
+
+  // Only a reference count changed (another file mapped unit 0's blob).
+  between([&] {
+    auto more = fs_->DirectDedup(d, 0, {Hash(data, 0)});
+    ASSERT_TRUE(more.ok()) << more.status().ToString();
+    EXPECT_EQ(*more, std::vector<bool>{true});
+  });
+  const InodeNumber b = MakeFile(kRootInode, "b");
+  auto mapped = fs_->DirectDedup(b, 0, {Hash(data, 0), Hash(data, 1)});
+  ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
+  EXPECT_EQ(*mapped, (std::vector<bool>{true, true}));
+  EXPECT_EQ(Blobs().at(blob0).refs, 3u) << "a, d and b";
+  EXPECT_EQ(Blobs().at(blob1).refs, 2u) << "a and b";
+
+  // A blob went (x, its only reference, was removed).
+  between([&] { ASSERT_TRUE(fs_->Unlink(kRootInode, "x").ok()); });
+  const InodeNumber c = MakeFile(kRootInode, "c");
+  mapped = fs_->DirectDedup(c, 0, {Hash(data, 0), Hash(data, 1), Hash(data, 2)});
+  ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
+  EXPECT_EQ(*mapped, (std::vector<bool>{true, true, false}));
+  auto now = Blobs();
+  EXPECT_EQ(now.size(), 2u);
+  EXPECT_EQ(now.at(blob0).refs, 4u);
+  EXPECT_EQ(now.at(blob1).refs, 3u);
+  EXPECT_EQ(Size(c), 2 * unit);
+  EXPECT_TRUE(SameBytes(ReadAll(c), data.substr(0, 2 * unit)));
+  ExpectExtentMapSane(c);
+  ExpectSpaceAccountedFor();
+  between_lookup_and_commit_ = nullptr;
+  for (const char* name : {"a", "b", "c", "d"}) ASSERT_TRUE(fs_->Unlink(kRootInode, name).ok()) << name;
   EXPECT_TRUE(Blobs().empty());
   EXPECT_EQ(FreeBlocks(), initial_free_);
 }
