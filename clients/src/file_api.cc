@@ -309,6 +309,27 @@ int spill_hash_units(const void* ptr, uint64_t length, int32_t device, uintptr_t
   return HashUnits(ptr, length, device, stream, out);
 }
 
+int spill_hash_units_many(const void* const* ptrs, const uint64_t* lengths, size_t n, int32_t device, uintptr_t stream,
+                          uint64_t* out) {
+  ClearError();
+  if (n > 0 && (ptrs == nullptr || lengths == nullptr)) return Fail(EFAULT, "null buffer list");
+  if (device < 0) {
+    for (size_t i = 0; i < n; ++i) {
+      if (int rc = HashUnits(ptrs[i], lengths[i], device, stream, out); rc < 0) return rc;
+      out += 2 * (lengths[i] / kHashUnit);
+    }
+    return 0;
+  }
+  if (!spillfs::cuda::Available() || device >= spillfs::cuda::DeviceCount()) {
+    return Fail(ENODEV, "no usable CUDA device " + std::to_string(device) + " (or the library was built without CUDA)");
+  }
+  std::vector<spillfs::cuda::DeviceSpan> spans(n);
+  for (size_t i = 0; i < n; ++i) spans[i] = {ptrs[i], lengths[i] / kHashUnit * kHashUnit};
+  spillfs::Status s = spillfs::cuda::UnitHashesOfSpans(spans.data(), n, kHashUnit,
+                                                       reinterpret_cast<spillfs::cuda::Hash128*>(out), stream);
+  return s.ok() ? 0 : Fail(s.code(), "unit hashes on CUDA device " + std::to_string(device) + ": " + s.message());
+}
+
 const char* spill_version(void) { return SPILLFS_VERSION; }
 
 int spill_config_set(const char* key, uint64_t value) {

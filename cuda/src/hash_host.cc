@@ -25,6 +25,9 @@ Status BlockChecksumsHost(const void* data, size_t length, size_t block_bytes, u
 Status UnitHashes(const void*, size_t, size_t, Hash128*, uintptr_t) {
   return Status::Error(ENOTSUP, "spillfs_cuda was built without CUDA");
 }
+Status UnitHashesOfSpans(const DeviceSpan*, size_t, size_t, Hash128*, uintptr_t) {
+  return Status::Error(ENOTSUP, "spillfs_cuda was built without CUDA");
+}
 Status BlockChecksums(const void*, size_t, size_t, uint32_t*, uintptr_t) {
   return Status::Error(ENOTSUP, "spillfs_cuda was built without CUDA");
 }

@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <cerrno>
+#include <string>
 
 #include "cuda_util.h"
 #include "hash_launch.h"
@@ -181,6 +182,51 @@ Status LaunchHashes(const void* device_ptr, size_t length, size_t unit_bytes, bo
 Status UnitHashes(const void* device_ptr, size_t length, size_t unit_bytes, Hash128* out_host, uintptr_t stream) {
   return internal::LaunchHashes(device_ptr, length, unit_bytes, /*wide=*/true, out_host, stream,
                                 internal::DefaultUnitLaunch());
+}
+
+Status UnitHashesOfSpans(const DeviceSpan* spans, size_t n, size_t unit_bytes, Hash128* out_host, uintptr_t stream) {
+  if (unit_bytes == 0) return Status::Invalid("unit_bytes is 0");
+  size_t count = 0;
+  int device = -1;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t units = spans[i].length / unit_bytes;
+    if (units == 0) continue;
+    if (spans[i].ptr == nullptr) return Status::Invalid("span " + std::to_string(i) + ": null buffer");
+    count += units;
+    if (device < 0 && !Available()) return Status::Error(ENODEV, "no CUDA device");
+    const int on = PointerDevice(spans[i].ptr);
+    if (on < 0) return Status::Invalid("span " + std::to_string(i) + ": the buffer to hash is not GPU memory");
+    if (device >= 0 && on != device) {
+      return Status::Invalid("span " + std::to_string(i) + " is on CUDA device " + std::to_string(on) +
+                             ", an earlier span on device " + std::to_string(device));
+    }
+    device = on;
+  }
+  if (count == 0) return Status::OK();
+  if (out_host == nullptr) return Status::Invalid("null buffer");
+  DeviceGuard guard(device);
+  SPILLFS_RETURN_IF_ERROR(guard.status());
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  struct Scratch {
+    void* data = nullptr;
+    cudaStream_t stream;
+    ~Scratch() {
+      if (data != nullptr) cudaFreeAsync(data, stream);
+    }
+  } out{nullptr, s};
+  SPILLFS_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&out.data, count * sizeof(Hash128), s));
+  size_t at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t units = spans[i].length / unit_bytes;
+    if (units == 0) continue;
+    SPILLFS_RETURN_IF_ERROR(Enqueue(static_cast<const uint8_t*>(spans[i].ptr), units * unit_bytes, unit_bytes,
+                                    /*wide=*/true, static_cast<Hash128*>(out.data) + at, internal::DefaultUnitLaunch(),
+                                    s));
+    at += units;
+  }
+  SPILLFS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out_host, out.data, count * sizeof(Hash128), cudaMemcpyDeviceToHost, s));
+  SPILLFS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  return Status::OK();
 }
 
 Status BlockChecksums(const void* device_ptr, size_t length, size_t block_bytes, uint32_t* out_host, uintptr_t stream) {

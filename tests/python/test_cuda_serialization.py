@@ -149,6 +149,23 @@ def test_gpu_unit_hashes_equal_the_cpus():
         assert list(on_gpu) == list(on_cpu), length
 
 
+def test_gpu_unit_hashes_of_many_buffers_in_one_call_equal_the_cpus():
+    from spillfs import _io
+    if _native.segment_io() is None:
+        pytest.skip("libspillfs_client with the segment I/O is not built")
+    # odd lengths, one with no whole unit, one buffer at an offset into another's storage
+    base = torch.randint(0, 256, (9 * UNIT + 77,), dtype=torch.uint8, device="cuda")
+    buffers = [base[:3 * UNIT + 5], base[3 * UNIT + 5:3 * UNIT + 4101], base[4 * UNIT:],
+               torch.randint(0, 256, (2 * UNIT,), dtype=torch.uint8, device="cuda")]
+    stream = torch.cuda.current_stream().cuda_stream
+    many = _io.hash_units_many([(b.data_ptr(), b.numel()) for b in buffers], 0, stream)
+    assert [len(h) for h in many] == [6, 0, 10, 4]
+    for b, h in zip(buffers, many):
+        host = b.cpu()
+        assert list(h) == list(_io.hash_units(host.data_ptr(), host.numel(), -1)), b.numel()
+        assert list(h) == list(_io.hash_units(b.data_ptr(), b.numel(), 0, stream)), b.numel()
+
+
 def test_second_save_of_a_cuda_state_dict_shares_what_did_not_change(mount):
     if _native.segment_io() is None:
         pytest.skip("libspillfs_client with the segment I/O is not built")

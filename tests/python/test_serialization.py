@@ -554,6 +554,24 @@ def _physical_bytes(mount):
     return stats.get("used_bytes", stats.get("physical_bytes"))
 
 
+def test_unit_hashes_of_many_buffers_in_one_call():
+    """hash_units_many: each buffer's hashes in order, as hash_units gives
+    them (buffers with no whole unit, odd lengths); a bad device refused."""
+    if _native.segment_io() is None:
+        pytest.skip("needs libspillfs_client with the segment I/O")
+    from spillfs import _io
+    unit = _native.HASH_UNIT_BYTES
+    base = torch.randint(0, 256, (5 * unit + 77,), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    buffers = [base[:2 * unit + 5], base[2 * unit + 5:2 * unit + 4101], base[3 * unit:]]
+    many = _io.hash_units_many([(b.data_ptr(), b.numel()) for b in buffers], -1)
+    assert [len(h) for h in many] == [4, 0, 4]
+    for b, h in zip(buffers, many):
+        assert list(h) == list(_io.hash_units(b.data_ptr(), b.numel(), -1))
+    assert many[0][:2] != many[2][:2]
+    with pytest.raises(OSError):  # no CUDA device 99 (or no CUDA at all)
+        _io.hash_units_many([(base.data_ptr(), unit)], 99)
+
+
 def test_dedup_on_a_spillfs_mount(mount):
     if _native.segment_io() is None:
         pytest.skip("dedup needs libspillfs_client with the segment I/O")

@@ -252,6 +252,15 @@ SPILL_API int spill_file_dedup_units(spill_file* file, const uint64_t* file_offs
  * Returns 0 or -errno. Any thread. */
 SPILL_API int spill_hash_units(const void* ptr, uint64_t length, int32_t device, uintptr_t stream, uint64_t* out);
 
+/* spill_hash_units of n buffers (ptrs[i], lengths[i]) of one device (-1:
+ * host), their hashes one after another in out (buffer i's lengths[i] /
+ * 262144 units right after buffer i-1's). On a CUDA device one
+ * synchronisation of `stream` for all of them, where a call a buffer costs
+ * one each (a checkpoint has hundreds of storages). Returns 0 or -errno. Any
+ * thread. */
+SPILL_API int spill_hash_units_many(const void* const* ptrs, const uint64_t* lengths, size_t n, int32_t device,
+                                    uintptr_t stream, uint64_t* out);
+
 /* The library's version ("0.1.0"); Python refuses a library of another. */
 SPILL_API const char* spill_version(void);
 

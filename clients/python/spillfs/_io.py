@@ -323,6 +323,32 @@ def open_file(path, write, size_hint=0, backend="auto"):
     return NativeFile(lib, path, write, size_hint)
 
 
+def hash_units_many(buffers, device, stream=0):
+    """hash_units of each (ptr, length) of `buffers`, all on `device` (-1:
+    host), as one array per buffer; on a GPU one kernel launch a buffer and
+    one synchronisation for all. Needs the native library."""
+    import array
+    lib = _native.segment_io()
+    if lib is None:
+        raise _native.SpillError(_errno.ENOSYS, "hash_units needs libspillfs_client")
+    if not hasattr(lib, "spill_hash_units_many"):
+        return [hash_units(ptr, length, device, stream) for ptr, length in buffers]
+    counts = [length // _native.HASH_UNIT_BYTES for _, length in buffers]
+    total = sum(counts)
+    out = array.array("Q", bytes(16 * total))
+    if total:
+        n = len(buffers)
+        ptrs = (ctypes.c_void_p * n)(*[ptr for ptr, _ in buffers])
+        lengths = (ctypes.c_uint64 * n)(*[length for _, length in buffers])
+        buf = (ctypes.c_uint64 * (2 * total)).from_buffer(out)
+        _native.check(lib.spill_hash_units_many(ptrs, lengths, n, device, int(stream or 0), buf), "hash_units")
+    result, at = [], 0
+    for count in counts:
+        result.append(out[2 * at:2 * (at + count)])
+        at += count
+    return result
+
+
 def hash_units(ptr, length, device, stream=0):
     """XXH3-128 of each whole 256 KiB unit of `length` bytes at `ptr` (host
     when device is -1, else CUDA memory, hashed on the GPU), as an array of

@@ -136,6 +136,10 @@ def _declare_segments(lib):
     lib.spill_file_dedup.restype = ip
     lib.spill_config_set.argtypes = [cp, u64]
     lib.spill_config_set.restype = ip
+    if hasattr(lib, "spill_hash_units_many"):  # optional: without it, a call (and a sync) per buffer
+        lib.spill_hash_units_many.argtypes = [ctypes.POINTER(vp), ctypes.POINTER(u64), sz, i32, ctypes.c_size_t,
+                                              ctypes.POINTER(u64)]
+        lib.spill_hash_units_many.restype = ip
     if hasattr(lib, "spill_file_dedup_units"):  # optional: without it, a dedup request per storage
         lib.spill_file_dedup_units.argtypes = [vp, ctypes.POINTER(u64), ctypes.POINTER(u64), sz,
                                                ctypes.POINTER(ctypes.c_uint8)]

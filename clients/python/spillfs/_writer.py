@@ -234,12 +234,18 @@ def _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflig
 def _hash_all(sources):
     """The unit hashes of each source (an array of 2 uint64 a unit), host
     ones on the CRC pool's threads (the library drops the GIL), in groups of
-    about equal bytes; CUDA ones here, on their streams."""
+    about equal bytes; CUDA ones here, one call (one synchronisation) for
+    those of each device and stream."""
     out = [None] * len(sources)
     host = [i for i, s in enumerate(sources) if s.device < 0]
+    on_gpu = {}
     for i, s in enumerate(sources):
         if s.device >= 0:
-            out[i] = _io.hash_units(s.ptr, s.nbytes, s.device, s.stream)
+            on_gpu.setdefault((s.device, s.stream), []).append(i)
+    for (device, stream), group in on_gpu.items():
+        hashes = _io.hash_units_many([(sources[i].ptr, sources[i].nbytes) for i in group], device, stream)
+        for i, h in zip(group, hashes):
+            out[i] = h
     total = sum(sources[i].nbytes for i in host)
     workers = _io.crc_pool()._max_workers
     if total < 8 * _HASH_GROUP_MIN or workers < 2:

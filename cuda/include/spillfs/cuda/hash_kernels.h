@@ -48,6 +48,20 @@ inline size_t BlockCount(size_t length, size_t block_bytes) {
 // belongs to that device; unit_bytes > 0.
 Status UnitHashes(const void* device_ptr, size_t length, size_t unit_bytes, Hash128* out_host, uintptr_t stream);
 
+// A piece of GPU memory to hash (UnitHashesOfSpans).
+struct DeviceSpan {
+  const void* ptr = nullptr;
+  size_t length = 0;
+};
+
+// UnitHashes of each of spans[0, n), one after another in out_host (span i's
+// UnitCount(length, unit_bytes) hashes right after span i-1's): one scratch
+// buffer, one copy and one synchronisation of `stream` for all of them, where
+// a call a span costs one each (a checkpoint has hundreds of storages).
+// REQUIRES: every span in device memory of the device `stream` belongs to;
+// unit_bytes > 0.
+Status UnitHashesOfSpans(const DeviceSpan* spans, size_t n, size_t unit_bytes, Hash128* out_host, uintptr_t stream);
+
 // The low 32 bits of XXH3-64 of each `block_bytes` block of
 // `device_ptr[0, length)` into out_host[0, BlockCount(length, block_bytes));
 // a partial last block is hashed over its bytes. Stream and requirements as
