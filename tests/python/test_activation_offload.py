@@ -765,6 +765,34 @@ def test_adaptive_model_decisions():
     assert pol.prediction["step_seconds"] == pytest.approx(_profile()["step_seconds"] + 0.020)
 
 
+def test_adaptive_model_inflight_bytes():
+    """The model of inflight_bytes: copies stream while a layer runs; the bound makes forward wait for
+    the copies beyond it, the head for all of them (the drain), and backward read the last layer."""
+    pol = st.AdaptivePolicy(profile_steps=1)
+    every = {i: "host" for i in range(4)}
+    # h16384-like: a layer's copy (2 GiB at 54 GB/s, ~40 ms) as long as its forward
+    pol.profile = _profile(n=4, fwd=0.040, nbytes=2 << 30, host_bw=54e9)
+    loose, _ = pol.simulate(every, 1, 1)
+    tight, _ = pol.simulate(every, 1, 1, inflight_bytes=1 << 30)
+    # (the layer window's model starts a copy when the layer ends: more pessimistic than streaming)
+    assert tight <= loose + 0.045, (loose, tight)
+    # a link three times slower: the head waits for every copy (4 x 119 ms), then backward (240 ms) reads
+    pol.profile = _profile(n=4, fwd=0.040, nbytes=2 << 30, host_bw=18e9)
+    tight, _ = pol.simulate(every, 1, 1, inflight_bytes=256 << 20)
+    copies = 4 * (2 << 30) / 18e9
+    assert tight >= copies + 0.002 + 4 * 0.080, (tight, copies)
+    # the policy decides with it (the offloader's inflight_bytes)
+    class Off:
+        pass
+    off = Off()
+    off.host_bytes, off.dir, off.prefetch_layers, off.copy_window, off.inflight_bytes = 1 << 40, None, 1, 1, 1 << 30
+    pol = st.AdaptivePolicy(profile_steps=1, max_overhead=0.05)
+    pol.profile = _profile(n=4, fwd=0.040, nbytes=2 << 30, host_bw=54e9)
+    pol._decide(off)
+    assert "host" in pol.decisions.values()
+    assert pol.prediction["peak_saved"] == pol.prediction["memory_saved"]  # the drain: nothing in flight
+
+
 def test_adaptive_moves_parts_of_layers():
     """Where a whole layer's copy outlasts its compute (the H100's h2048: ~1 GiB a layer, 20 ms
     on PCIe against ~3.5 ms of forward), the policy moves the part that hides instead of
