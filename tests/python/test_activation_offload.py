@@ -765,6 +765,34 @@ def test_adaptive_model_decisions():
     assert pol.prediction["step_seconds"] == pytest.approx(_profile()["step_seconds"] + 0.020)
 
 
+def test_adaptive_model_inflight_bytes():
+    """The model of inflight_bytes: copies stream while a layer runs; the bound makes forward wait for
+    the copies beyond it, the head for all of them (the drain), and backward read the last layer."""
+    pol = st.AdaptivePolicy(profile_steps=1)
+    every = {i: "host" for i in range(4)}
+    # h16384-like: a layer's copy (2 GiB at 54 GB/s, ~40 ms) as long as its forward
+    pol.profile = _profile(n=4, fwd=0.040, nbytes=2 << 30, host_bw=54e9)
+    loose, _ = pol.simulate(every, 1, 1)
+    tight, _ = pol.simulate(every, 1, 1, inflight_bytes=1 << 30)
+    # (the layer window's model starts a copy when the layer ends: more pessimistic than streaming)
+    assert tight <= loose + 0.045, (loose, tight)
+    # a link three times slower: the head waits for every copy (4 x 119 ms), then backward (240 ms) reads
+    pol.profile = _profile(n=4, fwd=0.040, nbytes=2 << 30, host_bw=18e9)
+    tight, _ = pol.simulate(every, 1, 1, inflight_bytes=256 << 20)
+    copies = 4 * (2 << 30) / 18e9
+    assert tight >= copies + 0.002 + 4 * 0.080, (tight, copies)
+    # the policy decides with it (the offloader's inflight_bytes)
+    class Off:
+        pass
+    off = Off()
+    off.host_bytes, off.dir, off.prefetch_layers, off.copy_window, off.inflight_bytes = 1 << 40, None, 1, 1, 1 << 30
+    pol = st.AdaptivePolicy(profile_steps=1, max_overhead=0.05)
+    pol.profile = _profile(n=4, fwd=0.040, nbytes=2 << 30, host_bw=54e9)
+    pol._decide(off)
+    assert "host" in pol.decisions.values()
+    assert pol.prediction["peak_saved"] == pol.prediction["memory_saved"]  # the drain: nothing in flight
+
+
 def test_adaptive_moves_parts_of_layers():
     """Where a whole layer's copy outlasts its compute (the H100's h2048: ~1 GiB a layer, 20 ms
     on PCIe against ~3.5 ms of forward), the policy moves the part that hides instead of
@@ -918,3 +946,138 @@ def test_cuda_offloaded_layer_then_kept_layers_lowers_peak():
     assert r.host_bytes > 0 and r.kept_reasons.get("last") is None, (r.summary(), r.kept_reasons)
     assert got <= keep - 0.8 * r.host_bytes, (got, keep, r.host_bytes)
     off.close()
+
+
+# -- memory-tight: inflight_bytes, read_ahead_bytes ----------------------------
+
+class _FakeCopy:
+    """A device-to-host copy that lands only when waited for (the host far ahead of the GPU)."""
+
+    def __init__(self):
+        self.done = False
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.done = True
+
+
+def _async_copies(off):
+    """CPU copies made to look asynchronous: the originals stay held (copies in flight) until the
+    offloader makes the compute wait for them, as on CUDA; all land at the step's end (where the
+    offloader synchronizes the compute stream)."""
+    inner, finish, made = off._copy_out, off._finish_step, []
+
+    def copy_out(e, pool):
+        region = inner(e, pool)
+        if region is not None and e.d2h_event is None:
+            e.d2h_event = _FakeCopy()
+            made.append(e.d2h_event)
+            off._inflight.append(e)
+        return region
+
+    def finish_step():
+        for ev in made:
+            ev.synchronize()
+        made.clear()
+        finish()
+    off._copy_out, off._finish_step = copy_out, finish_step
+    return off
+
+
+TIGHT = {"read_ahead": dict(read_ahead_bytes=0),
+         "drain": dict(inflight_bytes=16 << 10, read_ahead_bytes=32 << 10)}
+
+
+@pytest.mark.parametrize("setting", sorted(HOST_SETTINGS))
+@pytest.mark.parametrize("tight", sorted(TIGHT))
+@pytest.mark.parametrize("policy", ["all", "adaptive"])
+def test_tight_bitwise(tmp_path, setting, tight, policy):
+    """The memory-tight options change when tensors move, never what comes back."""
+    ref = train(GPT, gpt_batch, gpt_loss)
+    got = train(GPT, gpt_batch, gpt_loss, offloader(tmp_path, setting, policy, min_bytes=512, **TIGHT[tight]))
+    assert_same(ref, got)
+    r = got[2].report
+    if policy == "all":
+        assert r.offloaded_bytes > 0
+        if tight == "drain":  # the head's tensors but the last are offloaded too
+            assert r.kept_reasons.get("head") is None and r.kept_reasons.get("last") == 1, r.kept_reasons
+
+
+@pytest.mark.parametrize("tight", sorted(TIGHT))
+def test_tight_bitwise_async_copies(tight):
+    """With copies in flight (forwarding, forced waits, the drain), gradients stay exact."""
+    ref = train(GPT, gpt_batch, gpt_loss)
+    got = train(GPT, gpt_batch, gpt_loss,
+                lambda m: _async_copies(st.offload_activations(None, host_bytes=1 << 30, min_bytes=512, policy="all",
+                                                               layers=m, **TIGHT[tight])))
+    assert_same(ref, got)
+    assert got[2].report.copy_waits > 0
+
+
+@pytest.mark.parametrize("bound", [0, 48 << 10])
+def test_tight_read_ahead_bound(tmp_path, bound):
+    """read_ahead_bytes: reads replace what backward freed (once autograd dropped it), plus at most
+    the bound; nothing stalls where layers follow one another. By default the layer ahead is read
+    beside the one in use: a layer beyond what was freed."""
+    make = lambda: mlp(depth=8)  # noqa: E731
+    default = train(make, mlp_batch, mse, offloader(tmp_path, "host_ample"))[2].report
+    got = train(make, mlp_batch, mse, offloader(tmp_path, "host_ample", read_ahead_bytes=bound))
+    assert_same(train(make, mlp_batch, mse), got)
+    r = got[2].report
+    layer = max(r.layer_bytes[g] for g in r.layer_bytes if isinstance(g, int) and g >= 0)
+    assert r.stalls == 0 and r.read_host_bytes > 2 * layer
+    assert r.read_beyond_freed_peak_bytes <= bound, (r.read_beyond_freed_peak_bytes, bound)
+    assert default.read_beyond_freed_peak_bytes > 0  # what the bound removes (0: the assertion above can fail)
+
+
+def test_inflight_bound_with_async_copies():
+    """inflight_bytes: the originals held for copies in flight never exceed the bound (the compute
+    waits for the oldest), and backward begins with none of them (forward's end and the head drain);
+    by default the last layer's originals are still held when backward begins."""
+    bound = 24 << 10
+
+    def run(**kw):
+        return train(GPT, gpt_batch, gpt_loss,
+                     lambda m: _async_copies(st.offload_activations(None, host_bytes=1 << 30, min_bytes=512,
+                                                                    policy="all", layers=m, **kw)))
+    default = run()[2].report
+    got = run(inflight_bytes=bound, read_ahead_bytes=64 << 10)
+    assert_same(train(GPT, gpt_batch, gpt_loss), got)
+    r = got[2].report
+    assert 0 < r.inflight_peak_bytes <= bound, (r.inflight_peak_bytes, bound)
+    assert r.inflight_at_backward_bytes == 0
+    assert default.inflight_peak_bytes > bound and default.inflight_at_backward_bytes > 0, (
+        default.inflight_peak_bytes, default.inflight_at_backward_bytes)
+
+
+def test_diagnosis_locates_the_peak():
+    """diagnose: samples at forward's end, backward's start and around the peak (a fake allocator
+    whose peak stops growing at the 10th hook call); JSON-serialisable."""
+    import json
+    calls = [0]
+
+    def probe():
+        calls[0] += 1
+        return calls[0], min(calls[0], 10)
+
+    def make(m):
+        off = st.offload_activations(None, host_bytes=1 << 30, min_bytes=512, policy="all", layers=m,
+                                     read_ahead_bytes=0)
+        off.diagnose = True
+        off._mem_probe = probe
+        return off
+    got = train(GPT, gpt_batch, gpt_loss, make, steps=1)
+    d = got[2].report.diagnosis
+    assert d["peak"] == 10 and [s["allocated"] for s in d["peak_between"]] == [9, 10], d["peak_between"]
+    assert d["forward_end"]["phase"] == "forward" and d["backward_start"]["phase"] == "backward"
+    for key in ("originals_held", "in_flight", "forwarded", "read_back_unused", "used_not_freed", "credit"):
+        assert key in d["backward_start"]
+    json.dumps(got[2].report.as_dict())
+
+
+def test_tight_bad_arguments():
+    for kw in (dict(inflight_bytes=-1), dict(read_ahead_bytes=-1)):
+        with pytest.raises(ValueError):
+            st.offload_activations(None, **kw)

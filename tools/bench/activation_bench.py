@@ -23,7 +23,11 @@ time is the same for every strategy), after --warmup steps, the median of
 each with ``policy="adaptive"`` (its profile steps are part of the warm-up)
 and, with --all-policy, ``policy="all"`` too (SSD-heavy ones are slow: the
 disk writes ~2 GB/s), and with --recompute ``AdaptivePolicy(recompute=True)``
-(layers neither tier hides are recomputed instead of kept). Files go to a spillfs volume made and mounted under
+(layers neither tier hides are recomputed instead of kept). With --tight, each
+of those also memory-tight: ``-tight`` (``read_ahead_bytes=--tight-read-ahead``:
+backward reads only what it freed) and ``-drain`` (``inflight_bytes=--drain-inflight``
+and ``read_ahead_bytes=--drain-read-ahead``: forward's copies bounded and
+drained before the head, the head's tensors offloaded but the last). Files go to a spillfs volume made and mounted under
 --dir by this script (root, /dev/fuse, $SPILLFS_BIN or --spillfs), or straight
 into --dir with --no-mount.
 
@@ -39,9 +43,14 @@ least as long as a layer's copy should show no extra time (the overlap).
     python3 tools/bench/activation_bench.py --dir /tmp/ab --no-mount --copy-bench --sizes h8192
 
 Per row: step ms, overhead against keep, peak GPU memory, the activation peak
-(the peak above weights and gradients), its reduction against keep, and for
-spillfs the report of the last step (bytes per tier, stalls, the policy's
-predicted and measured step). The first step of each strategy is checked
+(the peak above weights and gradients), its reduction against keep, where it is
+(``fwd_peak_gib``: the peak by the time the loss is computed; ``at_backward_gib``:
+what is allocated when backward begins; ``act_reserved_gib``: the allocator's
+reserved peak above weights and gradients), and for spillfs the report of the
+last step (bytes per tier, stalls, the policy's predicted and measured step)
+and, from one more untimed step with ``diagnose`` (--no-diag: none), what the
+offloader held on the device around the peak: originals in flight, forwarded,
+read back and not yet used, used and not yet freed (``diagnosis``, in GiB). The first step of each strategy is checked
 against keep's loss (bit for bit). Prints a table; writes JSON and a PNG of
 activation peak against step time (matplotlib, when importable).
 """
@@ -155,9 +164,11 @@ def release_memory(dev):
             torch._C._host_emptyCache()
 
 
-def run_mode(model, idx, tgt, mode, args, offloader=None):
-    """(median step seconds, peak bytes, activation peak bytes, first loss, offloader)."""
+def run_mode(model, idx, tgt, mode, args, offloader=None, where=None):
+    """(median step seconds, peak bytes, activation peak bytes, first loss); `where` (a dict) gets
+    the largest forward peak, allocation when backward begins and reserved peak (above the base)."""
     dev = idx.device
+    marks = {}
 
     def step():
         if mode == "save_on_cpu":
@@ -169,6 +180,9 @@ def run_mode(model, idx, tgt, mode, args, offloader=None):
         with ctx:
             logits = model(idx)
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), tgt.view(-1))
+            if _cuda(dev):  # host-side figures, no synchronization
+                marks["fwd_peak"] = torch.cuda.max_memory_allocated(dev)
+                marks["at_backward"] = torch.cuda.memory_allocated(dev)
             loss.backward()
         return loss.detach()
 
@@ -194,9 +208,69 @@ def run_mode(model, idx, tgt, mode, args, offloader=None):
             peak = torch.cuda.max_memory_allocated(dev) if _cuda(dev) else 0
             peaks.append(peak)
             act_peaks.append(peak - base)
+            if where is not None and _cuda(dev):
+                for key, value in (("fwd_peak_gib", marks["fwd_peak"] - base),
+                                   ("at_backward_gib", marks["at_backward"] - base),
+                                   ("act_reserved_gib", torch.cuda.max_memory_reserved(dev) - base)):
+                    where[key] = max(where.get(key, 0.0), round(value / GIB, 3))
     model.recompute = False
     times.sort()
     return times[len(times) // 2], max(peaks), max(act_peaks), first_loss
+
+
+def diagnose(model, idx, tgt, args, off):
+    """One more step (untimed) with the offloader's diagnosis: what it held around the peak (GiB)."""
+    dev = idx.device
+    model.zero_grad(set_to_none=False)
+    gc.collect()
+    sync(dev)
+    base = torch.cuda.memory_allocated(dev) if _cuda(dev) else 0
+    if _cuda(dev):
+        torch.cuda.reset_peak_memory_stats(dev)
+    off.diagnose = True
+    try:
+        with off:
+            logits = model(idx)
+            F.cross_entropy(logits.float().view(-1, logits.shape[-1]), tgt.view(-1)).backward()
+        sync(dev)
+    finally:
+        off.diagnose = False
+    d = off.report.diagnosis
+
+    def gib(state):
+        if not state:
+            return state
+        out = {}
+        for k, v in state.items():
+            if k in ("at", "phase"):
+                out[k] = v
+            elif k == "allocated":
+                out[k] = None if v is None else round((v - base) / GIB, 3)
+            else:
+                out[k] = round(v / GIB, 3)
+        return out
+    out = {"act_peak_gib": round(((torch.cuda.max_memory_allocated(dev) if _cuda(dev) else 0) - base) / GIB, 3),
+           "forward_end": gib(d.get("forward_end")), "backward_start": gib(d.get("backward_start")),
+           "peak_between": [gib(x) for x in d.get("peak_between") or []],
+           "read_beyond_freed_peak_gib": round(off.report.read_beyond_freed_peak_bytes / GIB, 3),
+           "inflight_peak_gib": round(off.report.inflight_peak_bytes / GIB, 3),
+           "inflight_at_backward_gib": round(off.report.inflight_at_backward_bytes / GIB, 3)}
+    return out
+
+
+def _diag_line(d):
+    def part(s):
+        if not s:
+            return "-"
+        return (f"{s['at']}: alloc {s['allocated']} held {s['originals_held']} fwd {s['forwarded']} kept-entries "
+                f"{s['kept_entries']} read-unused {s['read_back_unused']} used-unfreed {s['used_not_freed']} "
+                f"credit {s['credit']}")
+    lines = [f"    diag: act peak {d['act_peak_gib']} GiB; in flight at most {d['inflight_peak_gib']}, at backward "
+             f"{d['inflight_at_backward_gib']}; reads beyond frees at most {d['read_beyond_freed_peak_gib']} (GiB)",
+             f"    forward end   {part(d['forward_end'])}", f"    backward start {part(d['backward_start'])}"]
+    for s in d["peak_between"]:
+        lines.append(f"    around peak   {part(s)}")
+    return "\n".join(lines)
 
 
 class _Save(torch.autograd.Function):
@@ -389,6 +463,7 @@ def bench_size(name, args, files_dir, rows):
         keep = results.get("keep")
         row = {"size": name, "layers": layers, "hidden": h, "seq": seq, "batch": batch, "mode": mode,
                "step_ms": round(t * 1e3, 2), "peak_gib": round(peak / GIB, 3), "act_peak_gib": round(act / GIB, 3)}
+        row.update(where)
         if keep is not None:
             row["overhead"] = round(t / keep["t"] - 1, 4)
             row["act_reduction"] = round(1 - act / keep["act"], 4) if keep["act"] else 0.0
@@ -398,8 +473,8 @@ def bench_size(name, args, files_dir, rows):
             row["report"] = {k: v for k, v in r.as_dict().items() if k in (
                 "policy", "host_bytes", "ssd_bytes", "kept_bytes", "deduped_bytes", "forwarded_bytes",
                 "prefetch_hits", "read_ahead_peak_bytes", "stalls", "stall_seconds", "predicted", "measured",
-                "decisions", "io_backend",
-                "write_errors", "kept_reasons")}
+                "decisions", "io_backend", "copy_waits", "read_beyond_freed_peak_bytes", "inflight_peak_bytes",
+                "inflight_at_backward_bytes", "write_errors", "kept_reasons")}
             pred = r.predicted.get("step_seconds")
             if pred:
                 row["predicted_ms"] = round(pred * 1e3, 2)
@@ -408,7 +483,9 @@ def bench_size(name, args, files_dir, rows):
         results[mode] = {"t": t, "act": act, "loss": loss}
         rows.append(row)
         print(f"{mode:28} {row['step_ms']:9.1f} ms {row.get('overhead', 0) * 100:+7.1f}%  peak {row['peak_gib']:7.2f} "
-              f"GiB  act {row['act_peak_gib']:7.2f} GiB ({row.get('act_reduction', 0) * 100:5.1f}% less)"
+              f"GiB  act {row['act_peak_gib']:7.2f} GiB ({row.get('act_reduction', 0) * 100:5.1f}% less; fwd "
+              f"{row.get('fwd_peak_gib', 0):.2f}, at bwd {row.get('at_backward_gib', 0):.2f}, reserved "
+              f"{row.get('act_reserved_gib', 0):.2f})"
               + (f"  predicted {row['predicted_ms']:.1f} ms" if "predicted_ms" in row else "")
               + (f"  host {row['report']['host_bytes'] / GIB:.2f} GiB ssd {row['report']['ssd_bytes'] / GIB:.2f} GiB"
                  f" stalls {row['report']['stalls']}" if "report" in row else ""), flush=True)
@@ -416,7 +493,8 @@ def bench_size(name, args, files_dir, rows):
     for mode in ("keep", "recompute", "save_on_cpu"):
         if mode in args.skip:
             continue
-        record(mode, *run_mode(model, idx, tgt, mode, args))
+        where = {}
+        record(mode, *run_mode(model, idx, tgt, mode, args, where=where))
         release_memory(dev)
     act_bytes = results["keep"]["act"]
     avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -425,22 +503,33 @@ def bench_size(name, args, files_dir, rows):
     tiers = {"ample": min(int(act_bytes * 1.25), int(avail * 0.6)),
              "capped": int(act_bytes * args.cap), "zero": 0}
     policies = ["adaptive"] + (["all"] if args.all_policy else []) + (["recompute"] if args.recompute else [])
+    tight = {"": {}}
+    if args.tight:
+        tight["-tight"] = {"read_ahead_bytes": int(args.tight_read_ahead * GIB)}
+        tight["-drain"] = {"inflight_bytes": int(args.drain_inflight * GIB),
+                           "read_ahead_bytes": int(args.drain_read_ahead * GIB)}
     for tier, host_bytes in tiers.items():
         for policy in policies:
-            mode = f"spillfs-{tier}" + ("" if policy == "adaptive" else f"-{policy}")
-            if mode in args.skip or (tier != "ample" and files_dir is None):
-                continue
-            pol = st.AdaptivePolicy(recompute=True, max_overhead=args.max_overhead) if policy == "recompute" else (
-                st.AdaptivePolicy(max_overhead=args.max_overhead) if policy == "adaptive" else policy)
-            off = st.offload_activations(None if tier == "ample" else files_dir, host_bytes=host_bytes,
-                                         min_bytes=args.min_bytes, prefetch_layers=args.prefetch_layers,
-                                         policy=pol, layers=model)
-            try:
-                record(mode, *run_mode(model, idx, tgt, mode, args, off), off=off,
-                       extra={"host_tier_bytes": host_bytes})
-            finally:
-                off.close()
-            release_memory(dev)
+            for suffix, tight_kw in tight.items():
+                mode = f"spillfs-{tier}" + ("" if policy == "adaptive" else f"-{policy}") + suffix
+                if mode in args.skip or (tier != "ample" and files_dir is None):
+                    continue
+                pol = st.AdaptivePolicy(recompute=True, max_overhead=args.max_overhead) if policy == "recompute" else (
+                    st.AdaptivePolicy(max_overhead=args.max_overhead) if policy == "adaptive" else policy)
+                off = st.offload_activations(None if tier == "ample" else files_dir, host_bytes=host_bytes,
+                                             min_bytes=args.min_bytes, prefetch_layers=args.prefetch_layers,
+                                             policy=pol, layers=model, **tight_kw)
+                where = {}
+                try:
+                    record(mode, *run_mode(model, idx, tgt, mode, args, off, where=where), off=off,
+                           extra={"host_tier_bytes": host_bytes, **{k: v for k, v in tight_kw.items()}})
+                    if args.diag:
+                        d = diagnose(model, idx, tgt, args, off)
+                        rows[-1]["diagnosis"] = d
+                        print(_diag_line(d), flush=True)
+                finally:
+                    off.close()
+                release_memory(dev)
     del model
     release_memory(dev)
 
@@ -460,7 +549,8 @@ def plot(rows, path):
         keep = next(r for r in sel if r["mode"] == "keep")
         for r in sel:
             x = r["step_ms"] / keep["step_ms"]
-            marker = "o" if r["mode"].startswith("spillfs") else "s"
+            marker = ("^" if r["mode"].endswith(("-tight", "-drain")) else "o") if r["mode"].startswith("spillfs") \
+                else "s"
             ax.scatter([x], [r["act_peak_gib"]], marker=marker)
             ax.annotate(r["mode"], (x, r["act_peak_gib"]), fontsize=7, xytext=(4, 2), textcoords="offset points")
         ax.axvline(1.05, color="grey", lw=0.6, ls="--")
@@ -488,6 +578,12 @@ def main():
     ap.add_argument("--recompute", action="store_true", help="also AdaptivePolicy(recompute=True) for each host "
                     "tier (mode spillfs-<tier>-recompute)")
     ap.add_argument("--max-overhead", type=float, default=0.03, help="the adaptive policy's step-time budget")
+    ap.add_argument("--tight", action="store_true", help="also the memory-tight variants of each spillfs mode "
+                    "(<mode>-tight: read_ahead_bytes; <mode>-drain: inflight_bytes and read_ahead_bytes)")
+    ap.add_argument("--tight-read-ahead", type=float, default=0.0, help="GiB: read_ahead_bytes of -tight")
+    ap.add_argument("--drain-inflight", type=float, default=1.0, help="GiB: inflight_bytes of -drain")
+    ap.add_argument("--drain-read-ahead", type=float, default=1.0, help="GiB: read_ahead_bytes of -drain")
+    ap.add_argument("--no-diag", dest="diag", action="store_false", help="no untimed diagnosis step per spillfs row")
     ap.add_argument("--skip", default="", help="modes to leave out, comma-separated")
     ap.add_argument("--spillfs", default=os.environ.get("SPILLFS_BIN", os.path.join(ROOT, "build", "bin",
                                                                                     "spillfs")))

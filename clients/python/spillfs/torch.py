@@ -27,7 +27,7 @@ _MiB = 1 << 20
 
 
 def offload_activations(dir=None, *, host_bytes=4 * _GiB, min_bytes=1 * _MiB, prefetch_layers=1, policy="adaptive",
-                        layers=None):
+                        layers=None, inflight_bytes=None, read_ahead_bytes=None):
     r"""Moves the tensors autograd saves for backward off the device while
     forward runs, and brings them back, ahead of need, while backward runs.
 
@@ -76,6 +76,28 @@ def offload_activations(dir=None, *, host_bytes=4 * _GiB, min_bytes=1 * _MiB, pr
             e.g. GPT-2's ``transformer.h``, Llama's ``model.layers``) and its
             parameters are excluded up front. ``None``: tensors are grouped
             by bytes saved (64 MiB) instead of by layer.
+        inflight_bytes (int, optional): memory-tight forward: the most bytes
+            of originals kept on the device while their copies to the host
+            run; past it the compute stream waits for the oldest copies and
+            their originals go. The end of forward (the last of `layers`
+            returns) and the start of backward wait for every copy, the last
+            tensor saved by the layers included, and the output head's
+            tensors but its last one are offloaded too (where the policy
+            moves any): the head and backward begin without the offloaded
+            activations. Cost: the compute waits where the copies lag, and
+            backward reads the last layer back before using it. ``None``
+            (default): copies may lag one layer (``copy_window``), the last
+            layer's originals serve backward (forwarding).
+        read_ahead_bytes (int, optional): memory-tight backward: tensors are
+            read back only as backward frees saved activations of the layers
+            (counted when autograd drops them, after their node ran), plus at
+            most this many bytes ahead, granted when the first layer's
+            backward begins; reads land in memory of the compute stream, so
+            the bound holds on the device, not only in the allocator's
+            figures. Cost: a read starts only once the compute stream has
+            freed its room. ``None`` (default): the layer whose backward
+            begins is read at once, the layer ahead as backward uses saved
+            tensors.
 
     Raises:
         ValueError: a negative size or count, an unknown policy.
@@ -97,4 +119,5 @@ def offload_activations(dir=None, *, host_bytes=4 * _GiB, min_bytes=1 * _MiB, pr
         block outside compiled functions (compiled layers inside it are fine).
     """
     return ActivationOffloader(dir, host_bytes=host_bytes, min_bytes=min_bytes, prefetch_layers=prefetch_layers,
-                               policy=policy, layers=layers)
+                               policy=policy, layers=layers, inflight_bytes=inflight_bytes,
+                               read_ahead_bytes=read_ahead_bytes)

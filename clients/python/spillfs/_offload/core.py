@@ -144,7 +144,8 @@ class _Entry:
     __slots__ = ("key", "group", "nbytes", "dtype", "size", "stride", "dense", "device", "span", "tier", "src",
                  "src_weak", "version", "staging", "region", "d2h_event", "file", "file_off", "write_req",
                  "write_error", "loaded", "load_buf", "load_event", "read_req", "prefetched", "outstanding",
-                 "released", "forwarded", "step", "kept_reason", "pool", "staged", "read_ahead_done")
+                 "released", "forwarded", "step", "kept_reason", "pool", "staged", "read_ahead_done", "values",
+                 "credited", "consumed")
 
     def __init__(self, key, group, t, nbytes, dense, span, step):
         self.key, self.group, self.nbytes, self.dense, self.span, self.step = key, group, nbytes, dense, span, step
@@ -172,6 +173,9 @@ class _Entry:
         self.released = False
         self.forwarded = False
         self.kept_reason = None
+        self.values = 0  # unpacked values autograd still holds (its memory goes when the last one dies)
+        self.credited = False  # its bytes counted as freed by backward
+        self.consumed = False
 
 
 class _Saved:
@@ -187,8 +191,14 @@ class _Saved:
 
     def __del__(self):
         try:
-            if not self.consumed and self.owner is not None:
+            if self.owner is None:
+                return
+            if not self.consumed:
                 self.owner._dropped(self.entry)
+            else:
+                # autograd released the node that used it: its value's memory goes now (thread-safe append;
+                # counted at the next unpack or hook, under the lock)
+                self.owner._freed_q.append(self.entry)
         except Exception:  # interpreter shutdown
             pass
 
@@ -209,12 +219,26 @@ class ActivationOffloader:
         copy_window (int): how many layers the device-to-host copies may lag
             behind the layer being computed before the compute stream waits for
             them (1); bounds the device memory of copies in flight.
+        inflight_bytes, read_ahead_bytes: the memory-tight options of
+            :func:`spillfs.torch.offload_activations` (None: off).
+        diagnose (bool): record, at every hook, what the offloader holds on the
+            device and the allocator's figures around the step's peak
+            (``report.diagnosis``; costs host time: for one step of a benchmark).
     """
 
     def __init__(self, dir=None, *, host_bytes, min_bytes, prefetch_layers, policy, layers, group_bytes=64 * _MiB,
-                 io_backend="auto", keep_last=True):
+                 io_backend="auto", keep_last=True, inflight_bytes=None, read_ahead_bytes=None):
         if host_bytes is None or host_bytes < 0:
             raise ValueError(f"host_bytes must be a non-negative number of bytes, not {host_bytes!r}")
+        for name, value in (("inflight_bytes", inflight_bytes), ("read_ahead_bytes", read_ahead_bytes)):
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be None or a non-negative number of bytes, not {value!r}")
+        # memory-tight forward: originals held while their copies run, at most this many bytes; forward's
+        # end and backward's start wait for every copy (the head and backward start without them)
+        self.inflight_bytes = None if inflight_bytes is None else int(inflight_bytes)
+        # memory-tight backward: reads only replace what backward freed, plus this many bytes
+        self.read_ahead_bytes = None if read_ahead_bytes is None else int(read_ahead_bytes)
+        self.diagnose = False
         if min_bytes < 0:
             raise ValueError(f"min_bytes must be >= 0, not {min_bytes!r}")
         if prefetch_layers < 0:
@@ -257,6 +281,12 @@ class ActivationOffloader:
         self._prefetch_queue = collections.deque()  # entries of earlier layers, in the order backward needs them
         self._prefetch_credit = 0
         self._read_ahead = 0
+        self._freed_q = collections.deque()  # entries whose unpacked values autograd dropped; bytes of kept ones
+        self._kept_refs = set()  # weak references to kept activations (tight read-ahead: their frees are credit)
+        self._allowance_given = False
+        self._read_bytes = 0  # this step's backward: bytes read back, and bytes of saved activations freed
+        self._freed_bytes = 0
+        self._diag = None
         self._layer_files = {}
         self._group_stack = []
         self._pending = None
@@ -289,6 +319,18 @@ class ActivationOffloader:
     def layers(self):
         """The modules whose hooks tag, time and prefetch (a list)."""
         return list(self._layers)
+
+    @property
+    def _drain(self):
+        return self.inflight_bytes is not None
+
+    @property
+    def _tight_reads(self):
+        return self.read_ahead_bytes is not None
+
+    @property
+    def _track_frees(self):
+        return self.read_ahead_bytes is not None or self.diagnose
 
     def in_use(self):
         """What this offloader still holds: ``{"host_bytes", "files", "entries"}``."""
@@ -342,6 +384,12 @@ class ActivationOffloader:
         self._prefetch_queue = collections.deque()
         self._prefetch_credit = 0
         self._read_ahead = 0  # bytes read back (loads started) and not yet used by backward
+        self._freed_q.clear()
+        self._kept_refs = set()
+        self._allowance_given = False
+        self._read_bytes = 0
+        self._freed_bytes = 0
+        self._diag = {"peak_seen": 0, "last": None} if self.diagnose else None
         self._layer_files = {}
         self._group_stack = []
         self._pending = None
@@ -474,6 +522,8 @@ class ActivationOffloader:
                 if self._pending is not None or self._inflight:
                     with self._lock:
                         self._layer_begins(index)
+                if self._diag is not None:
+                    self._sample(f"fwd_start {index}")
         return hook
 
     def _layer_begins(self, index):
@@ -486,7 +536,7 @@ class ActivationOffloader:
         if self._pending is not None and self._pending.group != index:
             e, self._pending = self._pending, None
             self._commit(e)
-        self._poll(force_before=index - self.copy_window)
+        self._poll(force_before=index - self.copy_window, bound=self.inflight_bytes)
 
     def _make_post_hook(self, index):
         def hook(module, args, output):
@@ -497,9 +547,19 @@ class ActivationOffloader:
             self._mark("fwd_end", index)
             if index == len(self._layers) - 1:
                 self._after_last_layer = True
-                if self._inflight:
+                if self._drain:
+                    # memory-tight: the head runs without the layers' activations; the last tensor saved
+                    # is stored too (backward reads it first), and every copy is waited for
+                    with self._lock:
+                        if self._pending is not None:
+                            e, self._pending = self._pending, None
+                            self._commit(e)
+                        self._poll(bound=0)
+                elif self._inflight:
                     with self._lock:
                         self._poll(force_before=index + 1 - self.copy_window)
+                if self._diag is not None:
+                    self._sample(f"fwd_end {index}", key="forward_end")
             if torch.is_grad_enabled():
                 for t in _tensors(output):
                     if t.requires_grad:
@@ -516,7 +576,10 @@ class ActivationOffloader:
                 self._backward_starts()
                 self._mark("bwd_start", index)
                 with self._lock:
+                    self._grant_freed()
                     self._prefetch_from(index)
+                if self._diag is not None:
+                    self._sample(f"bwd_start {index}")
             return None
         return hook
 
@@ -552,14 +615,21 @@ class ActivationOffloader:
             self._phase = "backward"
             # reads ahead beyond what backward frees: the layers past the first ahead
             ahead = max(self._layer_stored.values(), default=0)
-            self._prefetch_credit = max(0, self.prefetch_layers - 1) * ahead
+            # memory-tight: only what backward frees (read_ahead_bytes is granted when the first layer's
+            # backward begins, not here: the head's backward, often the peak, runs first)
+            self._prefetch_credit = 0 if self._tight_reads else max(0, self.prefetch_layers - 1) * ahead
             if self._pending is not None:  # the last tensor saved before backward: keep it
                 e, self._pending = self._pending, None
                 e.tier = "keep"
                 e.kept_reason = "last"
                 self.report.keep("last", e.nbytes)
                 self._record_layer_bytes(e)
-            self._poll()
+            self._poll(bound=0 if self._drain else None)
+            # offloaded originals backward starts with (copies in flight, files not yet written): forwarded
+            self.report.inflight_at_backward_bytes = sum(
+                e.nbytes for e in self._step_entries if e.src is not None and e.tier in ("host", "ssd"))
+            if self._diag is not None:
+                self._sample("backward_start", key="backward_start")
 
     # -- pack -----------------------------------------------------------------
 
@@ -569,6 +639,21 @@ class ActivationOffloader:
             return self._pack_inner(t)
         finally:
             self.report.add_seconds("pack", time.perf_counter() - start)
+            if self._diag is not None:
+                self._sample(f"pack {self._group_stack[-1] if self._group_stack else '-'}")
+
+    def _kept(self, t, group, nbytes):
+        """A layer's activation left where it is, handed to autograd detached; with tight reads
+        its memory, once autograd drops it, is credit for reading ahead."""
+        d = t.detach()
+        if self._track_frees and isinstance(group, int) and self._phase == "forward":
+            q = self._freed_q
+
+            def freed(ref, n=nbytes, refs=self._kept_refs):
+                q.append(n)
+                refs.discard(ref)
+            self._kept_refs.add(weakref.ref(d, freed))
+        return d
 
     def _pack_inner(self, t):
         # What stays is returned detached: the tensor itself, where it is the output of the node saving it,
@@ -597,7 +682,8 @@ class ActivationOffloader:
             r.keep("parameter", nbytes)
             return t.detach()
         group = self._current_group(nbytes)
-        if group == _HEAD:
+        if group == _HEAD and not (self._drain and self.policy.decide(_HEAD) != "keep"):
+            # the output head's tensors stay (memory-tight with a policy that moves it: stored, but the last)
             r.keep("head", nbytes)
             return t.detach()
         span = _span(t)
@@ -611,7 +697,7 @@ class ActivationOffloader:
             if key not in self._kept_keys:  # bytes per layer, each region once (the policy's profile)
                 self._kept_keys.add(key)
                 r.layer_bytes[group] = r.layer_bytes.get(group, 0) + nbytes
-            return t.detach()
+            return self._kept(t, group, nbytes)
         if t.device.type == "cuda" and self._cuda is None:
             self._cuda = (torch.cuda.Stream(t.device), torch.cuda.Stream(t.device))
         with self._lock:
@@ -630,7 +716,7 @@ class ActivationOffloader:
                 if key not in self._kept_keys:
                     self._kept_keys.add(key)
                     r.layer_bytes[group] = r.layer_bytes.get(group, 0) + nbytes
-                return t.detach()
+                return self._kept(t, group, nbytes)
             self._layer_stored[group] += stored
             entry = _Entry(key, group, t, stored, dense, span, self._step)
             entry.outstanding = 1
@@ -645,7 +731,8 @@ class ActivationOffloader:
                 self._commit(previous)
             if not self.keep_last:
                 self._commit(entry)
-            self._poll(force_before=group - self.copy_window if isinstance(group, int) else None)
+            self._poll(force_before=group - self.copy_window if isinstance(group, int) else None,
+                       bound=self.inflight_bytes)
             return _Saved(self, entry, t)
 
     def _record_layer_bytes(self, e):
@@ -874,12 +961,20 @@ class ActivationOffloader:
 
     def _unpack(self, saved):
         if not isinstance(saved, _Saved):
-            if self._prefetch_queue and isinstance(saved, torch.Tensor):
+            if self._active and self._phase == "forward" and (self._drain or self._tight_reads):
+                self._backward_starts()  # memory-tight: the drain happens before the head's backward
+            if self._tight_reads:
+                if self._freed_q:
+                    with self._lock:
+                        self._grant_freed()
+            elif self._prefetch_queue and isinstance(saved, torch.Tensor):
                 nbytes = saved.numel() * saved.element_size()
                 if nbytes >= max(self.min_bytes, 1) and not self._is_parameter(saved):
                     with self._lock:  # an activation kept here: its memory goes once backward used it
                         self._prefetch_credit += nbytes
                         self._pump_prefetch()
+            if self._diag is not None and self._phase == "backward":
+                self._sample("unpack kept")
             return saved
         if saved.value is not None:  # retain_graph: unpacked again
             return saved.value
@@ -888,6 +983,8 @@ class ActivationOffloader:
             return self._unpack_inner(saved)
         finally:
             self.report.add_seconds("unpack", time.perf_counter() - start)
+            if self._diag is not None:
+                self._sample(f"unpack {saved.entry.group}")
 
     def _unpack_inner(self, saved):
         self._backward_starts()
@@ -897,6 +994,8 @@ class ActivationOffloader:
             if e.released:
                 raise RuntimeError("spillfs.torch.offload_activations: this saved tensor was released (its step "
                                    "ended with an exception, or the offloader was closed); run forward again")
+            if self._freed_q:
+                self._grant_freed()
             t = None
             if e.src is not None:
                 t = e.src  # kept, or its copy still in flight
@@ -914,6 +1013,8 @@ class ActivationOffloader:
                 if e.loaded is None:
                     r.stalls += 1
                     t0 = time.perf_counter()
+                    if self._tight_reads:
+                        self._prefetch_credit -= e.nbytes  # needed now: read beyond the credit
                     self._load(e)
                     self._finish_load(e)
                     r.stall_seconds += time.perf_counter() - t0
@@ -941,11 +1042,14 @@ class ActivationOffloader:
                 t = t.as_strided(saved.size, saved.stride)  # another view of the same bytes (dedup)
             saved.value = t
             saved.consumed = True
+            e.consumed = True
+            e.values += 1
             e.outstanding -= 1
             self._outstanding -= 1
             if e.outstanding == 0:
                 self._release(e)
-                self._prefetch_credit += e.nbytes  # its memory goes once its node ran
+                if not self._tight_reads:
+                    self._prefetch_credit += e.nbytes  # its memory goes once its node ran
             if e.group != _HEAD:
                 self._prefetch_from(e.group)
             return t
@@ -958,12 +1062,19 @@ class ActivationOffloader:
         if not isinstance(group, int):
             return
         t0 = time.perf_counter()
+        if self._tight_reads and not self._allowance_given:
+            self._allowance_given = True  # the first layer's backward begins: reads may run this far ahead
+            self._prefetch_credit += self.read_ahead_bytes
         for g in range(group, group - self.prefetch_layers - 1, -1):
             if g < -1:
                 break
             if g == group and g not in self._started_groups:
                 # needed now (once: every unpack of the group comes here): what the queue still holds of it
                 self._started_groups.add(g)
+                if self._tight_reads:
+                    # in front of the queue, the last saved first (backward needs it first), under the credit
+                    self._prefetch_queue.extendleft([e for e in self._groups.get(g, ()) if self._wants_load(e)])
+                    continue
                 for e in self._groups.get(g, ()):
                     if self._wants_load(e):
                         self._load(e)
@@ -990,25 +1101,65 @@ class ActivationOffloader:
         it began (plus the layers ahead beyond the first), so that reading ahead does not
         add a layer to the peak; one entry may overdraw it (lock held)."""
         q = self._prefetch_queue
-        while q and self._prefetch_credit > 0:
-            e = q.popleft()
+        tight = self._tight_reads
+        while q:
+            e = q[0]
             if not self._wants_load(e):
+                q.popleft()
                 continue
+            # tight: never beyond the credit (it bounds what reads add to backward's activations)
+            if (self._prefetch_credit < e.nbytes) if tight else (self._prefetch_credit <= 0):
+                break
+            q.popleft()
             self._load(e)
             e.prefetched = True
             self._prefetch_credit -= e.nbytes
 
+    def _grant_freed(self):
+        """Counts what autograd dropped since the last call (lock held): entries whose last unpacked
+        value died, kept activations of layers; with tight reads, credit for reading ahead."""
+        freed = 0
+        q = self._freed_q
+        while q:
+            try:
+                item = q.popleft()
+            except IndexError:
+                break
+            if isinstance(item, int):
+                freed += item
+                continue
+            item.values -= 1
+            if item.values <= 0 and item.released and not item.credited and item.step == self._step:
+                item.credited = True
+                freed += item.nbytes
+        if not freed:
+            return
+        self._freed_bytes += freed
+        if self._tight_reads:
+            self._prefetch_credit += freed
+            self._pump_prefetch()
+
     def _load(self, e):
         """Starts bringing `e` back (into e.loaded; e.read_req / e.load_event pending)."""
         cuda = e.device.type == "cuda"
+        tight = self._tight_reads
         if cuda:
             h2d = self._cuda[1]
             ctx = torch.cuda.stream(h2d)
         else:
             h2d = None
             ctx = _nullcontext()
-        with ctx:
+        if cuda and tight:
+            # memory-tight: the memory comes from the compute stream (what backward just freed, reused in
+            # its order), and the read starts once the compute stream got here: the device holds no more than
+            # the credit allows, in the allocator's figures and in fact (memory of the copy stream's own, freed
+            # while the host runs ahead of the GPU, would wait for the GPU before it could be reused)
+            cur = torch.cuda.current_stream(e.device)
             out = torch.empty_strided(e.size, e.stride, dtype=e.dtype, device=e.device)
+            h2d.wait_stream(cur)
+        with ctx:
+            if not (cuda and tight):
+                out = torch.empty_strided(e.size, e.stride, dtype=e.dtype, device=e.device)
             buf = self._flat(out, e)  # the stored layout is dense: its bytes come back as they are
             if e.region is not None:  # the host tier, or a staging region not yet written
                 src = e.region.data.view(e.dtype) if e.nbytes else e.region.data
@@ -1040,8 +1191,12 @@ class ActivationOffloader:
         e.loaded = out
         e.read_ahead_done = False
         self._read_ahead += e.nbytes
-        if self._read_ahead > self.report.read_ahead_peak_bytes:
-            self.report.read_ahead_peak_bytes = self._read_ahead
+        r = self.report
+        if self._read_ahead > r.read_ahead_peak_bytes:
+            r.read_ahead_peak_bytes = self._read_ahead
+        self._read_bytes += e.nbytes
+        if self._read_bytes - self._freed_bytes > r.read_beyond_freed_peak_bytes:
+            r.read_beyond_freed_peak_bytes = self._read_bytes - self._freed_bytes
 
     def _finish_load(self, e):
         """Waits for the read of `e` (file tier); makes e.loaded complete."""
@@ -1099,6 +1254,8 @@ class ActivationOffloader:
             event = e.load_event if e.load_event is not None else e.d2h_event
             e.pool.free(e.region, event)
             e.region = None
+        if e.loaded is not None and not e.consumed and self._tight_reads and e.loaded.is_cuda:
+            e.loaded.record_stream(self._cuda[1])  # never used: its memory waits for the read into it
         e.loaded = e.load_buf = None
         if e.write_req is None:
             self._drop_src(e)
@@ -1140,10 +1297,12 @@ class ActivationOffloader:
         if src is not None and e.d2h_event is not None and src.is_cuda and not e.d2h_event.query():
             src.record_stream(self._cuda[0])
 
-    def _poll(self, force_before=None):
+    def _poll(self, force_before=None, bound=None):
         """Drops originals whose device-to-host copy landed (lock held; copies land in order).
         Those of groups before `force_before` go even where their copy may still run: the
-        compute stream waits for the copy first (their memory must be reusable: the window)."""
+        compute stream waits for the copy first (their memory must be reusable: the window).
+        With `bound` (bytes), the oldest go the same way until the originals still held for
+        copies in flight are at most that many bytes (memory-tight: ``inflight_bytes``)."""
         q = self._inflight
         while q:
             e = q[0]
@@ -1155,12 +1314,80 @@ class ActivationOffloader:
                 e.src = None
                 continue
             if force_before is not None and isinstance(e.group, int) and e.group < force_before:
-                torch.cuda.current_stream(e.device).wait_event(e.d2h_event)
-                self.report.copy_waits += 1
+                self._wait_copy(e)
                 q.popleft()
                 e.src = None
                 continue
             break
+        if q and bound is not None:
+            held = self._inflight_held()
+            while q and held > bound:
+                e = q.popleft()
+                if e.src is None:
+                    continue
+                self._wait_copy(e)
+                e.src = None
+                held -= e.nbytes
+        if q:
+            held = self._inflight_held()
+            if held > self.report.inflight_peak_bytes:
+                self.report.inflight_peak_bytes = held
+
+    def _wait_copy(self, e):
+        """The compute stream waits for e's device-to-host copy (its original may go now)."""
+        if e.device.type == "cuda":
+            torch.cuda.current_stream(e.device).wait_event(e.d2h_event)
+        else:
+            e.d2h_event.synchronize()  # tests: CPU copies made to look asynchronous
+        self.report.copy_waits += 1
+
+    def _inflight_held(self):
+        """Bytes of originals held for device-to-host copies that may still run."""
+        return sum(e.nbytes for e in self._inflight if e.src is not None)
+
+    def _sample(self, where, key=None):
+        """Diagnosis (``diagnose``): what the offloader holds on the device now, and the allocator's
+        figures; where the step's peak grew since the last sample, the two samples around it."""
+        d = self._diag
+        if d is None:
+            return
+        with self._lock:
+            held = forwarded = kept_entries = loaded = consumed = 0
+            for e in self._step_entries:
+                if e.released:
+                    if e.consumed and not e.credited and e.values > 0:
+                        consumed += e.nbytes  # used by backward, its node not yet done
+                    continue
+                if e.src is not None:
+                    if e.tier == "keep":
+                        kept_entries += e.nbytes
+                    elif e.forwarded:
+                        forwarded += e.nbytes
+                    else:
+                        held += e.nbytes
+                if e.loaded is not None:
+                    loaded += e.nbytes
+            state = {"at": where, "phase": self._phase, "originals_held": held, "in_flight": self._inflight_held(),
+                     "forwarded": forwarded, "kept_entries": kept_entries, "read_back_unused": loaded,
+                     "used_not_freed": consumed, "read_ahead": self._read_ahead, "credit": self._prefetch_credit,
+                     "read_bytes": self._read_bytes, "freed_bytes": self._freed_bytes}
+        probe = getattr(self, "_mem_probe", None)
+        if probe is not None:
+            allocated, peak = probe()
+        elif self._cuda is not None:
+            dev = self._cuda[0].device
+            allocated, peak = torch.cuda.memory_allocated(dev), torch.cuda.max_memory_allocated(dev)
+        else:
+            allocated = peak = None
+        state["allocated"] = allocated
+        r = self.report
+        if key is not None:
+            r.diagnosis[key] = state
+        if peak is not None and peak > d["peak_seen"]:
+            d["peak_seen"] = peak
+            r.diagnosis["peak"] = peak
+            r.diagnosis["peak_between"] = [d["last"], state]
+        d["last"] = state
 
     def _flush_warnings(self):
         with self._lock:

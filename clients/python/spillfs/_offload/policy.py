@@ -290,7 +290,7 @@ class AdaptivePolicy:
 
     # -- the model -------------------------------------------------------------
 
-    def simulate(self, decisions, prefetch_layers, copy_window=1, fractions=None):
+    def simulate(self, decisions, prefetch_layers, copy_window=1, fractions=None, inflight_bytes=None):
         """Modelled seconds of a step (forward, head, backward; no optimizer)
         under `decisions` (layer -> "keep"/"host"/"ssd"/"recompute") and
         `fractions` (layer -> the part of its bytes moved; 1 where absent), and
@@ -298,7 +298,12 @@ class AdaptivePolicy:
         host copies of the layers up to i - 1 - ``copy_window`` (the offloader's
         window makes the compute stream wait for them, so their originals go);
         in backward, for the reads of layer i, started when layer i +
-        `prefetch_layers` began its backward."""
+        `prefetch_layers` began its backward. With `inflight_bytes` (the
+        offloader's memory-tight forward), a layer's host copy streams while its
+        forward runs (it ends no earlier than the forward), each layer and the
+        head begin only once all but the newest `inflight_bytes` copied bytes
+        landed, and the head waits for every host copy (the drain); the last
+        layer, not forwarded then, is read back when backward begins."""
         p = self.profile
         fwd, bwd, nbytes, bw = p["fwd"], p["bwd"], p["bytes"], p["bandwidth"]
         fractions = fractions or {}
@@ -310,7 +315,9 @@ class AdaptivePolicy:
         free = {"host_write": 0.0, "ssd": 0.0}
         written = {}
         host_landed = []  # (layer, time its host copy landed), in order: one copy stream
+        host_copies = []  # memory-tight: (bytes, start, end) of each host copy, in order
         fwd_stall = 0.0
+        tight = inflight_bytes is not None
 
         def window_wait(i, t):
             # the copies of layers <= i - 1 - copy_window: the last of them landed last (in order)
@@ -318,6 +325,19 @@ class AdaptivePolicy:
             for j, end in host_landed:
                 if j <= i - 1 - copy_window:
                     last = end
+            if tight and host_copies:
+                if i >= n:  # the drain before the head: every copy
+                    last = max(last or 0.0, host_copies[-1][2])
+                else:  # all but the newest inflight_bytes copied bytes landed (copies land in order)
+                    target = sum(c[0] for c in host_copies) - inflight_bytes
+                    done = 0.0
+                    for nb, start, end in host_copies:
+                        if target <= done:
+                            break
+                        if target <= done + nb:
+                            last = max(last or 0.0, start + (end - start) * (target - done) / max(nb, 1.0))
+                            break
+                        done += nb
             return max(t, last) if last is not None else t
 
         for i in range(n):
@@ -329,8 +349,14 @@ class AdaptivePolicy:
                 continue
             key = "host_write" if tier == "host" else "ssd"
             rate = bw.get(tier + "_write") or 1.0
-            start = max(t, free[key])
-            free[key] = start + moved[i] / rate
+            if tight and tier == "host":
+                # the copy streams as the layer saves (from its start), and ends no earlier than its forward
+                start = max(begin, free[key])
+                free[key] = max(start + moved[i] / rate, t)
+                host_copies.append((moved[i], start, free[key]))
+            else:
+                start = max(t, free[key])
+                free[key] = start + moved[i] / rate
             written[i] = free[key]
             if tier == "host":
                 host_landed.append((i, written[i]))
@@ -341,7 +367,7 @@ class AdaptivePolicy:
         # (host copies of layers <= n - 1 - copy_window: the host runs ahead of the GPU, so a copy that
         # lands later is no help), those written to files by then, and the recomputed layers
         self._last_peak_saved = (
-            sum(moved[i] for i, d in decisions.items() if d == "host" and i <= n - 1 - copy_window)
+            sum(moved[i] for i, d in decisions.items() if d == "host" and (tight or i <= n - 1 - copy_window))
             + sum(moved[i] for i, d in decisions.items() if d == "ssd" and written[i] <= t)
             + sum(nbytes.get(i, 0) for i in range(n) if decisions.get(i) == "recompute"))
         read_free = {"host": t, "ssd": max(t, free["ssd"])}
@@ -364,7 +390,8 @@ class AdaptivePolicy:
     def _largest_fraction(self, decisions, fractions, i, tier, cap, base, budget, off):
         """The largest part of layer i (at most `cap`) that `tier` takes within the budget (0: none)."""
         def fits(f):
-            t, _ = self.simulate({**decisions, i: tier}, off.prefetch_layers, off.copy_window, {**fractions, i: f})
+            t, _ = self.simulate({**decisions, i: tier}, off.prefetch_layers, off.copy_window, {**fractions, i: f},
+                                 getattr(off, "inflight_bytes", None))
             return t - base <= budget
         if cap >= 1.0 and fits(1.0):
             return 1.0
@@ -387,7 +414,7 @@ class AdaptivePolicy:
             self.decisions = {g: "host" for g in p["bytes"]}
             self.prediction = {"step_seconds": p["step_seconds"], "memory_saved": sum(p["bytes"].values())}
             return
-        base, _ = self.simulate({}, off.prefetch_layers, off.copy_window)
+        base, _ = self.simulate({}, off.prefetch_layers, off.copy_window, None, getattr(off, "inflight_bytes", None))
         budget = p["step_seconds"] * self.max_overhead
         host_left = off.host_bytes
         ssd_ok = off.dir is not None and "ssd_write" in p["bandwidth"]
@@ -426,12 +453,14 @@ class AdaptivePolicy:
             for i in rest:
                 trial = dict(decisions)
                 trial[i] = "recompute"
-                t, _ = self.simulate(trial, off.prefetch_layers, off.copy_window, fractions)
+                t, _ = self.simulate(trial, off.prefetch_layers, off.copy_window, fractions,
+                                     getattr(off, "inflight_bytes", None))
                 if t - base <= budget:
                     decisions = trial
         self.decisions = {i: decisions.get(i, "keep") for i in range(n)}
         self.fractions = fractions
-        t, stall = self.simulate(decisions, off.prefetch_layers, off.copy_window, fractions)
+        t, stall = self.simulate(decisions, off.prefetch_layers, off.copy_window, fractions,
+                                 getattr(off, "inflight_bytes", None))
         self.prediction = {"step_seconds": p["step_seconds"] + (t - base),
                            "memory_saved": int(sum(p["bytes"].get(i, 0) * (fractions.get(i, 1.0)
                                                                           if d != "recompute" else 1.0)

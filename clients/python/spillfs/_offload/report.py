@@ -35,6 +35,25 @@ class OffloadReport:
             used by backward at any time of the step (the prefetcher reads
             the layers ahead as backward frees memory, so this stays near
             one layer's bytes with ``prefetch_layers=1``).
+        read_beyond_freed_peak_bytes (int): the most bytes read back in
+            backward beyond the bytes of saved activations autograd had freed
+            by then (stored ones once used, kept ones of layers): what reading
+            adds to the activations backward began with. With
+            ``read_ahead_bytes`` set, at most that plus what backward needed
+            at once (``stalls``).
+        inflight_peak_bytes (int): the most bytes of originals held on the
+            device for device-to-host copies that may still run (at most
+            ``inflight_bytes`` where that is set), counted after each store.
+        inflight_at_backward_bytes (int): bytes of offloaded originals still
+            on the device when backward began (served from there: forwarded);
+            0 with ``inflight_bytes`` set.
+        diagnosis (dict): with ``ActivationOffloader.diagnose``: samples of
+            what the offloader holds on the device (``originals_held``,
+            ``in_flight``, ``forwarded``, ``kept_entries``,
+            ``read_back_unused``, ``used_not_freed``, ``credit``...) and
+            ``allocated`` (torch's allocator) at ``forward_end``,
+            ``backward_start``, and the two hook calls around the step's
+            peak (``peak_between``, with ``peak``).
         stalls (int): tensors backward had to wait for (read not started, or
             not finished, when needed).
         stall_seconds (float): host time spent waiting for them.
@@ -72,6 +91,10 @@ class OffloadReport:
         self.read_staged_bytes = 0
         self.prefetch_hits = 0
         self.read_ahead_peak_bytes = 0
+        self.read_beyond_freed_peak_bytes = 0
+        self.inflight_peak_bytes = 0
+        self.inflight_at_backward_bytes = 0
+        self.diagnosis = {}
         self.stalls = 0
         self.stall_seconds = 0.0
         self.copy_waits = 0
