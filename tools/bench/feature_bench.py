@@ -83,19 +83,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import gnn_graph  # noqa: E402
+from sizes import parse_size  # noqa: E402
 
 GIB = 1 << 30
 START = time.time()
 DEFAULT_CONTENDERS = ("raw,fs-hybrid,mmap,fs-lru,fs-static,hbm,train-fs-hybrid,train-mmap,"
                       "fs-hybrid-nohot-novictim-nowindow")
-
-
-def parse_size(text):
-    text = str(text).strip().upper()
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
 
 
 def part_of(contender):
