@@ -116,6 +116,21 @@ def gathers_equal(path, a, **kw):
         store.close()
 
 
+def gathers_in_window(store, a, batches, window, check=None):
+    """Gathers the batches in order, each announced ``window`` batches ahead
+    (prefetch), and checks every one against numpy, that the shard holds only
+    lines it owns, and ``check()`` after each."""
+    for b in batches[:window]:
+        store.prefetch(b)
+    for i, b in enumerate(batches):
+        if i + window < len(batches):
+            store.prefetch(batches[i + window])
+        np.testing.assert_array_equal(store.gather(b).numpy(), a[b])
+        if check is not None:
+            check()
+        assert_owned(store)
+
+
 def t_rows_equal_numpy():
     path = os.path.join(DATA, "f32.npy")
     a = np.load(path)
@@ -142,14 +157,7 @@ def t_shard_files():
         assert store.local.info.rows == len(store.owned_rows)
         np.testing.assert_array_equal(store.local.gather(np.arange(len(store.owned_rows))).numpy(),
                                       a[store.owned_rows])  # the shard holds exactly the owned rows
-        batches = batches_for(len(a), RANK, 3)
-        for b in batches[:2]:
-            store.prefetch(b)
-        for i, b in enumerate(batches):
-            if i + 2 < len(batches):
-                store.prefetch(batches[i + 2])
-            np.testing.assert_array_equal(store.gather(b).numpy(), a[b])
-            assert_owned(store)
+        gathers_in_window(store, a, batches_for(len(a), RANK, 3), 2)
         assert_stats(store)
     # A torch-only dtype (bfloat16, raw shard files).
     ref = torch.load(os.path.join(DATA, "bf16.pt"))
@@ -175,19 +183,16 @@ def t_eviction_invariants_per_shard():
         assert np.isin(hot, top).all()  # this rank's hot rows: the best it owns
         batches = [zipf(rows, 60, 10 * s + RANK) for s in range(8)] + \
             [np.random.default_rng(s + RANK).integers(0, rows, 30) for s in range(4)]
-        for b in batches[:3]:
-            store.prefetch(b)
-        for i, b in enumerate(batches):
-            if i + 3 < len(batches):
-                store.prefetch(batches[i + 3])
-            np.testing.assert_array_equal(store.gather(b).numpy(), a[b])
+
+        def invariants():
             tiers.directory.check(hot=hot)
             np.testing.assert_array_equal(tiers.hot_lines, hot)
             assert len(tiers.victims) <= tiers.victims.capacity
             if len(tiers.victims):  # victims only where the shard's window (every rank's requests) reuses them
                 held = np.fromiter(tiers.victims.slot_of_line.keys(), dtype=np.int64)
                 assert (store.local.window.next_reuse(held) != _line_cache._FAR).all()
-            assert_owned(store)
+
+        gathers_in_window(store, a, batches, 3, invariants)
         s, agg = assert_stats(store)
         sh = s["shard"]
         assert sh["hot_hits"] > 0 and sh["cache_hits"] > 0 and sh["storage_rows"] > 0, (policy, sh)

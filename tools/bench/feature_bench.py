@@ -47,12 +47,23 @@ bandwidth, and GraphSAGE training over the same batches, in one run.
      flagged) as batches x (rows a batch / the rows/s gathered + the mean
      compute step). --model torch: the same mean-aggregation layer in plain
      torch (where PyG is absent); without PyG and without it these skip.
-   With --mount (root, /dev/fuse, SPILLFS_BIN or build/bin/spillfs), the table is
-   also copied into a spillfs volume made under --dir and raw, mmap and
-   fs-hybrid run there too (--places mount: only there). It needs a second
-   copy of the table on the disk: at the default scale (17 GB) that leaves
-   little room on a 64 GB disk and adds about 2 minutes, so it is off by
-   default (the FeatureStore reads the ext4 file with io_uring O_DIRECT then).
+   With --mount (root, /dev/fuse, SPILLFS_BIN or build/bin/spillfs), after the
+   ext4 place's contenders, a spillfs volume is made under --dir (mkfs
+   --no-dedup: the generated rows repeat every 1021 rows, which dedup would
+   fold) and fs-hybrid, mmap and raw run there too (--places mount: only
+   there; the FeatureStore reads the ext4 file with io_uring O_DIRECT, the
+   mount's through the direct path). --mount-table copy (the default) copies
+   the ext4 table in: two copies on the disk, about 2 minutes at 17 GB.
+   --mount-table generate writes the table into the volume as gnn_graph
+   wrote the ext4 one (the same rows; O_DIRECT through the mount), deleting
+   the ext4 table first where both do not fit, and removes the volume at the
+   end: so a 20-40 GB table (--width 160-256, or --width auto: the widest
+   that fits) runs on both places of the 64 GB disk. The GPU machine's run
+   of the issue's 20-40 GB configuration, in one call of about 7.5 minutes:
+
+       python3 tools/bench/feature_bench.py --dir /root/featbench --width auto --places ext4,mount \
+           --mount-table generate --seconds 15 --budget-seconds 470 --json-out $OUT/feature_bench.json \
+           --png-out $OUT/feature_bench.png   # = PRESET=big tools/bench/feature_device_run.sh
 4. Prints a table (rows/s, useful GB/s, hit rate per tier, read amplification,
    x mmap, the miss path's IOPS while it reads = ssd_reads / stall_seconds
    and against raw, and the run-averaged ssd_reads / run seconds), then the HBM
@@ -83,19 +94,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import gnn_graph  # noqa: E402
+from sizes import parse_size  # noqa: E402
 
 GIB = 1 << 30
 START = time.time()
 DEFAULT_CONTENDERS = ("raw,fs-hybrid,mmap,fs-lru,fs-static,hbm,train-fs-hybrid,train-mmap,"
                       "fs-hybrid-nohot-novictim-nowindow")
-
-
-def parse_size(text):
-    text = str(text).strip().upper()
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
 
 
 def part_of(contender):
@@ -302,35 +306,163 @@ def run_child(a, contender, table, batches, cgroup, label):
     return result
 
 
-def make_mount(a, table):
+MOUNT_CONTENDERS = ("fs-hybrid", "mmap", "raw")  # what runs on the mount place, in this order
+AUTO_WIDTHS = (256, 192, 160, 128)
+MOUNT_WRITE_GB_S = {"generate": 1.0, "copy": 0.14}  # for the budget: the last runs, rounded down
+
+
+def slack_bytes(table_bytes):
+    """Room kept free beside a table (the volume's index, the file systems' own
+    needs): 2 GiB at the issue's scale, a quarter of a small table (256 MiB at
+    least)."""
+    return min(2 * GIB, max(256 << 20, table_bytes // 4))
+
+
+def mount_paths(a):
     binary = os.environ.get("SPILLFS_BIN", os.path.join(ROOT, "build", "bin", "spillfs"))
-    vol, mnt = os.path.join(a.dir, "vol"), os.path.join(a.dir, "mnt")
-    subprocess.run([binary, "umount", mnt], capture_output=True)
-    shutil.rmtree(vol, ignore_errors=True)
-    os.makedirs(mnt, exist_ok=True)
-    size = os.path.getsize(table)
-    gib = max(2, int(size * 1.3 / GIB) + 2)
+    return binary, os.path.join(a.dir, "vol"), os.path.join(a.dir, "mnt")
+
+
+def clear_mount(a):
+    """Unmounts and removes the volume this script made under --dir (a run's
+    own scratch: vol/ and mnt/), if one is there."""
+    binary, vol, mnt = mount_paths(a)
+    if os.path.ismount(mnt):
+        subprocess.run([binary, "umount", mnt], capture_output=True)
+    if os.path.isdir(vol):
+        shutil.rmtree(vol, ignore_errors=True)
+        return True
+    return False
+
+
+def disk_bytes(path):
+    """Bytes a file or a tree takes on the disk (allocated blocks: a sparse volume image counts what it holds)."""
+    if os.path.isfile(path):
+        return os.stat(path).st_blocks * 512
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def resolve_width(a, mount):
+    """--width auto: the widest of AUTO_WIDTHS whose data fits the free space
+    of --dir (what earlier runs left there that this one replaces counted as
+    free): the table and the CSR (gnn_graph.bytes_needed), the scores and
+    batches (16 bytes a node and 256 MiB), a second table where --mount-table
+    copy puts one in the volume beside the ext4 one, and slack_bytes.
+    --mount-table generate needs no second copy: the ext4 table is deleted
+    before the volume's is written, where both do not fit."""
+    if a.width != "auto":
+        a.width = int(a.width)
+        return None
+    dtype = getattr(torch, a.dtype)
     free = shutil.disk_usage(a.dir).free
-    if gib * GIB + GIB > free:
-        raise SystemExit(f"--mount: a {gib} GiB volume for the table's second copy does not fit the "
-                         f"{free / GIB:.1f} GiB free in {a.dir}")
-    subprocess.run([binary, "mkfs", vol, "--size", f"{gib}G"], check=True, capture_output=True)
+    reuse = sum(disk_bytes(os.path.join(a.dir, f)) for f in ("feat.npy", "indptr.npy", "indices.npy")
+                if os.path.exists(os.path.join(a.dir, f)))
+    if mount and os.path.isdir(os.path.join(a.dir, "vol")):
+        reuse += disk_bytes(os.path.join(a.dir, "vol"))  # removed before the data is made (clear_mount)
+    copies = 2 if mount and a.mount_table == "copy" else 1
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    rows = []
+    for w in AUTO_WIDTHS:
+        table = 4096 + (1 << a.scale) * w * itemsize
+        need = gnn_graph.bytes_needed(a.scale, a.edge_factor, w, dtype) + (16 << a.scale) + (256 << 20) + \
+            (copies - 1) * table + slack_bytes(table)
+        rows.append({"width": w, "table_bytes": table, "need_bytes": need})
+        if need <= free + reuse:
+            a.width = w
+            break
+    else:
+        raise SystemExit(f"--width auto: none of {AUTO_WIDTHS} columns at scale {a.scale} fits the "
+                         f"{(free + reuse) / GIB:.1f} GiB free in {a.dir} (the smallest needs "
+                         f"{rows[-1]['need_bytes'] / GIB:.1f} GiB)")
+    log(f"--width auto: {a.width} columns, a {rows[-1]['table_bytes'] / 1e9:.1f} GB table ({copies} "
+        f"cop{'y' if copies == 1 else 'ies'} on the disk at once; {(free + reuse) / GIB:.1f} GiB free in {a.dir} "
+        f"counting {reuse / GIB:.1f} GiB of earlier data, {rows[-1]['need_bytes'] / GIB:.1f} GiB needed)")
+    return {"free_bytes": free, "reusable_bytes": reuse, "copies": copies, "chosen": a.width, "tried": rows}
+
+
+def check_rows(path, meta, n=64):
+    """A few rows of a table against what gnn_graph wrote (each row a function of its index)."""
+    arr = np.load(path, mmap_mode="r")
+    rows = np.unique(np.concatenate([[0, len(arr) - 1], np.random.default_rng(5).integers(0, len(arr), n)]))
+    want = gnn_graph.expected_rows(torch.from_numpy(rows), meta["width"], getattr(torch, meta["dtype"])).numpy()
+    if arr.shape != (meta["nodes"], meta["width"]) or not np.array_equal(np.asarray(arr[rows]), want):
+        raise RuntimeError(f"{path}: the table's rows are not the generated ones")
+    del arr
+
+
+def make_mount(a, meta, table):
+    """The mount place: a spillfs volume made under --dir (mkfs --no-dedup: the
+    generated rows repeat every 1021 rows, so dedup would fold the table into
+    about 1021 256-KiB units and the mount would read a few hundred MB of the
+    disk where ext4 reads the whole table; the image file is sparse), mounted,
+    and the table put in it: copied from the ext4 table (--mount-table copy),
+    or generated straight into it (generate: gnn_graph.write_table, O_DIRECT
+    through the mount, the same bytes), the ext4 table deleted first where
+    the two do not both fit the free space (the ext4 place has run by then;
+    the next run makes its table again). Checks a few rows. Returns
+    (binary, mountpoint, table path on the mount, what was done)."""
+    binary, vol, mnt = mount_paths(a)
+    clear_mount(a)
+    os.makedirs(mnt, exist_ok=True)
+    size = meta["table_bytes"]
+    need = size + slack_bytes(size)
+    info = {"table": a.mount_table, "dedup": False, "ext4_table_deleted": False}
+    free = shutil.disk_usage(a.dir).free
+    if need > free and a.mount_table == "generate" and os.path.exists(table):
+        os.unlink(table)
+        info["ext4_table_deleted"] = True
+        log(f"mount: ext4 table deleted ({size / 1e9:.1f} GB; {free / GIB:.1f} GiB were free, the volume's copy "
+            f"needs {need / GIB:.1f})")
+        free = shutil.disk_usage(a.dir).free
+    if need > free:
+        raise RuntimeError(f"the table's copy in a volume needs {need / GIB:.1f} GiB and {a.dir} has "
+                           f"{free / GIB:.1f} GiB free (--mount-table generate deletes the ext4 table first)")
+    gib = max(2, int(size * 1.3 / GIB) + 2)  # the data area's size: the image is sparse, only what is written counts
+    subprocess.run([binary, "mkfs", vol, "--size", f"{gib}G", "--no-dedup"], check=True, capture_output=True)
     subprocess.run([binary, "mount", vol, mnt], check=True, capture_output=True)
     dst = os.path.join(mnt, "feat.npy")
     t = time.perf_counter()
-    shutil.copyfile(table, dst)
-    with open(dst, "rb") as f:
-        os.fsync(f.fileno())
-    log(f"mount: table copied in {time.perf_counter() - t:.1f} s")
-    return binary, mnt, dst
+    if a.mount_table == "copy":
+        shutil.copyfile(table, dst)
+        with open(dst, "rb") as f:
+            os.fsync(f.fileno())
+        info["write"] = "copy"
+    else:
+        info["write"] = gnn_graph.write_table(dst, meta["nodes"], meta["width"], getattr(torch, meta["dtype"]),
+                                              a.device)
+        if a.device == "cuda":
+            torch.cuda.empty_cache()
+    secs = time.perf_counter() - t
+    check_rows(dst, meta)
+    info.update(seconds=secs, gb_s=size / secs / 1e9, volume_gib=gib, physical_bytes=disk_bytes(vol))
+    log(f"mount: table {'copied' if a.mount_table == 'copy' else 'generated'} into the volume in {secs:.1f} s "
+        f"({info['gb_s']:.2f} GB/s, {info['write']}; {info['physical_bytes'] / 1e9:.1f} GB on the disk), rows checked")
+    return binary, mnt, dst, info
 
 
 def estimate_seconds(a, contender):
-    """What a contender is allowed for the --budget-seconds check."""
+    """What a contender is allowed for the --budget-seconds check: the time box
+    and what the last runs spent around it (process start, CUDA, the hot
+    buffer's fill, the page cache's drop)."""
     if contender == "hbm":
-        return 40
-    setup = 12 if contender.startswith(("fs-", "train-fs")) else 8
-    return a.seconds + setup + (6 if contender.startswith("train-") else 0)
+        return 25
+    if contender.startswith("train-"):
+        return a.seconds + (17 if contender.startswith("train-fs") else 24)
+    if contender.startswith("fs-"):
+        return a.seconds + (10 if "nohot" in contender else 20)
+    return a.seconds + (11 if contender == "mmap" else 9)
+
+
+def mount_setup_seconds(a, meta):
+    """For the budget: the volume made and the table put in it."""
+    return 15 + meta["table_bytes"] / 1e9 / MOUNT_WRITE_GB_S[a.mount_table]
 
 
 def parent(a):
@@ -340,6 +472,13 @@ def parent(a):
     unknown = parts - {"data", "gather", "hbm", "train"}
     if unknown:
         raise SystemExit(f"--parts: unknown {', '.join(sorted(unknown))} (data, gather, hbm, train)")
+    want_places = set(a.places.split(",")) | ({"mount"} if a.mount else set())
+    if want_places - {"ext4", "mount"}:
+        raise SystemExit(f"--places: ext4 and/or mount, not {a.places}")
+    mount_place = "mount" in want_places and "gather" in parts
+    if mount_place and clear_mount(a):
+        log(f"mount: removed the volume an earlier run left in {a.dir}")
+    width_auto = resolve_width(a, mount_place)
     meta = ensure_data(a)
     table = os.path.join(a.dir, "feat.npy")
     batches = make_batches(a)
@@ -375,34 +514,59 @@ def parent(a):
                   f"mean-aggregation layers in plain torch)", flush=True)
             contenders = [c for c in contenders if not c.startswith("train-")]
     results = []
-    want_places = set(a.places.split(",")) | ({"mount"} if a.mount else set())
-    if want_places - {"ext4", "mount"}:
-        raise SystemExit(f"--places: ext4 and/or mount, not {a.places}")
-    places = [("ext4", table)] if "ext4" in want_places else []
-    mount = None
     state = {"meta": meta, "memory_max": limit, "cgroup": cgroup or why, "args": vars(a)}
-    if "mount" in want_places:
-        mount = make_mount(a, table)
-        places.append(("mount", mount[2]))
+    if width_auto:
+        state["width_auto"] = width_auto
+    ext4 = [c for c in contenders if "ext4" in want_places]
+    on_mount = [c for c in MOUNT_CONTENDERS if c in contenders and "mount" in want_places]
+    # Where the mount place follows, the ext4 place leaves it its time (the budget skips ext4 contenders first).
+    reserve = mount_setup_seconds(a, meta) + sum(estimate_seconds(a, c) for c in on_mount) if on_mount else 0
+    mount = None
+
+    def over_budget(c, more=0.0):
+        return a.budget_seconds and time.time() - START + estimate_seconds(a, c) + more > a.budget_seconds
+
+    def skip(c, label, why):
+        print(f"# skipped {c} ({label}): {why}", flush=True)
+        results.append({"contender": c, "place": label, "skipped": why})
+
+    def run(c, label, path):
+        r = run_child(a, c, path, batches, cgroup, label)
+        results.append(r)
+        log(f"{c} ({label}): {r['wall_seconds']:.1f} s wall" + (" ERROR" if "error" in r else ""))
+        print(json.dumps(r), flush=True)
+        if a.json_out:
+            write_json(a.json_out, state, derive(results))
+
     try:
-        for label, path in places:
-            for c in contenders:
-                if label == "mount" and c not in ("raw", "mmap", "fs-hybrid"):
-                    continue
-                if a.budget_seconds and time.time() - START + estimate_seconds(a, c) > a.budget_seconds:
-                    print(f"# skipped {c} ({label}): --budget-seconds {a.budget_seconds:g} would be passed",
-                          flush=True)
-                    results.append({"contender": c, "place": label, "skipped": "budget"})
-                    continue
-                r = run_child(a, c, path, batches, cgroup, label)
-                results.append(r)
-                log(f"{c} ({label}): {r['wall_seconds']:.1f} s wall" + (" ERROR" if "error" in r else ""))
-                print(json.dumps(r), flush=True)
-                if a.json_out:
-                    write_json(a.json_out, state, derive(results))
+        for c in ext4:
+            if over_budget(c, reserve):
+                skip(c, "ext4", "budget" + (f" (with {reserve:.0f} s kept for the mount place)" if reserve else ""))
+            else:
+                run(c, "ext4", table)
+        if on_mount and over_budget(on_mount[0], mount_setup_seconds(a, meta)):
+            for c in on_mount:
+                skip(c, "mount", "budget")
+        elif on_mount:
+            try:
+                mount = make_mount(a, meta, table)
+                state["mount"] = mount[3]
+            except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+                why = getattr(e, "stderr", None) or str(e)
+                why = why.decode(errors="replace") if isinstance(why, bytes) else why
+                for c in on_mount:
+                    skip(c, "mount", f"no mount: {why.strip()[-500:]}")
+            if mount:
+                for c in on_mount:
+                    if over_budget(c):
+                        skip(c, "mount", "budget")
+                    else:
+                        run(c, "mount", mount[2])
     finally:
         if mount:
             subprocess.run([mount[0], "umount", mount[1]], capture_output=True)
+        if on_mount and a.mount_table == "generate" and clear_mount(a):
+            log("mount: volume removed (its table is generated again by the next run)")
         if cgroup:
             try:
                 os.rmdir(cgroup)
@@ -946,7 +1110,10 @@ def main(argv=None):
                    help="cpu: a smoke run (FeatureStore's host tiers, CPU peers) where there is no GPU")
     p.add_argument("--scale", type=int, default=25)
     p.add_argument("--edge-factor", type=int, default=16)
-    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--width", default="128",
+                   help="feature columns; auto: the widest of 256, 192, 160, 128 whose data fits the free space of "
+                        "--dir (with the mount place's copy where --mount-table copy makes one, the scores, the "
+                        "batches and up to 2 GiB spare)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--fanouts", default="10,5,5")
@@ -958,7 +1125,9 @@ def main(argv=None):
     p.add_argument("--window", type=int, default=4)
     p.add_argument("--seconds", type=float, default=25, help="time box a contender")
     p.add_argument("--budget-seconds", type=float, default=0,
-                   help="skip contenders that would end past this many seconds since the start (0: none)")
+                   help="skip contenders that would end past this many seconds since the start (0: none); "
+                        "with the mount place, the ext4 place's contenders leave it the time its volume, table "
+                        "and contenders need (estimate_seconds, mount_setup_seconds)")
     p.add_argument("--contenders", default=DEFAULT_CONTENDERS)
     p.add_argument("--parts", default="gather,hbm,train", help="of data, gather, hbm, train")
     p.add_argument("--model", default="pyg", choices=("pyg", "torch"))
@@ -966,7 +1135,15 @@ def main(argv=None):
     p.add_argument("--hbm-copy-bytes", default="1G")
     p.add_argument("--hbm-cached", default="1G", help="bytes of lines the hbm part caches and gathers from")
     p.add_argument("--mount", action="store_true", help="also the mount (= --places ext4,mount)")
-    p.add_argument("--places", default="ext4", help="ext4 and/or mount (the table copied into a spillfs volume)")
+    p.add_argument("--places", default="ext4",
+                   help="ext4 and/or mount (a spillfs volume made under --dir, after the ext4 place ran: "
+                        "fs-hybrid, mmap and raw run there)")
+    p.add_argument("--mount-table", default="copy", choices=("copy", "generate"),
+                   help="how the mount place gets its table: copy: copied from the ext4 one (two copies on the "
+                        "disk; about 0.15 GB/s); generate: generated into the volume (gnn_graph.write_table, "
+                        "O_DIRECT through the mount: the same rows), the ext4 table deleted first where both do "
+                        "not fit, and the volume removed at the end: a table of up to the free space less the "
+                        "CSR fits, not half of it")
     p.add_argument("--json-out")
     p.add_argument("--png-out")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="join the JSONs of split runs (no run)")

@@ -10,8 +10,20 @@
 # stay there), BENCH_ARGS (default: feature_bench.py's own: the issue's scale and
 # budgets: 2^25 nodes, 537 M edges, a 17.2 GB float32 table of 128 columns,
 # memory.max 4G, 4 GB GPU cache, 2 GB host, 25 s a contender, all parts within a
-# 450 s budget: about 6 minutes with data generation).
+# 450 s budget: about 6 minutes with data generation), PRESET (big: the issue's
+# 20-40 GB table on ext4 and on the mount in one call of about 7.5 minutes:
+# --width auto (256 columns, 34.4 GB, where the disk has about 40 GB free; else
+# 192, 160 or 128), --places ext4,mount --mount-table generate (the mount's
+# table written into the volume after the ext4 place ran, the ext4 table
+# deleted first where both do not fit), 15 s a contender, a 470 s budget;
+# BENCH_ARGS still wins).
+#   TESTS=0 PRESET=big tools/bench/feature_device_run.sh
 set -uo pipefail
+case "${PRESET:-}" in
+  "") default_args="--budget-seconds 450" ;;
+  big) default_args="--width auto --places ext4,mount --mount-table generate --seconds 15 --budget-seconds 470" ;;
+  *) echo "PRESET: big or unset, not ${PRESET}"; exit 2 ;;
+esac
 devrun=${DEVRUN:-.devrun}
 out=${OUT:-$PWD/feature-device-run}/feature
 mkdir -p "$out"
@@ -40,10 +52,11 @@ if [ "${TESTS:-1}" != 0 ]; then
 fi
 
 if [ "${BENCH:-1}" != 0 ]; then
-  echo "== feature_bench.py ${BENCH_ARGS:-}"
+  df -h "$(dirname "${BENCH_DIR:-/root/featbench}")" | tee "$out/df.txt"
+  echo "== feature_bench.py ${BENCH_ARGS:-$default_args}"
   # shellcheck disable=SC2086
   python3 tools/bench/feature_bench.py --dir "${BENCH_DIR:-/root/featbench}" \
-    ${BENCH_ARGS:---budget-seconds 450} \
+    ${BENCH_ARGS:-$default_args} \
     --json-out "$out/feature_bench.json" --png-out "$out/feature_bench.png" 2>&1 | tee "$out/feature_bench.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi

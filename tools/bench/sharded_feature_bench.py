@@ -47,6 +47,7 @@ import torch.distributed as dist  # noqa: E402
 
 import feature_bench  # noqa: E402
 import gnn_graph  # noqa: E402
+from sizes import parse_size  # noqa: E402
 
 
 def free_port():
@@ -84,9 +85,9 @@ def batches_of(a, rank, dev):
 
 def run(a, contender, table, batches, dev, rank, world, score):
     from spillfs.gnn import FeatureStore, ShardedFeatureStore
-    host = feature_bench.parse_size(a.host_bytes)
+    host = parse_size(a.host_bytes)
     row_bytes = np.load(table, mmap_mode="r").shape[1] * np.dtype(a.dtype).itemsize
-    kw = dict(device=dev, gpu_cache_bytes=feature_bench.parse_size(a.gpu_cache), host_bytes=host,
+    kw = dict(device=dev, gpu_cache_bytes=parse_size(a.gpu_cache), host_bytes=host,
               window=a.window, policy=a.policy, score=score, hot=int(host * 3 // 4 // row_bytes))
     if contender == "shared":
         store = ShardedFeatureStore(table, partition=a.partition, **kw)

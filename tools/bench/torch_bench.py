@@ -16,15 +16,11 @@ import os
 import sys
 import time
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import torch  # noqa: E402
 
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    text = text.strip()
-    if text[-1:].upper() in units:
-        return int(float(text[:-1]) * units[text[-1:].upper()])
-    return int(text)
+from sizes import parse_size  # noqa: E402
 
 
 def drop_caches(enabled):
