@@ -133,6 +133,15 @@ Status Enqueue(const uint8_t* data, size_t length, size_t unit_bytes, bool wide,
   return CudaStatus(cudaGetLastError(), "hash kernel launch");
 }
 
+// Device memory for hashes on their way to the host, freed on its stream.
+struct StreamScratch {
+  void* data = nullptr;
+  cudaStream_t stream;
+  ~StreamScratch() {
+    if (data != nullptr) cudaFreeAsync(data, stream);
+  }
+};
+
 }  // namespace
 
 namespace internal {
@@ -162,13 +171,7 @@ Status LaunchHashes(const void* device_ptr, size_t length, size_t unit_bytes, bo
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   const size_t out_bytes = count * (wide ? sizeof(Hash128) : sizeof(uint32_t));
   // The hashes land in device memory, then come over in one copy.
-  struct Scratch {
-    void* data = nullptr;
-    cudaStream_t stream;
-    ~Scratch() {
-      if (data != nullptr) cudaFreeAsync(data, stream);
-    }
-  } out{nullptr, s};
+  StreamScratch out{nullptr, s};
   SPILLFS_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&out.data, out_bytes, s));
   SPILLFS_RETURN_IF_ERROR(
       Enqueue(static_cast<const uint8_t*>(device_ptr), length, unit_bytes, wide, out.data, launch, s));
@@ -207,13 +210,7 @@ Status UnitHashesOfSpans(const DeviceSpan* spans, size_t n, size_t unit_bytes, H
   DeviceGuard guard(device);
   SPILLFS_RETURN_IF_ERROR(guard.status());
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  struct Scratch {
-    void* data = nullptr;
-    cudaStream_t stream;
-    ~Scratch() {
-      if (data != nullptr) cudaFreeAsync(data, stream);
-    }
-  } out{nullptr, s};
+  StreamScratch out{nullptr, s};
   SPILLFS_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&out.data, count * sizeof(Hash128), s));
   size_t at = 0;
   for (size_t i = 0; i < n; ++i) {
