@@ -1,0 +1,236 @@
+"""The layers the offloader follows, and the module hooks on them.
+
+:func:`find_layers` picks a model's repeated blocks. Every tensor pack sees is
+tagged with a group (:meth:`_LayerHooks._current_group`): the innermost layer
+running (a stack kept by the pre and post hooks), -1 before the first layer,
+``_HEAD`` after the last one; without layers, runs of ``group_bytes`` bytes in
+the order of saving. A group is what the policy decides for, what a file holds
+and what the prefetcher reads ahead.
+
+The hooks of a step (installed at ``__enter__``, removed at ``__exit__``):
+
+- a global forward pre-hook notes each module's parameters and buffers by
+  their storage (pack leaves them where they are: :meth:`_is_parameter`);
+- a layer's forward pre-hook stores the pending tensor (it is not the last
+  before backward) and lets the originals of layers more than ``copy_window``
+  back go (:meth:`_layer_begins`);
+- the last layer's forward post-hook drains the copies in flight where
+  ``inflight_bytes`` is set (memory-tight: the head runs without the layers'
+  activations); every layer's post-hook puts a hook on its output's gradient,
+  which fires as that layer's backward begins: backward's phase starts there,
+  and the prefetcher reads from that layer down (:mod:`.read_ahead`);
+- :meth:`_mark` times the layers for the policy's profile (CUDA events on the
+  compute stream where CUDA is initialized, else the host clock);
+- the layers the policy recomputes run under non-reentrant activation
+  checkpointing for the step (:meth:`_wrap_recompute`).
+
+Threading: the forward hooks run on the thread running forward, the gradient
+hook on the one autograd runs backward on; each takes the offloader's
+``_lock`` around the state it shares with the worker.
+"""
+
+import time
+
+import torch
+
+from .entries import _storage_ptr
+
+__all__ = ["find_layers"]
+
+_HEAD = "head"  # the group of what is saved after the last layer (the output head and the loss)
+
+
+def find_layers(model):
+    r"""The repeated blocks of `model`: the longest :class:`torch.nn.ModuleList`
+    or :class:`torch.nn.Sequential` whose children are all of one type (the
+    most parameters on a tie), or the children of `model` itself where it is a
+    :class:`torch.nn.Sequential`; an empty list where there is none."""
+    best, best_key = None, None
+    for module in model.modules():
+        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        children = list(module.children())
+        if len(children) < 2 or len({type(c) for c in children}) != 1:
+            continue
+        key = (len(children), sum(p.numel() for p in module.parameters()))
+        if best_key is None or key > best_key:
+            best, best_key = children, key
+    if best is not None:
+        return best
+    if isinstance(model, torch.nn.Sequential):
+        return list(model.children())
+    return []
+
+
+class _LayerHooks:
+    """Module hooks: groups, parameters, layer boundaries, backward's start, timing, recompute
+    (a mixin of :class:`~.core.ActivationOffloader`; its state is the offloader's)."""
+
+    # -- hooks ----------------------------------------------------------------
+
+    def _install(self):
+        self._hooks_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks_ctx.__enter__()
+        mm = torch.nn.modules.module
+        self._handles = [mm.register_module_forward_pre_hook(self._global_pre_hook)]
+        for i, layer in enumerate(self._layers):
+            self._handles.append(layer.register_forward_pre_hook(self._make_pre_hook(i)))
+            self._handles.append(layer.register_forward_hook(self._make_post_hook(i)))
+
+    def _wrap_recompute(self, indices):
+        """Runs the layers at `indices` under non-reentrant activation checkpointing (this step)."""
+        import functools
+
+        import torch.utils.checkpoint as checkpoint
+        self._wrapped = []
+        for i in indices:
+            layer = self._layers[i]
+            had = "forward" in layer.__dict__
+            previous = layer.__dict__.get("forward")
+            inner = layer.forward
+
+            def forward(*args, _inner=inner, **kwargs):
+                fn = functools.partial(_inner, **kwargs) if kwargs else _inner
+                return checkpoint.checkpoint(fn, *args, use_reentrant=False)
+            layer.forward = forward
+            self._wrapped.append((layer, had, previous))
+
+    def _unwrap_recompute(self):
+        for layer, had, previous in getattr(self, "_wrapped", ()):
+            if had:
+                layer.forward = previous
+            else:
+                del layer.forward
+        self._wrapped = []
+
+    def _uninstall(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._hooks_ctx is not None:
+            ctx, self._hooks_ctx = self._hooks_ctx, None
+            ctx.__exit__(None, None, None)
+
+    def _see_module(self, module):
+        if id(module) in self._seen_modules:
+            return
+        for m in module.modules():
+            self._seen_modules.add(id(m))
+        for p in module.parameters():
+            if p.numel():
+                self._param_ptrs.add(_storage_ptr(p))
+        for b in module.buffers():
+            if b.numel():
+                self._param_ptrs.add(_storage_ptr(b))
+
+    def _global_pre_hook(self, module, args):
+        if id(module) not in self._seen_modules:
+            with self._lock:
+                self._see_module(module)
+
+    def _make_pre_hook(self, index):
+        def hook(module, args):
+            self._group_stack.append(index)
+            if self._phase == "forward":
+                self._mark("fwd_start", index)
+                if self._pending is not None or self._inflight:
+                    with self._lock:
+                        self._layer_begins(index)
+                if self._diag is not None:
+                    self._sample(f"fwd_start {index}")
+        return hook
+
+    def _layer_begins(self, index):
+        """Forward reaches layer `index` (or the head: ``len(layers)``); lock held. The pending
+        tensor is not the last before backward: stored now, not at the next store (which a
+        kept layer would put off until backward). The originals of layers more than
+        `copy_window` back go now, the compute stream waiting for their copies: where only
+        stores polled, the originals of an offloaded layer followed by kept ones stayed
+        until backward, and the activation peak did not move (the H100 run's adaptive row)."""
+        if self._pending is not None and self._pending.group != index:
+            e, self._pending = self._pending, None
+            self._commit(e)
+        self._poll(force_before=index - self.copy_window, bound=self.inflight_bytes)
+
+    def _make_post_hook(self, index):
+        def hook(module, args, output):
+            if self._group_stack and self._group_stack[-1] == index:
+                self._group_stack.pop()
+            if self._phase != "forward":
+                return
+            self._mark("fwd_end", index)
+            if index == len(self._layers) - 1:
+                self._after_last_layer = True
+                if self._drain:
+                    # memory-tight: the head runs without the layers' activations; the last tensor saved
+                    # is stored too (backward reads it first), and every copy is waited for
+                    with self._lock:
+                        if self._pending is not None:
+                            e, self._pending = self._pending, None
+                            self._commit(e)
+                        self._poll(bound=0)
+                elif self._inflight:
+                    with self._lock:
+                        self._poll(force_before=index + 1 - self.copy_window)
+                if self._diag is not None:
+                    self._sample(f"fwd_end {index}", key="forward_end")
+            if torch.is_grad_enabled():
+                for t in _tensors(output):
+                    if t.requires_grad:
+                        t.register_hook(self._make_grad_hook(index))
+                        break
+        return hook
+
+    def _make_grad_hook(self, index):
+        fired = []
+
+        def hook(grad):
+            if not fired:
+                fired.append(True)
+                self._backward_starts()
+                self._mark("bwd_start", index)
+                with self._lock:
+                    self._grant_freed()
+                    self._prefetch_from(index)
+                if self._diag is not None:
+                    self._sample(f"bwd_start {index}")
+            return None
+        return hook
+
+    def _mark(self, kind, layer):
+        if self._cuda_marks:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._marks.append((kind, layer, ev))
+        else:
+            self._marks.append((kind, layer, time.perf_counter()))
+
+    def _current_group(self, nbytes):
+        if self._group_stack:
+            return self._group_stack[-1]
+        if self._layers:
+            return _HEAD if self._after_last_layer else -1
+        g = self._cum_bytes // self.group_bytes if self.group_bytes else 0
+        self._cum_bytes += nbytes
+        return g
+
+    def _is_parameter(self, t):
+        if isinstance(t, torch.nn.Parameter) or (t.is_leaf and t.requires_grad):
+            return True
+        base = t._base
+        if base is not None and (isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad)):
+            return True
+        return _storage_ptr(t) in self._param_ptrs
+
+
+def _tensors(output):
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, (list, tuple)):
+        for o in output:
+            yield from _tensors(o)
+    elif isinstance(output, dict):
+        for o in output.values():
+            yield from _tensors(o)
+    elif hasattr(output, "to_tuple"):  # transformers' ModelOutput
+        yield from _tensors(output.to_tuple())
