@@ -44,6 +44,7 @@ from . import policy as _policy
 from .copy_out import _CopyOut
 from .entries import _Entry, _EntryRelease, _Saved, _Worker, _span, _storage_ptr
 from .layers import _HEAD, _LayerHooks, find_layers
+from .read_ahead import _ReadAhead
 from .report import OffloadReport
 
 __all__ = ["ActivationOffloader", "find_layers"]
@@ -51,7 +52,7 @@ __all__ = ["ActivationOffloader", "find_layers"]
 _MiB = 1 << 20
 
 
-class ActivationOffloader(_LayerHooks, _CopyOut, _EntryRelease):
+class ActivationOffloader(_LayerHooks, _CopyOut, _ReadAhead, _EntryRelease):
     r"""Offloads the tensors autograd saves in its ``with`` blocks (one block = one step).
 
     Made by :func:`spillfs.torch.offload_activations`, which documents the
@@ -526,170 +527,6 @@ class ActivationOffloader(_LayerHooks, _CopyOut, _EntryRelease):
                 self._prefetch_from(e.group)
             return t
 
-    # -- prefetch and loads ---------------------------------------------------
-
-    def _prefetch_from(self, group):
-        """Starts reading what `group` still needs (its backward begins), and queues the
-        `prefetch_layers` groups before it for reading as backward frees memory."""
-        if not isinstance(group, int):
-            return
-        t0 = time.perf_counter()
-        if self._tight_reads and not self._allowance_given:
-            self._allowance_given = True  # the first layer's backward begins: reads may run this far ahead
-            self._prefetch_credit += self.read_ahead_bytes
-        for g in range(group, group - self.prefetch_layers - 1, -1):
-            if g < -1:
-                break
-            if g == group and g not in self._started_groups:
-                # needed now (once: every unpack of the group comes here): what the queue still holds of it
-                self._started_groups.add(g)
-                if self._tight_reads:
-                    # in front of the queue, the last saved first (backward needs it first), under the credit
-                    self._prefetch_queue.extendleft([e for e in self._groups.get(g, ()) if self._wants_load(e)])
-                    continue
-                for e in self._groups.get(g, ()):
-                    if self._wants_load(e):
-                        self._load(e)
-                        e.prefetched = True
-            if g in self._prefetched_groups:
-                continue
-            self._prefetched_groups.add(g)
-            if g != group:
-                # backward needs a layer's tensors about in the reverse of the order they were saved
-                self._prefetch_queue.extend(reversed(self._groups.get(g, ())))
-        self._pump_prefetch()
-        self.report.add_seconds("prefetch", time.perf_counter() - t0)
-
-    def _wants_load(self, e):
-        if e.released or e.loaded is not None or e.tier not in ("host", "ssd"):
-            return False
-        if e.src is not None:
-            return False  # still in memory: forwarded at unpack
-        alive = e.src_weak()
-        return alive is None or alive._version != e.version
-
-    def _pump_prefetch(self):
-        """Reads queued entries while there is credit: the bytes backward has freed since
-        it began (plus the layers ahead beyond the first), so that reading ahead does not
-        add a layer to the peak; one entry may overdraw it (lock held)."""
-        q = self._prefetch_queue
-        tight = self._tight_reads
-        while q:
-            e = q[0]
-            if not self._wants_load(e):
-                q.popleft()
-                continue
-            # tight: never beyond the credit (it bounds what reads add to backward's activations)
-            if (self._prefetch_credit < e.nbytes) if tight else (self._prefetch_credit <= 0):
-                break
-            q.popleft()
-            self._load(e)
-            e.prefetched = True
-            self._prefetch_credit -= e.nbytes
-
-    def _grant_freed(self):
-        """Counts what autograd dropped since the last call (lock held): entries whose last unpacked
-        value died, kept activations of layers; with tight reads, credit for reading ahead."""
-        freed = 0
-        q = self._freed_q
-        while q:
-            try:
-                item = q.popleft()
-            except IndexError:
-                break
-            if isinstance(item, int):
-                freed += item
-                continue
-            item.values -= 1
-            if item.values <= 0 and item.released and not item.credited and item.step == self._step:
-                item.credited = True
-                freed += item.nbytes
-        if not freed:
-            return
-        self._freed_bytes += freed
-        if self._tight_reads:
-            self._prefetch_credit += freed
-            self._pump_prefetch()
-
-    def _load(self, e):
-        """Starts bringing `e` back (into e.loaded; e.read_req / e.load_event pending)."""
-        cuda = e.device.type == "cuda"
-        tight = self._tight_reads
-        if cuda:
-            h2d = self._cuda[1]
-            ctx = torch.cuda.stream(h2d)
-        else:
-            h2d = None
-            ctx = _nullcontext()
-        if cuda and tight:
-            # memory-tight: the memory comes from the compute stream (what backward just freed, reused in
-            # its order), and the read starts once the compute stream got here: the device holds no more than
-            # the credit allows, in the allocator's figures and in fact (memory of the copy stream's own, freed
-            # while the host runs ahead of the GPU, would wait for the GPU before it could be reused)
-            cur = torch.cuda.current_stream(e.device)
-            out = torch.empty_strided(e.size, e.stride, dtype=e.dtype, device=e.device)
-            h2d.wait_stream(cur)
-        with ctx:
-            if not (cuda and tight):
-                out = torch.empty_strided(e.size, e.stride, dtype=e.dtype, device=e.device)
-            buf = self._flat(out, e)  # the stored layout is dense: its bytes come back as they are
-            if e.region is not None:  # the host tier, or a staging region not yet written
-                src = e.region.data.view(e.dtype) if e.nbytes else e.region.data
-                if cuda:
-                    if e.d2h_event is not None:
-                        h2d.wait_event(e.d2h_event)
-                    buf.copy_(src, non_blocking=True)
-                    ev = torch.cuda.Event()
-                    ev.record(h2d)
-                    e.load_event = ev
-                else:
-                    buf.copy_(src)
-                if e.tier == "host":
-                    self.report.read_host_bytes += e.nbytes
-                else:
-                    self.report.read_staged_bytes += e.nbytes
-            else:
-                f = e.file
-                if cuda and not f.native:
-                    host = torch.empty(buf.numel(), dtype=e.dtype)
-                    req = f.read(host.data_ptr(), e.nbytes, e.file_off, -1)
-                    e.read_req = (req, host, buf, time.perf_counter())
-                else:
-                    device = buf.device.index if cuda else -1
-                    stream = h2d.cuda_stream if cuda else 0
-                    req = f.read(buf.data_ptr(), e.nbytes, e.file_off, device, stream)
-                    e.read_req = (req, None, buf, time.perf_counter())
-                self.report.read_ssd_bytes += e.nbytes
-        e.loaded = out
-        e.read_ahead_done = False
-        self._read_ahead += e.nbytes
-        r = self.report
-        if self._read_ahead > r.read_ahead_peak_bytes:
-            r.read_ahead_peak_bytes = self._read_ahead
-        self._read_bytes += e.nbytes
-        if self._read_bytes - self._freed_bytes > r.read_beyond_freed_peak_bytes:
-            r.read_beyond_freed_peak_bytes = self._read_bytes - self._freed_bytes
-
-    def _finish_load(self, e):
-        """Waits for the read of `e` (file tier); makes e.loaded complete."""
-        if e.read_req is None:
-            return
-        (req, host, buf, submitted), e.read_req = e.read_req, None
-        try:
-            stats = req.wait()
-        finally:
-            e.file.done()
-        self.policy.observe_io("ssd_read", e.nbytes, submitted, stats.get("seconds", 0.0))
-        cuda = e.device.type == "cuda"
-        if cuda:
-            h2d = self._cuda[1]
-            with torch.cuda.stream(h2d):
-                if host is not None:
-                    buf.copy_(host, non_blocking=False)
-                ev = torch.cuda.Event()
-                ev.record(h2d)
-                e.load_event = ev
-
     # -- release --------------------------------------------------------------
 
     def _sample(self, where, key=None):
@@ -741,11 +578,3 @@ class ActivationOffloader(_LayerHooks, _CopyOut, _EntryRelease):
             pending, self._warnings = self._warnings, []
         for message in pending:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
