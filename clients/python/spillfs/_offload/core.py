@@ -42,6 +42,7 @@ import torch
 
 from . import policy as _policy
 from .copy_out import _CopyOut
+from .diagnosis import _Diagnosis
 from .entries import _Entry, _EntryRelease, _Saved, _Worker, _span, _storage_ptr
 from .layers import _HEAD, _LayerHooks, find_layers
 from .read_ahead import _ReadAhead
@@ -52,7 +53,7 @@ __all__ = ["ActivationOffloader", "find_layers"]
 _MiB = 1 << 20
 
 
-class ActivationOffloader(_LayerHooks, _CopyOut, _ReadAhead, _EntryRelease):
+class ActivationOffloader(_LayerHooks, _CopyOut, _ReadAhead, _EntryRelease, _Diagnosis):
     r"""Offloads the tensors autograd saves in its ``with`` blocks (one block = one step).
 
     Made by :func:`spillfs.torch.offload_activations`, which documents the
@@ -528,50 +529,6 @@ class ActivationOffloader(_LayerHooks, _CopyOut, _ReadAhead, _EntryRelease):
             return t
 
     # -- release --------------------------------------------------------------
-
-    def _sample(self, where, key=None):
-        """Diagnosis (``diagnose``): what the offloader holds on the device now, and the allocator's
-        figures; where the step's peak grew since the last sample, the two samples around it."""
-        d = self._diag
-        if d is None:
-            return
-        with self._lock:
-            held = forwarded = kept_entries = loaded = consumed = 0
-            for e in self._step_entries:
-                if e.released:
-                    if e.consumed and not e.credited and e.values > 0:
-                        consumed += e.nbytes  # used by backward, its node not yet done
-                    continue
-                if e.src is not None:
-                    if e.tier == "keep":
-                        kept_entries += e.nbytes
-                    elif e.forwarded:
-                        forwarded += e.nbytes
-                    else:
-                        held += e.nbytes
-                if e.loaded is not None:
-                    loaded += e.nbytes
-            state = {"at": where, "phase": self._phase, "originals_held": held, "in_flight": self._inflight_held(),
-                     "forwarded": forwarded, "kept_entries": kept_entries, "read_back_unused": loaded,
-                     "used_not_freed": consumed, "read_ahead": self._read_ahead, "credit": self._prefetch_credit,
-                     "read_bytes": self._read_bytes, "freed_bytes": self._freed_bytes}
-        probe = getattr(self, "_mem_probe", None)
-        if probe is not None:
-            allocated, peak = probe()
-        elif self._cuda is not None:
-            dev = self._cuda[0].device
-            allocated, peak = torch.cuda.memory_allocated(dev), torch.cuda.max_memory_allocated(dev)
-        else:
-            allocated = peak = None
-        state["allocated"] = allocated
-        r = self.report
-        if key is not None:
-            r.diagnosis[key] = state
-        if peak is not None and peak > d["peak_seen"]:
-            d["peak_seen"] = peak
-            r.diagnosis["peak"] = peak
-            r.diagnosis["peak_between"] = [d["last"], state]
-        d["last"] = state
 
     def _flush_warnings(self):
         with self._lock:
