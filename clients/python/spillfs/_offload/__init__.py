@@ -6,6 +6,17 @@
 - :mod:`.policy`: which layers go where (``"all"``, ``"none"``, the adaptive
   policy: profile, bandwidth probes, a pipeline model, its prediction).
 - :mod:`.report`: what one step did (:class:`OffloadReport`).
-- :mod:`.core`: the saved-tensor and module hooks, dedup, forwarding,
-  prefetch and the release of every buffer and file.
+- :mod:`.core`: :class:`~.core.ActivationOffloader`: a step's life and the
+  state of it, made of the mixins below.
+- :mod:`.saved_hooks`: the saved-tensor hooks (pack and unpack: dedup,
+  forwarding, stalls).
+- :mod:`.layers`: :func:`~.layers.find_layers` and the module hooks (groups,
+  layer boundaries, where backward begins, timing, recompute).
+- :mod:`.copy_out`: forward's side: storing in a tier, file writes, the copies
+  in flight and their bound (``copy_window``, ``inflight_bytes``).
+- :mod:`.read_ahead`: backward's side: prefetch, the credit bounding it
+  (``read_ahead_bytes``), loads.
+- :mod:`.entries`: what is stored (an entry a region, a saved object a save),
+  the worker thread, and the release of every buffer and file.
+- :mod:`.diagnosis`: ``diagnose``'s samples of what the device holds.
 """

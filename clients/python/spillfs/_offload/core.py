@@ -1,24 +1,34 @@
-"""The activation offloader: saved-tensor hooks, module hooks, dedup, forwarding, prefetch.
+"""The activation offloader: one step's life, its state, and the parts it is made of.
 
 One :class:`ActivationOffloader` serves many steps; each ``with`` block is a
-step. Inside it, :func:`torch.autograd.graph.saved_tensors_hooks` routes every
-tensor autograd saves through :meth:`ActivationOffloader._pack` and back
-through :meth:`ActivationOffloader._unpack`:
+step. ``__enter__`` resets the step's state, begins the policy's step (its
+decisions, the layers it recomputes) and installs the hooks; ``__exit__``
+removes them and, once the worker has drained, fills in the step's
+:class:`~.report.OffloadReport`. The step's phase turns from forward to
+backward once (:meth:`_backward_starts`: at the first gradient hook or
+unpack), back to forward only where a new forward starts after a finished
+backward in the same block (gradient accumulation).
 
-- pack leaves small tensors, parameters, buffers and views of them (found by
-  their storage), tensors saved after the last layer (the head) and the last
-  one saved before backward where they are; it stores one copy of a region
-  saved several times (dedup: the same storage, offset, extent, dtype and
-  version), and it puts the others in the tier the policy chose for their
-  layer (host tier, then files, else kept);
-- unpack serves a tensor from the original's memory where that is still
-  alive or its copy still in flight (forwarding), else from what the
-  prefetcher brought back, else reads it (a stall); the stored copy is freed
-  once every save of it was unpacked (or dropped by autograd);
-- module hooks on the layers tag what each layer saves, time the layers, and
-  start reading layers ``prefetch_layers`` ahead of the one whose backward
-  begins (a hook on the layer's output gradient): the prefetcher follows
-  layers, not the order of unpacks, which autograd does not promise.
+The class holds all the state (initialized in ``__init__`` and
+``__enter__``); the code that works on it is in mixins, one concern a module:
+
+- :mod:`.saved_hooks`: pack and unpack (what is stored, dedup, forwarding,
+  stalls);
+- :mod:`.layers`: the module hooks (groups, layer boundaries, where backward
+  begins, timing, recompute) and :func:`find_layers`;
+- :mod:`.copy_out`: forward's side (storing in a tier, file writes, the copies
+  in flight and their bound: ``copy_window``, ``inflight_bytes``);
+- :mod:`.read_ahead`: backward's side (prefetch and the credit that bounds it:
+  ``prefetch_layers``, ``read_ahead_bytes``; loads);
+- :mod:`.entries`: what is stored (:class:`~.entries._Entry`, one a region;
+  :class:`~.entries._Saved`, one a save), the worker, and the release of
+  entries;
+- :mod:`.diagnosis`: ``diagnose``'s samples.
+
+Mixins rather than objects of their own so that every part reads and writes
+the one set of fields under the one lock, as it did in a single class, and so
+that tests may still patch a method on the offloader (``_copy_out``,
+``_finish_step``).
 
 CUDA: device-to-host copies run on a copy stream of their own that waits for
 the compute stream; host-to-device copies on another (allocations for them
@@ -302,8 +312,6 @@ class ActivationOffloader(_SavedTensorHooks, _LayerHooks, _CopyOut, _ReadAhead, 
             r.io_backend = self._files.io_backend
         self.policy.end_step(self, r, self._marks, seconds)
 
-    # -- hooks ----------------------------------------------------------------
-
     def _backward_starts(self):
         if self._phase == "backward":
             return
@@ -326,8 +334,6 @@ class ActivationOffloader(_SavedTensorHooks, _LayerHooks, _CopyOut, _ReadAhead, 
                 e.nbytes for e in self._step_entries if e.src is not None and e.tier in ("host", "ssd"))
             if self._diag is not None:
                 self._sample("backward_start", key="backward_start")
-
-    # -- release --------------------------------------------------------------
 
     def _flush_warnings(self):
         with self._lock:
