@@ -31,9 +31,10 @@
 // the batch without dedup. DirectDedup maps only the blobs still there under
 // the commit lock: looked up again (FindBlobs) where a batch changed a blob
 // record since its look-ups began (Filesystem::blob_epoch_, which
-// ApplyBlobRefs' blobs_changed drives), else known as they are. The methods that write a batch (MapShared,
-// ApplyBlobRefs) run under the commit lock (Filesystem::mu_), since the
-// reference counts they read must not change before the batch commits.
+// ApplyBlobRefs' blobs_changed drives), else known as they are. The methods
+// that write a batch (MapShared, ApplyBlobRefs) run under the commit lock
+// (Filesystem::mu_), since the reference counts they read must not change
+// before the batch commits.
 // HashSegments and FindBlobs use up to four threads of their own.
 #pragma once
 
