@@ -238,10 +238,14 @@ size_t FuseWorkers(pid_t daemon) {
 
 // The pool grows as libfuse's does: requests one at a time keep a few
 // workers (one reads while another works; a write answered early overlaps
-// the next request), many at once start more, up to --threads.
+// the next request), many at once start more, up to --threads. A worker
+// starts whenever the last one in read() takes a request, so a busy machine
+// (a worker answering slowly back to read()) starts a few more for serial
+// requests too: 8 were seen on 2 loaded cores. A worker a request would
+// reach --threads within the first 32 of the 400.
 TEST(FuseLoopTest, WorkersStartAsRequestsNeedThem) {
   MountedVolume::Options options;
-  options.mount_args = {"--threads", "16"};
+  options.mount_args = {"--threads", "32"};
   MountedVolume volume(options);
   const std::string data = RandomBytes(kMiB, 7);
   WriteOnce(volume.Path("f"), data);
@@ -252,7 +256,7 @@ TEST(FuseLoopTest, WorkersStartAsRequestsNeedThem) {
   }
   const size_t serial = FuseWorkers(volume.daemon_pid());
   EXPECT_GE(serial, 1u);
-  EXPECT_LT(serial, 8u) << "after requests one at a time";
+  EXPECT_LT(serial, 16u) << "after requests one at a time";
   std::vector<std::thread> readers;
   std::atomic<int> mismatches{0};
   for (int t = 0; t < 24; ++t) {
@@ -264,7 +268,7 @@ TEST(FuseLoopTest, WorkersStartAsRequestsNeedThem) {
   EXPECT_EQ(mismatches.load(), 0);
   const size_t workers = FuseWorkers(volume.daemon_pid());
   EXPECT_GT(workers, serial) << "after 24 readers at once";
-  EXPECT_LE(workers, 16u) << "--threads 16";
+  EXPECT_LE(workers, 32u) << "--threads 32";
 }
 
 // SIGTERM (and SIGINT, SIGHUP) end the daemon: it stops serving, unmounts
