@@ -121,16 +121,6 @@ void Dedup::MapShared(InodeNumber ino, const std::vector<SharedRef>& shared, Ind
   }
 }
 
-std::optional<std::pair<uint64_t, BlobRecord>> Dedup::FindBlob(const std::string& hash) const {
-  std::string value;
-  if (!index_.Get(Family::kBlob, keys::BlobByHash(hash), &value).ok() || value.size() != 8) return std::nullopt;
-  const uint64_t blob = coding::DecodeFixed64BE(value.data());
-  if (!index_.Get(Family::kBlob, keys::BlobByPhysical(blob), &value).ok()) return std::nullopt;
-  auto record = BlobRecord::Decode(value);
-  if (!record.ok() || record->hash != hash || record->length != kDedupUnit) return std::nullopt;
-  return std::make_pair(blob, std::move(*record));
-}
-
 std::vector<std::optional<std::pair<uint64_t, BlobRecord>>> Dedup::FindBlobs(
     const std::vector<std::string_view>& hashes) const {
   constexpr unsigned kThreads = 4;
@@ -141,7 +131,7 @@ std::vector<std::optional<std::pair<uint64_t, BlobRecord>>> Dedup::FindBlobs(
     keys.reserve(end - begin);
     for (size_t i = begin; i < end; ++i) keys.push_back(keys::BlobByHash(hashes[i]));
     std::vector<std::optional<std::string>> values;
-    // A failed look-up finds nothing (as FindBlob): the unit is written, not shared.
+    // A failed look-up finds nothing: the unit is written, not shared.
     if (!index_.MultiGet(Family::kBlob, keys, &values).ok()) return;
     std::vector<size_t> at;      // hashes[at[j]] names blob[j]
     std::vector<uint64_t> blob;  // physical offsets

@@ -15,7 +15,7 @@
 // (Filesystem::DirectCommit) makes blobs of the whole units it is given with
 // their hashes (NewBlobUnits, NewBlob), and the dedup control op
 // (Filesystem::DirectDedup) maps units whose hash a blob holds by reference
-// (FindBlob, MapBlob), taking the block checksums of a blob recorded without
+// (FindBlobs, MapBlob), taking the block checksums of a blob recorded without
 // them from its bytes (TakeChecksums).
 //
 // Why. Bytes written again (an unchanged tensor in the next checkpoint, a
@@ -106,12 +106,11 @@ class Dedup {
   void Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* shared) const;
 
   // --- the direct path (Filesystem::DirectCommit, DirectDedup) ---
-  // The blob that holds `hash` (its physical offset and record, whose hash
-  // and length agree), or nullopt.
-  std::optional<std::pair<uint64_t, BlobRecord>> FindBlob(const std::string& hash) const;
-  // FindBlob of each of `hashes`, looked up together (a multi-get by hash,
-  // then one by physical offset), on up to four threads where there are
-  // thousands: a save's dedup request names every unit of a checkpoint.
+  // The blob that holds each of `hashes` (its physical offset and record,
+  // whose hash and length agree), or nullopt; looked up together (a
+  // multi-get by hash, then one by physical offset), on up to four threads
+  // where there are thousands: a save's dedup request names every unit of a
+  // checkpoint.
   std::vector<std::optional<std::pair<uint64_t, BlobRecord>>> FindBlobs(
       const std::vector<std::string_view>& hashes) const;
   // Of a commit's whole `units`, those that become new blobs (file offset ->
