@@ -174,18 +174,25 @@ int Dedup(spill_file* file, uint64_t file_offset, const uint64_t* file_offsets, 
   return 0;
 }
 
+// 0, or -ENODEV where `device` (>= 0) is no CUDA device this library can use.
+int CheckHashDevice(int32_t device) {
+  if (spillfs::cuda::Available() && device < spillfs::cuda::DeviceCount()) return 0;
+  return Fail(ENODEV, "no usable CUDA device " + std::to_string(device) + " (or the library was built without CUDA)");
+}
+
+// 0, or the failure of hashing units on CUDA `device`.
+int HashedOnDevice(int32_t device, const Status& s) {
+  return s.ok() ? 0 : Fail(s.code(), "unit hashes on CUDA device " + std::to_string(device) + ": " + s.message());
+}
+
 int HashUnits(const void* ptr, uint64_t length, int32_t device, uintptr_t stream, uint64_t* out) {
   const uint64_t units = length / kHashUnit;
   if (units == 0) return 0;
   if (ptr == nullptr || out == nullptr) return Fail(EFAULT, "null buffer or output");
   auto* hashes = reinterpret_cast<spillfs::cuda::Hash128*>(out);
   if (device >= 0) {
-    if (!spillfs::cuda::Available() || device >= spillfs::cuda::DeviceCount()) {
-      return Fail(ENODEV,
-                  "no usable CUDA device " + std::to_string(device) + " (or the library was built without CUDA)");
-    }
-    Status s = spillfs::cuda::UnitHashes(ptr, units * kHashUnit, kHashUnit, hashes, stream);
-    return s.ok() ? 0 : Fail(s.code(), "unit hashes on CUDA device " + std::to_string(device) + ": " + s.message());
+    if (int rc = CheckHashDevice(device); rc < 0) return rc;
+    return HashedOnDevice(device, spillfs::cuda::UnitHashes(ptr, units * kHashUnit, kHashUnit, hashes, stream));
   }
   if (device != -1) return Fail(EINVAL, "device must be -1 (host) or a CUDA device");
   if (spillfs::cuda::Available() && spillfs::cuda::PointerDevice(ptr) >= 0) {
@@ -320,14 +327,12 @@ int spill_hash_units_many(const void* const* ptrs, const uint64_t* lengths, size
     }
     return 0;
   }
-  if (!spillfs::cuda::Available() || device >= spillfs::cuda::DeviceCount()) {
-    return Fail(ENODEV, "no usable CUDA device " + std::to_string(device) + " (or the library was built without CUDA)");
-  }
+  if (int rc = CheckHashDevice(device); rc < 0) return rc;
   std::vector<spillfs::cuda::DeviceSpan> spans(n);
   for (size_t i = 0; i < n; ++i) spans[i] = {ptrs[i], lengths[i] / kHashUnit * kHashUnit};
-  spillfs::Status s = spillfs::cuda::UnitHashesOfSpans(spans.data(), n, kHashUnit,
-                                                       reinterpret_cast<spillfs::cuda::Hash128*>(out), stream);
-  return s.ok() ? 0 : Fail(s.code(), "unit hashes on CUDA device " + std::to_string(device) + ": " + s.message());
+  return HashedOnDevice(device,
+                        spillfs::cuda::UnitHashesOfSpans(spans.data(), n, kHashUnit,
+                                                         reinterpret_cast<spillfs::cuda::Hash128*>(out), stream));
 }
 
 const char* spill_version(void) { return SPILLFS_VERSION; }
