@@ -13,8 +13,10 @@
 // by shuffle into the unit's first thread, which merges them with xxh3.h.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
+#include <vector>
 
 #include "cuda_util.h"
 #include "hash_launch.h"
@@ -30,11 +32,43 @@ namespace x = xxh3;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMaxBlockThreads = 256;
 
-// Units of `unit_bytes` (> 240, a multiple of 64) of a 16-byte-aligned
-// buffer, kThreads threads a unit; out: Hash128[] (kWide) or uint32_t[].
-template <int kThreads, bool kWide>
+// Where unit u of a launch is: one buffer, units one after another.
+struct OneBuffer {
+  const uint8_t* data;
+  size_t unit_bytes;
+  __device__ const uint8_t* Unit(size_t u) const { return data + u * unit_bytes; }
+};
+
+// Where unit u of a launch is: several buffers (16-byte aligned), their units
+// numbered one after another; first[s] is buffer s's first unit number
+// (first[n] the total), in device memory.
+struct SpanTable {
+  const uint8_t* const* ptrs;
+  const uint64_t* first;
+  uint32_t n;
+  size_t unit_bytes;
+  __device__ const uint8_t* Unit(size_t u) const {
+    uint32_t lo = 0, hi = n;  // the last s with first[s] <= u
+    while (hi - lo > 1) {
+      const uint32_t mid = (lo + hi) / 2;
+      if (first[mid] <= u) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    return ptrs[lo] + (u - first[lo]) * unit_bytes;
+  }
+};
+
+// Units of `unit_bytes` (> 240, a multiple of 64) at 16-byte-aligned places
+// (`where`: OneBuffer or SpanTable), kThreads threads a unit; out: Hash128[]
+// (kWide) or uint32_t[], by unit number. One launch over a whole checkpoint's
+// storages keeps every SM busy: a launch a storage ran a 32 MiB tensor's 128
+// units on two blocks, one after another.
+template <int kThreads, bool kWide, typename Where>
 __global__ void __launch_bounds__(kMaxBlockThreads)
-    LongUnitsKernel(const uint8_t* __restrict__ data, size_t unit_bytes, size_t units, void* __restrict__ out) {
+    LongUnitsKernel(Where where, size_t unit_bytes, size_t units, void* __restrict__ out) {
   constexpr int kLanes = 8 / kThreads;
   __shared__ uint64_t words[internal::kSecretWords];
   if (threadIdx.x < internal::kSecretWords) words[threadIdx.x] = x::Read64(x::Secret() + 8 * threadIdx.x);
@@ -47,7 +81,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
   const size_t unit = active ? thread / kThreads : units - 1;
   const int lane0 = static_cast<int>(thread % kThreads) * kLanes;
   uint64_t acc[kLanes];
-  internal::UnitColumnLanes<kLanes>(data + unit * unit_bytes, unit_bytes, lane0, words, acc);
+  internal::UnitColumnLanes<kLanes>(where.Unit(unit), unit_bytes, lane0, words, acc);
 
   // Gather the 8 lanes into the unit's first thread.
   uint64_t all[8];
@@ -85,24 +119,30 @@ __global__ void ReferenceKernel(const uint8_t* data, size_t unit_bytes, size_t u
 
 size_t Blocks(size_t threads, int block_threads) { return (threads + block_threads - 1) / block_threads; }
 
-template <bool kWide>
-void EnqueueLong(int threads_per_unit, int block_threads, const uint8_t* data, size_t unit_bytes, size_t units,
-                 void* out, cudaStream_t stream) {
+template <bool kWide, typename Where>
+void EnqueueLong(int threads_per_unit, int block_threads, Where where, size_t unit_bytes, size_t units, void* out,
+                 cudaStream_t stream) {
   const size_t blocks = Blocks(units * threads_per_unit, block_threads);
   switch (threads_per_unit) {
     case 1:
-      LongUnitsKernel<1, kWide><<<blocks, block_threads, 0, stream>>>(data, unit_bytes, units, out);
+      LongUnitsKernel<1, kWide><<<blocks, block_threads, 0, stream>>>(where, unit_bytes, units, out);
       break;
     case 2:
-      LongUnitsKernel<2, kWide><<<blocks, block_threads, 0, stream>>>(data, unit_bytes, units, out);
+      LongUnitsKernel<2, kWide><<<blocks, block_threads, 0, stream>>>(where, unit_bytes, units, out);
       break;
     case 4:
-      LongUnitsKernel<4, kWide><<<blocks, block_threads, 0, stream>>>(data, unit_bytes, units, out);
+      LongUnitsKernel<4, kWide><<<blocks, block_threads, 0, stream>>>(where, unit_bytes, units, out);
       break;
     default:
-      LongUnitsKernel<8, kWide><<<blocks, block_threads, 0, stream>>>(data, unit_bytes, units, out);
+      LongUnitsKernel<8, kWide><<<blocks, block_threads, 0, stream>>>(where, unit_bytes, units, out);
       break;
   }
+}
+
+// Whether the long kernel takes units of `unit_bytes` at `data`.
+bool LongKernelTakes(const internal::HashLaunch& launch, size_t unit_bytes, const void* data) {
+  return launch.threads_per_unit != 0 && unit_bytes > x::kMidSizeMax && unit_bytes % x::kStripeBytes == 0 &&
+         reinterpret_cast<uintptr_t>(data) % 16 == 0;
 }
 
 // Enqueues the hashes of `length` bytes into device memory `out`.
@@ -110,13 +150,12 @@ Status Enqueue(const uint8_t* data, size_t length, size_t unit_bytes, bool wide,
                const internal::HashLaunch& launch, cudaStream_t stream) {
   const size_t whole = length / unit_bytes;
   const size_t tail = wide ? 0 : length % unit_bytes;
-  const bool long_kernel = launch.threads_per_unit != 0 && unit_bytes > x::kMidSizeMax &&
-                           unit_bytes % x::kStripeBytes == 0 && reinterpret_cast<uintptr_t>(data) % 16 == 0;
-  if (whole > 0 && long_kernel) {
+  const OneBuffer where{data, unit_bytes};
+  if (whole > 0 && LongKernelTakes(launch, unit_bytes, data)) {
     if (wide) {
-      EnqueueLong<true>(launch.threads_per_unit, launch.block_threads, data, unit_bytes, whole, out, stream);
+      EnqueueLong<true>(launch.threads_per_unit, launch.block_threads, where, unit_bytes, whole, out, stream);
     } else {
-      EnqueueLong<false>(launch.threads_per_unit, launch.block_threads, data, unit_bytes, whole, out, stream);
+      EnqueueLong<false>(launch.threads_per_unit, launch.block_threads, where, unit_bytes, whole, out, stream);
     }
   } else if (whole > 0) {
     const size_t blocks = Blocks(whole, launch.block_threads);
@@ -210,19 +249,66 @@ Status UnitHashesOfSpans(const DeviceSpan* spans, size_t n, size_t unit_bytes, H
   DeviceGuard guard(device);
   SPILLFS_RETURN_IF_ERROR(guard.status());
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  StreamScratch out{nullptr, s};
-  SPILLFS_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&out.data, count * sizeof(Hash128), s));
-  size_t at = 0;
+  // The spans the long kernel takes go in one launch over a table of them
+  // (their hashes, in span order, in front); the others one launch each,
+  // behind. The table rides in the scratch buffer, after the hashes.
+  const internal::HashLaunch launch = internal::DefaultUnitLaunch();
+  std::vector<const uint8_t*> ptrs;
+  std::vector<uint64_t> first{0};
+  std::vector<size_t> table_span, other_span;  // span index of each
   for (size_t i = 0; i < n; ++i) {
     const size_t units = spans[i].length / unit_bytes;
     if (units == 0) continue;
+    if (LongKernelTakes(launch, unit_bytes, spans[i].ptr)) {
+      ptrs.push_back(static_cast<const uint8_t*>(spans[i].ptr));
+      first.push_back(first.back() + units);
+      table_span.push_back(i);
+    } else {
+      other_span.push_back(i);
+    }
+  }
+  const size_t hash_bytes = count * sizeof(Hash128);
+  const size_t ptrs_at = hash_bytes, first_at = ptrs_at + ptrs.size() * sizeof(ptrs[0]);
+  const size_t scratch_bytes = first_at + first.size() * sizeof(first[0]);
+  StreamScratch out{nullptr, s};
+  SPILLFS_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&out.data, scratch_bytes, s));
+  auto* hashes = static_cast<Hash128*>(out.data);
+  auto* base = static_cast<uint8_t*>(out.data);
+  if (!ptrs.empty()) {
+    SPILLFS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(base + ptrs_at, ptrs.data(), ptrs.size() * sizeof(ptrs[0]), cudaMemcpyHostToDevice, s));
+    SPILLFS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(base + first_at, first.data(), first.size() * sizeof(first[0]), cudaMemcpyHostToDevice, s));
+    const SpanTable table{reinterpret_cast<const uint8_t* const*>(base + ptrs_at),
+                          reinterpret_cast<const uint64_t*>(base + first_at), static_cast<uint32_t>(ptrs.size()),
+                          unit_bytes};
+    EnqueueLong<true>(launch.threads_per_unit, launch.block_threads, table, unit_bytes, first.back(), hashes, s);
+    SPILLFS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  size_t at = first.back();
+  for (size_t i : other_span) {
+    const size_t units = spans[i].length / unit_bytes;
     SPILLFS_RETURN_IF_ERROR(Enqueue(static_cast<const uint8_t*>(spans[i].ptr), units * unit_bytes, unit_bytes,
-                                    /*wide=*/true, static_cast<Hash128*>(out.data) + at, internal::DefaultUnitLaunch(),
-                                    s));
+                                    /*wide=*/true, hashes + at, launch, s));
     at += units;
   }
-  SPILLFS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out_host, out.data, count * sizeof(Hash128), cudaMemcpyDeviceToHost, s));
+  // Back in span order.
+  std::vector<Hash128> staged(count);
+  SPILLFS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staged.data(), hashes, hash_bytes, cudaMemcpyDeviceToHost, s));
   SPILLFS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  std::vector<size_t> from(n, 0);  // span -> its first hash in `staged`
+  for (size_t k = 0; k < table_span.size(); ++k) from[table_span[k]] = first[k];
+  at = first.back();
+  for (size_t i : other_span) {
+    from[i] = at;
+    at += spans[i].length / unit_bytes;
+  }
+  Hash128* to = out_host;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t units = spans[i].length / unit_bytes;
+    std::copy(staged.begin() + from[i], staged.begin() + from[i] + units, to);
+    to += units;
+  }
   return Status::OK();
 }
 
