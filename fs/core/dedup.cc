@@ -20,6 +20,33 @@ std::string Dedup::Hash(const char* unit) {
   return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
 }
 
+bool Dedup::Holds(const BlobRecord& record, uint64_t unit, std::string_view hash) {
+  return record.units() > 0 && record.length == record.units() * kDedupUnit && unit < record.units() &&
+         record.unit_hash(unit) == hash;
+}
+
+Result<BlobRecord> Dedup::LoadBlob(uint64_t physical, bool content) const {
+  std::string value;
+  SPILLFS_RETURN_IF_ERROR(index_.Get(Family::kBlob, keys::BlobByPhysical(physical), &value));
+  SPILLFS_ASSIGN_OR_RETURN(BlobRecord record, BlobRecord::Decode(value));
+  if (content && record.needs_content()) {
+    Status found = index_.Get(Family::kBlob, keys::BlobContent(physical), &value);
+    if (!found.ok()) return Status::Corruption(fmt::format("blob {} has no content record", physical));
+    SPILLFS_RETURN_IF_ERROR(record.DecodeContent(value));
+  }
+  return record;
+}
+
+void Dedup::PutBlob(Index::Batch* batch, uint64_t physical, const BlobRecord& record, bool content) {
+  batch->Put(Family::kBlob, keys::BlobByPhysical(physical), record.Encode());
+  if (content && record.split()) batch->Put(Family::kBlob, keys::BlobContent(physical), record.EncodeContent());
+}
+
+void Dedup::DeleteBlob(Index::Batch* batch, uint64_t physical, const BlobRecord& record) {
+  batch->Delete(Family::kBlob, keys::BlobByPhysical(physical));
+  if (record.split()) batch->Delete(Family::kBlob, keys::BlobContent(physical));
+}
+
 namespace {
 
 // Runs share(k) for k in [0, shares): share 0 on this thread, the others on
@@ -72,9 +99,11 @@ void Dedup::Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* 
     if (!segment.content_hash.empty()) {  // a whole dedup unit (HashSegments)
       const std::string& hash = segment.content_hash;
       std::string value;
-      if (index_.Get(Family::kBlob, keys::BlobByHash(hash), &value).ok() && value.size() == 8) {
-        shared->push_back(SharedRef{segment.file_offset, coding::DecodeFixed64BE(value.data()), hash, segment.data});
-        continue;
+      if (index_.Get(Family::kBlob, keys::BlobByHash(hash), &value).ok()) {
+        if (auto at = BlobUnitRef::Decode(value); at.ok()) {
+          shared->push_back(SharedRef{segment.file_offset, *at, hash, segment.data});
+          continue;
+        }
       }
       if (new_hashes.insert(hash).second) segment.blob_hash = hash;
     }
@@ -85,11 +114,8 @@ void Dedup::Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* 
 
 Status Dedup::CheckShared(const std::vector<SharedRef>& shared) const {
   for (const SharedRef& ref : shared) {
-    std::string value;
-    auto blob = index_.Get(Family::kBlob, keys::BlobByPhysical(ref.blob), &value).ok()
-                    ? BlobRecord::Decode(value)
-                    : Result<BlobRecord>(Status::NotFound());
-    if (!blob.ok() || blob->hash != ref.hash || blob->length != kDedupUnit) {
+    auto blob = LoadBlob(ref.at.blob, /*content=*/true);
+    if (!blob.ok() || !Holds(*blob, ref.at.unit, ref.hash)) {
       return Status::Error(EAGAIN, "dedup target vanished");
     }
   }
@@ -112,86 +138,170 @@ void Dedup::MapShared(InodeNumber ino, const std::vector<SharedRef>& shared, Ind
                       std::map<uint64_t, int64_t>* blob_refs) const {
   for (const SharedRef& ref : shared) {
     ExtentRecord extent;
-    extent.physical = ref.blob;
+    extent.physical = ref.at.blob + ref.at.unit * kDedupUnit;
     extent.length = kDedupUnit;
-    extent.blob_id = ref.blob;
+    extent.blob_id = ref.at.blob;
     extent.block_checksums = block_sums_(ref.data, kDedupUnit);
     batch->Put(Family::kExtent, keys::Extent(ino, ref.file_offset), extent.Encode());
-    ++(*blob_refs)[ref.blob];
+    ++(*blob_refs)[ref.at.blob];
   }
 }
 
-std::vector<std::optional<std::pair<uint64_t, BlobRecord>>> Dedup::FindBlobs(
-    const std::vector<std::string_view>& hashes) const {
-  constexpr unsigned kThreads = 4;
-  constexpr size_t kHashesPerThread = 1024;  // fewer are looked up here
-  std::vector<std::optional<std::pair<uint64_t, BlobRecord>>> found(hashes.size());
-  auto look_up = [&](size_t begin, size_t end) {
+namespace {
+
+constexpr unsigned kLookUpThreads = 4;
+constexpr size_t kKeysPerThread = 1024;  // fewer are looked up on the caller's thread
+
+// Runs look_up(begin, end) over contiguous shares of [0, n): each share's
+// keys go to RocksDB together.
+template <typename LookUp>
+void InShares(size_t n, const LookUp& look_up) {
+  const unsigned shares = static_cast<unsigned>(std::clamp<size_t>(n / kKeysPerThread, 1, kLookUpThreads));
+  RunShares(shares, "spillfs-dedup", [&](unsigned k) { look_up(n * k / shares, n * (k + 1) / shares); });
+}
+
+}  // namespace
+
+void Dedup::LookUpUnits(const std::vector<std::string_view>& hashes, const std::vector<size_t>& which,
+                        FoundBlobs* found) const {
+  InShares(which.size(), [&](size_t begin, size_t end) {
     std::vector<std::string> keys;
     keys.reserve(end - begin);
-    for (size_t i = begin; i < end; ++i) keys.push_back(keys::BlobByHash(hashes[i]));
+    for (size_t j = begin; j < end; ++j) keys.push_back(keys::BlobByHash(hashes[which[j]]));
     std::vector<std::optional<std::string>> values;
     // A failed look-up finds nothing: the unit is written, not shared.
     if (!index_.MultiGet(Family::kBlob, keys, &values).ok()) return;
-    std::vector<size_t> at;      // hashes[at[j]] names blob[j]
-    std::vector<uint64_t> blob;  // physical offsets
-    keys.clear();
-    for (size_t i = begin; i < end; ++i) {
-      const std::optional<std::string>& value = values[i - begin];
-      if (!value || value->size() != 8) continue;
-      at.push_back(i);
-      blob.push_back(coding::DecodeFixed64BE(value->data()));
-      keys.push_back(keys::BlobByPhysical(blob.back()));
+    for (size_t j = begin; j < end; ++j) {
+      if (!values[j - begin]) continue;
+      if (auto at = BlobUnitRef::Decode(*values[j - begin]); at.ok()) found->units[which[j]] = *at;
     }
+  });
+}
+
+void Dedup::LoadRecords(std::vector<uint64_t> blobs, FoundBlobs* found) const {
+  std::sort(blobs.begin(), blobs.end());
+  blobs.erase(std::unique(blobs.begin(), blobs.end()), blobs.end());
+  std::vector<std::optional<BlobRecord>> records(blobs.size());
+  InShares(blobs.size(), [&](size_t begin, size_t end) {
+    std::vector<std::string> keys;
+    keys.reserve(end - begin);
+    for (size_t i = begin; i < end; ++i) keys.push_back(keys::BlobByPhysical(blobs[i]));
+    std::vector<std::optional<std::string>> values;
     if (!index_.MultiGet(Family::kBlob, keys, &values).ok()) return;
-    for (size_t j = 0; j < at.size(); ++j) {
-      if (!values[j]) continue;
-      auto record = BlobRecord::Decode(*values[j]);
-      if (!record.ok() || record->hash != hashes[at[j]] || record->length != kDedupUnit) continue;
-      found[at[j]].emplace(blob[j], std::move(*record));
+    std::vector<size_t> split;  // of records whose content is still to be read
+    for (size_t i = begin; i < end; ++i) {
+      if (!values[i - begin]) continue;
+      auto record = BlobRecord::Decode(*values[i - begin]);
+      if (!record.ok()) continue;
+      records[i] = std::move(*record);
+      if (records[i]->needs_content()) split.push_back(i);
+    }
+    if (split.empty()) return;
+    keys.clear();
+    for (size_t i : split) keys.push_back(keys::BlobContent(blobs[i]));
+    if (!index_.MultiGet(Family::kBlob, keys, &values).ok()) values.assign(split.size(), std::nullopt);
+    for (size_t j = 0; j < split.size(); ++j) {
+      std::optional<BlobRecord>& record = records[split[j]];
+      if (!values[j] || !record->DecodeContent(*values[j]).ok()) record.reset();
+    }
+  });
+  for (size_t i = 0; i < blobs.size(); ++i) {
+    if (records[i]) {
+      found->records.insert_or_assign(blobs[i], std::move(*records[i]));
+    } else {
+      found->records.erase(blobs[i]);
+    }
+  }
+}
+
+FoundBlobs Dedup::FindBlobs(const std::vector<std::string_view>& hashes, const std::vector<bool>& follows) const {
+  const size_t n = hashes.size();
+  FoundBlobs found;
+  found.units.resize(n);
+  std::vector<bool> done(n, false);  // looked up, or found by following a run
+  // Looks `which` up, loads the blobs found, drops what they do not hold,
+  // and follows each unit found along its blob: unit i + 1, where it comes
+  // right after unit i in the file, is most likely the blob's next unit (a
+  // tensor saved again); taken where the blob's record holds its hash there.
+  auto round = [&](const std::vector<size_t>& which) {
+    LookUpUnits(hashes, which, &found);
+    std::vector<uint64_t> blobs;
+    for (size_t i : which) {
+      done[i] = true;
+      if (found.units[i] && !found.records.count(found.units[i]->blob)) blobs.push_back(found.units[i]->blob);
+    }
+    LoadRecords(std::move(blobs), &found);
+    for (size_t i : which) {
+      std::optional<BlobUnitRef>& at = found.units[i];
+      if (!at) continue;
+      auto record = found.records.find(at->blob);
+      if (record == found.records.end() || !Holds(record->second, at->unit, hashes[i])) {
+        at.reset();
+        continue;
+      }
+      for (size_t j = i + 1; j < n && !done[j] && follows[j]; ++j) {
+        const BlobUnitRef next{at->blob, found.units[j - 1]->unit + 1};
+        if (!Holds(record->second, next.unit, hashes[j])) break;
+        found.units[j] = next;
+        done[j] = true;
+      }
     }
   };
-  const size_t n = hashes.size();
-  const unsigned shares = static_cast<unsigned>(std::clamp<size_t>(n / kHashesPerThread, 1, kThreads));
-  // Contiguous shares: each one's keys go to RocksDB together.
-  RunShares(shares, "spillfs-dedup", [&](unsigned k) { look_up(n * k / shares, n * (k + 1) / shares); });
+  // First the units that start a run of the file, then all the others that
+  // no run reached.
+  std::vector<size_t> which;
+  for (size_t i = 0; i < n; ++i) {
+    if (i == 0 || !follows[i]) which.push_back(i);
+  }
+  round(which);
+  which.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (!done[i]) which.push_back(i);
+  }
+  if (!which.empty()) round(which);
   return found;
 }
 
-std::map<uint64_t, const std::string*> Dedup::NewBlobUnits(const std::vector<DirectUnit>& units) const {
-  std::map<uint64_t, const std::string*> blob_units;
-  std::set<std::string_view> seen;
-  for (const DirectUnit& unit : units) {
-    std::string value;
-    if (!seen.insert(unit.hash).second || index_.Get(Family::kBlob, keys::BlobByHash(unit.hash), &value).ok()) {
-      continue;
-    }
-    blob_units.emplace(unit.file_offset, &unit.hash);
+void Dedup::CheckFound(const std::vector<std::string_view>& hashes, FoundBlobs* found) const {
+  std::vector<uint64_t> blobs;
+  for (const auto& [blob, record] : found->records) blobs.push_back(blob);
+  LoadRecords(std::move(blobs), found);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    std::optional<BlobUnitRef>& at = found->units[i];
+    if (!at) continue;
+    auto record = found->records.find(at->blob);
+    if (record == found->records.end() || !Holds(record->second, at->unit, hashes[i])) at.reset();
   }
-  return blob_units;
 }
 
 bool Dedup::TakeChecksums(const char* unit, BlobRecord* record) const {
-  if (Hash(unit) != record->hash) return false;
+  if (record->units() != 1 || Hash(unit) != record->hash) return false;
   record->block_checksums = block_sums_(unit, kDedupUnit);
   return true;
 }
 
-void Dedup::MapBlob(InodeNumber ino, uint64_t file_offset, uint64_t blob, const BlobRecord& record, Index::Batch* batch,
-                    std::map<uint64_t, int64_t>* blob_refs) {
+void Dedup::MapBlob(InodeNumber ino, uint64_t file_offset, BlobUnitRef first_unit, uint64_t units,
+                    const BlobRecord& record, Index::Batch* batch, std::map<uint64_t, int64_t>* blob_refs) {
   ExtentRecord extent;
-  extent.physical = blob;
-  extent.length = kDedupUnit;
-  extent.blob_id = blob;
-  extent.block_checksums = record.block_checksums;
+  extent.physical = first_unit.blob + first_unit.unit * kDedupUnit;
+  extent.length = units * kDedupUnit;
+  extent.blob_id = first_unit.blob;
+  if (!record.block_checksums.empty()) {
+    const uint64_t per_unit = record.block_checksums.size() / record.units();
+    auto first = record.block_checksums.begin() + static_cast<long>(first_unit.unit * per_unit);
+    extent.block_checksums.assign(first, first + static_cast<long>(units * per_unit));
+  }
   batch->Put(Family::kExtent, keys::Extent(ino, file_offset), extent.Encode());
-  ++(*blob_refs)[blob];
+  ++(*blob_refs)[first_unit.blob];
 }
 
 Status Dedup::ApplyBlobRefs(const std::map<uint64_t, int64_t>& blob_refs,
                             const std::map<uint64_t, BlobRecord>& new_blobs,
                             const std::unordered_map<uint64_t, const BlobRecord*>& current, Index::Batch* batch,
                             std::vector<PhysicalExtent>* freed, bool* blobs_changed) const {
+  // The hash keys to write (a new blob's units) and to drop (a freed blob's),
+  // each with the unit it names: looked up together, at the end.
+  std::vector<std::pair<std::string, BlobUnitRef>> to_index, to_drop;
   for (auto& [physical, delta] : blob_refs) {
     if (delta == 0) continue;
     if (blobs_changed) *blobs_changed = true;
@@ -203,24 +313,57 @@ Status Dedup::ApplyBlobRefs(const std::map<uint64_t, int64_t>& blob_refs,
     } else if (known != current.end()) {
       blob = *known->second;
     } else {
-      std::string value;
-      Status found = index_.Get(Family::kBlob, keys::BlobByPhysical(physical), &value);
-      if (!found.ok()) return Status::Corruption(fmt::format("extent names blob {} that does not exist", physical));
-      SPILLFS_ASSIGN_OR_RETURN(blob, BlobRecord::Decode(value));
+      auto found = LoadBlob(physical, /*content=*/false);
+      if (!found.ok() && found.status().code() == ENOENT) {
+        return Status::Corruption(fmt::format("extent names blob {} that does not exist", physical));
+      }
+      SPILLFS_ASSIGN_OR_RETURN(blob, std::move(found));
     }
     int64_t refs = static_cast<int64_t>(blob.refs) + delta;
+    auto each_unit = [&](std::vector<std::pair<std::string, BlobUnitRef>>* keys) {
+      for (uint64_t k = 0; k < blob.units(); ++k) {
+        keys->emplace_back(keys::BlobByHash(blob.unit_hash(k)), BlobUnitRef{physical, k});
+      }
+    };
     if (refs > 0) {
       blob.refs = static_cast<uint64_t>(refs);
-      batch->Put(Family::kBlob, keys::BlobByPhysical(physical), blob.Encode());
-      if (fresh != new_blobs.end()) batch->Put(Family::kBlob, keys::BlobByHash(blob.hash), EncodeMetaU64(physical));
+      PutBlob(batch, physical, blob, /*content=*/fresh != new_blobs.end());
+      if (fresh != new_blobs.end()) each_unit(&to_index);
       continue;
     }
-    batch->Delete(Family::kBlob, keys::BlobByPhysical(physical));
-    std::string owner;
-    if (index_.Get(Family::kBlob, keys::BlobByHash(blob.hash), &owner).ok() && owner == EncodeMetaU64(physical)) {
-      batch->Delete(Family::kBlob, keys::BlobByHash(blob.hash));
+    if (blob.needs_content()) {  // its unit hashes name the keys to drop
+      std::string content;
+      Status found = index_.Get(Family::kBlob, keys::BlobContent(physical), &content);
+      if (found.ok()) found = blob.DecodeContent(content);
+      if (!found.ok()) return Status::Corruption(fmt::format("blob {} content: {}", physical, found.ToString()));
     }
+    DeleteBlob(batch, physical, blob);
+    each_unit(&to_drop);
     freed->push_back(PhysicalExtent{physical, blob.length});
+  }
+  if (to_index.empty() && to_drop.empty()) return Status::OK();
+  // One look-up for both: a new blob's hash is indexed where no blob holds it
+  // yet (within the batch, the first unit of equal hashes), a freed blob's
+  // key dropped where it names that blob.
+  std::vector<std::string> keys;
+  keys.reserve(to_index.size() + to_drop.size());
+  for (const auto* list : {&to_index, &to_drop}) {
+    for (const auto& [key, at] : *list) keys.push_back(key);
+  }
+  std::vector<std::optional<std::string>> values;
+  SPILLFS_RETURN_IF_ERROR(index_.MultiGet(Family::kBlob, keys, &values));
+  std::set<std::string_view> dropped, indexed;
+  for (size_t j = 0; j < to_drop.size(); ++j) {
+    const std::optional<std::string>& owner = values[to_index.size() + j];
+    if (owner && *owner == to_drop[j].second.Encode()) {
+      batch->Delete(Family::kBlob, to_drop[j].first);
+      dropped.insert(to_drop[j].first);
+    }
+  }
+  for (size_t i = 0; i < to_index.size(); ++i) {
+    const std::string& key = to_index[i].first;
+    if ((values[i] && !dropped.count(key)) || !indexed.insert(key).second) continue;
+    batch->Put(Family::kBlob, key, to_index[i].second.Encode());  // after a Delete of it: the Put stands
   }
   return Status::OK();
 }

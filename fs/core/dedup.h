@@ -6,17 +6,21 @@
 // volume already stores as a blob is mapped to that blob instead of being
 // written again (a SharedRef); the first copy of new content is written as
 // a blob of its own, one extent whose blob_id is its physical offset. The
-// index keeps each blob twice (keys.h): by hash (-> physical offset) and by
-// physical offset (-> BlobRecord {hash, length, refs}); refs counts the
-// extent records that name the blob, and the blob's space is freed with its
-// last reference, in the batch that drops it.
+// index keeps each blob twice (keys.h): each unit's hash (-> the blob's
+// physical offset and the unit within it, BlobUnitRef) and the blob by
+// physical offset (-> BlobRecord {unit hashes, length, refs, checksums});
+// refs counts the extent records that name the blob, and the blob's whole
+// space is freed with its last reference, in the batch that drops it.
 //
 // The direct path's clients hash their units themselves: a commit
-// (Filesystem::DirectCommit) makes blobs of the whole units it is given with
-// their hashes (NewBlobUnits, NewBlob), and the dedup control op
+// (Filesystem::DirectCommit) makes a blob of each run of consecutive whole
+// units it is given with their hashes (NewBlob), and the dedup control op
 // (Filesystem::DirectDedup) maps units whose hash a blob holds by reference
-// (FindBlobs, MapBlob), taking the block checksums of a blob recorded without
-// them from its bytes (TakeChecksums).
+// (FindBlobs, MapBlob), a run of units that lie one after another in one blob
+// as one extent, taking the block checksums of a one-unit blob recorded
+// without them from its bytes (TakeChecksums). Blobs of many units are what
+// make a checkpoint's second save cheap: a tensor's unchanged units cost one
+// extent record and one reference, not a record and a reference each.
 //
 // Why. Bytes written again (an unchanged tensor in the next checkpoint, a
 // copied file) then cost neither an SSD write nor space. The 128-bit hash is
@@ -78,12 +82,19 @@ struct DirectUnit {
   std::string hash;
 };
 
-// A dedup hit: this file range will reference an existing blob.
+// A dedup hit: this file range will reference an existing blob's unit.
 struct SharedRef {
   uint64_t file_offset;
-  uint64_t blob;  // physical offset
+  BlobUnitRef at;
   std::string hash;
   const char* data;
+};
+
+// What Dedup::FindBlobs found: the blob unit holding each hash looked up (or
+// nullopt), and the records of those blobs.
+struct FoundBlobs {
+  std::vector<std::optional<BlobUnitRef>> units;
+  std::unordered_map<uint64_t, BlobRecord> records;  // by blob physical offset
 };
 
 class Dedup {
@@ -95,6 +106,17 @@ class Dedup {
 
   // The dedup hash of one dedup unit, as the blob keys hold it.
   static std::string Hash(const char* unit);
+  // Whether `record` is a well-formed blob (a length of whole units, one hash
+  // each) whose unit `unit` holds content of `hash`.
+  static bool Holds(const BlobRecord& record, uint64_t unit, std::string_view hash);
+
+  // --- blob records (records.h: one record, or a head and its content) ---
+  // The blob at `physical`; a split one's content read too where `content`.
+  Result<BlobRecord> LoadBlob(uint64_t physical, bool content) const;
+  // Writes `record` into `batch`: a split one's head, and its content where
+  // `content` (a new blob's; a reference count changes only the head).
+  static void PutBlob(Index::Batch* batch, uint64_t physical, const BlobRecord& record, bool content);
+  static void DeleteBlob(Index::Batch* batch, uint64_t physical, const BlobRecord& record);
 
   // --- planning a flush batch (no lock) ---
   // Hashes the segments (block checksums, and dedup hashes with `dedup`) on
@@ -106,28 +128,34 @@ class Dedup {
   void Deduplicate(std::vector<Segment>* segments, std::vector<SharedRef>* shared) const;
 
   // --- the direct path (Filesystem::DirectCommit, DirectDedup) ---
-  // The blob that holds each of `hashes` (its physical offset and record,
-  // whose hash and length agree), or nullopt; looked up together (a
-  // multi-get by hash, then one by physical offset), on up to four threads
-  // where there are thousands: a save's dedup request names every unit of a
-  // checkpoint.
-  std::vector<std::optional<std::pair<uint64_t, BlobRecord>>> FindBlobs(
-      const std::vector<std::string_view>& hashes) const;
-  // Of a commit's whole `units`, those that become new blobs (file offset ->
-  // hash): the first of equal hashes, where no blob holds the hash yet.
-  std::map<uint64_t, const std::string*> NewBlobUnits(const std::vector<DirectUnit>& units) const;
-  // The record of a new blob of one dedup unit (no references yet).
-  static BlobRecord NewBlob(const std::string& hash, std::vector<uint32_t> block_checksums) {
-    return BlobRecord{hash, kDedupUnit, 0, std::move(block_checksums)};
+  // The blob unit that holds each of `hashes` (Holds), with the blobs'
+  // records. follows[i]: unit i comes right after unit i - 1 in the file.
+  // Units that start a run of the file are looked up first (multi-gets by
+  // hash, then by physical offset of the distinct blobs found), and each run
+  // followed along its blob as far as the blob's unit hashes agree; the units
+  // no run reached are looked up after. A checkpoint saved again costs a
+  // look-up a tensor, not a unit. On up to four threads where there are
+  // thousands of keys.
+  FoundBlobs FindBlobs(const std::vector<std::string_view>& hashes, const std::vector<bool>& follows) const;
+  // Reads again the records of the blobs `found` names and keeps only the
+  // units they still hold, with their reference counts as they are now.
+  // REQUIRES: the commit lock, where the result must hold until a commit.
+  void CheckFound(const std::vector<std::string_view>& hashes, FoundBlobs* found) const;
+  // The record of a new blob of consecutive dedup units (no references yet):
+  // `hashes`, 16 bytes a unit, and the units' block checksums.
+  static BlobRecord NewBlob(std::string hashes, std::vector<uint32_t> block_checksums) {
+    const uint64_t length = hashes.size() / BlobRecord::kHashBytes * kDedupUnit;
+    return BlobRecord{std::move(hashes), length, 0, std::move(block_checksums)};
   }
-  // Gives `record` (of a blob recorded without block checksums) the
+  // Gives `record` (of a one-unit blob recorded without block checksums) the
   // checksums of `unit`, the blob's bytes, where they hash to its hash;
   // false (record unchanged) where they do not.
   bool TakeChecksums(const char* unit, BlobRecord* record) const;
-  // Maps the dedup unit at `file_offset` of `ino` to `blob` (with its
-  // record's block checksums) in `batch`, one reference.
-  static void MapBlob(InodeNumber ino, uint64_t file_offset, uint64_t blob, const BlobRecord& record,
-                      Index::Batch* batch, std::map<uint64_t, int64_t>* blob_refs);
+  // Maps `units` dedup units of `ino` from `file_offset` to as many units of
+  // `blob` from `first_unit` (with those units' block checksums from its
+  // record) in `batch`: one extent, one reference.
+  static void MapBlob(InodeNumber ino, uint64_t file_offset, BlobUnitRef first_unit, uint64_t units,
+                      const BlobRecord& record, Index::Batch* batch, std::map<uint64_t, int64_t>* blob_refs);
 
   // --- committing (under the commit lock) ---
   // EAGAIN ("dedup target vanished") when a blob `shared` names is gone or
@@ -145,14 +173,22 @@ class Dedup {
   // (blobs it first writes, counted from no references, and blobs whose
   // checksums DirectDedup took, from their references); `current` are
   // records the caller knows as they are now (DirectDedup's hits: not read
-  // again); the others are read. A blob whose last reference went is deleted
-  // and its whole range freed. `*blobs_changed` (where given) is set when the
+  // again); the others are read. A new blob's unit hashes are indexed where
+  // no blob holds them yet. A blob whose last reference went is deleted
+  // with the hash keys that name it, and its whole range freed. `*blobs_changed` (where given) is set when the
   // batch changes any blob record (its keys or its reference count).
   Status ApplyBlobRefs(const std::map<uint64_t, int64_t>& blob_refs, const std::map<uint64_t, BlobRecord>& new_blobs,
                        const std::unordered_map<uint64_t, const BlobRecord*>& current, Index::Batch* batch,
                        std::vector<PhysicalExtent>* freed, bool* blobs_changed = nullptr) const;
 
  private:
+  // The blob unit the hash key of each of hashes[which[j]] names, into found->units.
+  void LookUpUnits(const std::vector<std::string_view>& hashes, const std::vector<size_t>& which,
+                   FoundBlobs* found) const;
+  // The records (with content) of `blobs` into found->records; one that is
+  // gone or malformed is dropped from it.
+  void LoadRecords(std::vector<uint64_t> blobs, FoundBlobs* found) const;
+
   const Index& index_;
   const BlockSums block_sums_;
 };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <string_view>
 #include <unordered_map>
 
@@ -110,13 +111,16 @@ Status Filesystem::DirectCommit(InodeNumber ino, const FileRanges& ranges, const
   if (last_end > RoundUp(std::max(record.size, size), block_size_)) {
     return Status::Error(EINVAL, "commit maps blocks past the end of the file: give size");
   }
-  // The units that become blobs (a later write of these bytes shares them).
+  // The units that become blobs (a later write of these bytes shares them):
+  // file offset -> hash.
   std::map<uint64_t, const std::string*> blob_units;
-  if (dedup_) blob_units = deduper_.NewBlobUnits(units);
+  if (dedup_) {
+    for (const DirectUnit& unit : units) blob_units.emplace(unit.file_offset, &unit.hash);
+  }
   Txn txn(index_);
   // One extent per run (a reserved piece within one file range), cut around
-  // the units that become blobs (a blob is one extent of its own; a unit
-  // split over two runs stays plain).
+  // the units that become blobs: consecutive ones one blob, one extent of its
+  // own (a unit split over two runs stays plain).
   std::vector<std::pair<uint64_t, ExtentRecord>> extents;
   // A run: `n` bytes at file offset `run_file`, physical `physical`, byte
   // `at` of the reserved space (where its checksums start).
@@ -133,14 +137,18 @@ Status Filesystem::DirectCommit(InodeNumber ino, const FileRanges& ranges, const
       extents.emplace_back(run_file + from, std::move(extent));
     };
     uint64_t cursor = 0;  // of the run
-    for (auto it = blob_units.lower_bound(run_file); it != blob_units.end() && it->first + kDedupUnit <= run_file + n;
-         ++it) {
+    auto it = blob_units.lower_bound(run_file);
+    auto in_run = [&] { return it != blob_units.end() && it->first + kDedupUnit <= run_file + n; };
+    while (in_run()) {
       const uint64_t from = it->first - run_file;
       if (from > cursor) emit(cursor, from - cursor, false);
-      emit(from, kDedupUnit, true);
+      std::string hashes;
+      uint64_t end = from;
+      for (; in_run() && it->first - run_file == end; ++it, end += kDedupUnit) hashes += *it->second;
+      emit(from, end - from, true);
       const ExtentRecord& blob = extents.back().second;
-      txn.new_blobs[blob.physical] = Dedup::NewBlob(*it->second, blob.block_checksums);
-      cursor = from + kDedupUnit;
+      txn.new_blobs[blob.physical] = Dedup::NewBlob(std::move(hashes), blob.block_checksums);
+      cursor = end;
     }
     if (cursor < n) emit(cursor, n - cursor, false);
   };
@@ -217,52 +225,47 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
   std::vector<bool> mapped(n, false);
   if (n == 0) return mapped;
 
-  // The blob holding each hash, with its block checksums: kept in its record,
-  // or (a blob from before they were kept) taken from its bytes, read once
-  // and checked against the hash. The pin keeps the blocks of a blob freed
-  // meanwhile from reuse while they are read; a blob gone by the commit is
-  // not mapped (looked up again under mu_ where blob_epoch_ moved meanwhile).
-  // One look-up per distinct hash: hits[of[i]] is unit i's.
-  struct Hit {
-    uint64_t blob = 0;
-    BlobRecord record;
-    bool sums_taken = false;  // read here: the commit stores them in the record
-  };
-  std::vector<std::string_view> distinct;  // views of units' hashes
-  std::vector<size_t> of(n);
-  {
-    std::unordered_map<std::string_view, size_t> by_hash;
-    by_hash.reserve(n);
-    for (uint64_t i = 0; i < n; ++i) {
-      auto [it, fresh] = by_hash.try_emplace(units[i].hash, distinct.size());
-      if (fresh) distinct.push_back(units[i].hash);
-      of[i] = it->second;
-    }
+  // The blob unit holding each unit's hash, with the blob's block checksums:
+  // kept in its record, or (a one-unit blob from before they were kept)
+  // taken from its bytes, read once and checked against the hash. The pin
+  // keeps the blocks of a blob freed meanwhile from reuse while they are
+  // read; a blob gone by the commit is not mapped (checked again under mu_
+  // where blob_epoch_ moved meanwhile).
+  std::vector<std::string_view> hashes;
+  std::vector<bool> follows(n, false);
+  hashes.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    hashes.push_back(units[i].hash);
+    follows[i] = i > 0 && units[i].file_offset == units[i - 1].file_offset + kDedupUnit;
   }
   const uint64_t epoch = blob_epoch_.load(std::memory_order_acquire);  // before the look-ups
-  std::vector<std::optional<Hit>> hits(distinct.size());
-  bool any = false;
+  FoundBlobs found;
+  // Blobs whose checksums were read here (the commit stores them in their records).
+  std::map<uint64_t, std::vector<uint32_t>> sums_taken;
   {
     ReclaimGate::Reader pin(&gate_);
-    auto found = deduper_.FindBlobs(distinct);
+    found = deduper_.FindBlobs(hashes, follows);
     AlignedBuffer unit;
-    for (size_t h = 0; h < distinct.size(); ++h) {
-      if (!found[h]) continue;
-      Hit hit;
-      hit.blob = found[h]->first;
-      hit.record = std::move(found[h]->second);
-      if (checksums_ && hit.record.block_checksums.size() != kDedupUnit / block_size_) {
-        // No memory for the read: not mapped (the caller writes the unit).
-        if (!unit.Resize(kDedupUnit).ok()) continue;
-        if (!store_.ReadAt(hit.blob, unit.data(), kDedupUnit).ok() ||
-            !deduper_.TakeChecksums(unit.data(), &hit.record)) {
-          continue;
-        }
-        hit.sums_taken = true;
+    for (auto it = found.records.begin(); it != found.records.end();) {
+      auto& [blob, record] = *it;
+      if (!checksums_ || record.block_checksums.size() == record.length / block_size_) {
+        ++it;
+        continue;
       }
-      hits[h] = std::move(hit);
-      any = true;
+      // No memory for the read, or no sums to be had: not mapped (the caller writes its units).
+      if (unit.Resize(kDedupUnit).ok() && store_.ReadAt(blob, unit.data(), kDedupUnit).ok() &&
+          deduper_.TakeChecksums(unit.data(), &record)) {
+        sums_taken.emplace(blob, record.block_checksums);
+        ++it;
+      } else {
+        it = found.records.erase(it);
+      }
     }
+  }
+  bool any = false;
+  for (std::optional<BlobUnitRef>& at : found.units) {
+    if (at && !found.records.count(at->blob)) at.reset();
+    any = any || at.has_value();
   }
   // Nothing to map (a first save): no flush, no batch.
   if (!any) return mapped;
@@ -282,32 +285,41 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
   // changed a blob record since the look-ups began (blob_epoch_), else
   // looked up again, here, where they cannot change before this commit.
   if (blob_epoch_.load(std::memory_order_relaxed) != epoch) {
-    std::vector<size_t> again;
-    std::vector<std::string_view> hashes;
-    for (size_t h = 0; h < hits.size(); ++h) {
-      if (!hits[h]) continue;
-      again.push_back(h);
-      hashes.push_back(distinct[h]);
-    }
-    auto now = deduper_.FindBlobs(hashes);
-    for (size_t j = 0; j < again.size(); ++j) {
-      std::optional<Hit>& hit = hits[again[j]];
-      if (!now[j] || now[j]->first != hit->blob) {
-        hit.reset();
-        continue;
-      }
-      hit->record.refs = now[j]->second.refs;
+    deduper_.CheckFound(hashes, &found);
+    for (auto& [blob, sums] : sums_taken) {
+      auto it = found.records.find(blob);
+      if (it != found.records.end() && it->second.block_checksums.empty()) it->second.block_checksums = sums;
     }
   }
+  // Runs of units that follow each other both in the file and in one blob
+  // become one extent each: [first, end) of `units`, mapped from unit `at`.
+  struct Run {
+    uint64_t first, end;
+    BlobUnitRef at;
+  };
+  std::vector<Run> runs;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // file ranges mapped, sorted and merged
   for (uint64_t i = 0; i < n; ++i) {
-    if (!hits[of[i]]) continue;
+    const std::optional<BlobUnitRef>& at = found.units[i];
+    if (!at) continue;
     mapped[i] = true;
-    const uint64_t at = units[i].file_offset;
-    if (!ranges.empty() && ranges.back().second == at) {
+    const uint64_t file_at = units[i].file_offset;
+    if (!runs.empty()) {
+      Run& last = runs.back();
+      const uint64_t count = last.end - last.first;
+      if (last.end == i && last.at.blob == at->blob && last.at.unit + count == at->unit &&
+          units[last.first].file_offset + count * kDedupUnit == file_at) {
+        ++last.end;
+      } else {
+        runs.push_back(Run{i, i + 1, *at});
+      }
+    } else {
+      runs.push_back(Run{i, i + 1, *at});
+    }
+    if (!ranges.empty() && ranges.back().second == file_at) {
       ranges.back().second += kDedupUnit;
     } else {
-      ranges.emplace_back(at, at + kDedupUnit);
+      ranges.emplace_back(file_at, file_at + kDedupUnit);
     }
   }
   if (ranges.empty()) return mapped;
@@ -315,16 +327,15 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
   uint64_t unmapped = 0;
   SPILLFS_RETURN_IF_ERROR(UnmapRanges(&txn, ino, ranges, &unmapped));
   uint64_t shared = 0;
-  for (uint64_t i = 0; i < n; ++i) {
-    if (!mapped[i]) continue;
-    const Hit& hit = *hits[of[i]];
-    Dedup::MapBlob(ino, units[i].file_offset, hit.blob, hit.record, &txn.batch, &txn.blob_refs);
-    if (hit.sums_taken) {
-      txn.new_blobs[hit.blob] = hit.record;
+  for (const Run& run : runs) {
+    const BlobRecord& blob = found.records.at(run.at.blob);
+    Dedup::MapBlob(ino, units[run.first].file_offset, run.at, run.end - run.first, blob, &txn.batch, &txn.blob_refs);
+    if (sums_taken.count(run.at.blob)) {
+      txn.new_blobs[run.at.blob] = blob;
     } else {
-      txn.current_blobs.emplace(hit.blob, &hit.record);
+      txn.current_blobs.emplace(run.at.blob, &blob);
     }
-    shared += kDedupUnit;
+    shared += (run.end - run.first) * kDedupUnit;
   }
   record.allocated_bytes += shared - unmapped;
   record.size = std::max(record.size, ranges.back().second);

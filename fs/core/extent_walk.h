@@ -8,10 +8,10 @@
 #include <cstdint>
 
 #include "spillfs/common/aligned_buffer.h"
+#include "spillfs/common/status.h"
 #include "spillfs/kvindex/index.h"
 #include "spillfs/kvindex/keys.h"
 #include "spillfs/kvindex/records.h"
-#include "spillfs/common/status.h"
 
 namespace spillfs {
 // A decoded extent with its file offset.

@@ -8,8 +8,8 @@
 #include <string_view>
 
 #include "core/filesystem.h"
-#include "spillfs/kvindex/records.h"
 #include "spillfs/common/status.h"
+#include "spillfs/kvindex/records.h"
 
 namespace spillfs {
 

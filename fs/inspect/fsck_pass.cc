@@ -11,8 +11,8 @@
 #include <cstring>
 #include <set>
 
-#include "spillfs/common/clock.h"
 #include "spillfs/common/block_checksum.h"
+#include "spillfs/common/clock.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
 
@@ -431,31 +431,61 @@ Status Pass::ScanFree() {
 }
 
 // Dedup blobs: each 'p' record is referenced by exactly `refs` extents that
-// lie inside it, and its 'h' record points back to it.
+// lie inside it, and each 'h' record names a unit of a blob of that hash.
 Status Pass::ScanBlobs() {
   auto cursor = index_.NewCursor(Family::kBlob, "");
-  std::map<uint64_t, std::string> by_hash;  // physical -> hash named by an 'h' record
+  std::vector<std::pair<BlobUnitRef, std::string>> by_hash;  // the unit an 'h' record names, and its hash
+  std::map<uint64_t, std::string> contents;                  // 'd' records: physical -> value
   for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
     std::string_view key = cursor->key();
-    if (key.size() == 9 && key[0] == 'p') {
+    if (key.size() == 9 && key[0] == 'd') {
+      contents.emplace(coding::DecodeFixed64BE(key.data() + 1), cursor->value());
+    } else if (key.size() == 9 && key[0] == 'p') {
       auto blob = BlobRecord::Decode(cursor->value());
       if (!blob.ok()) {
         Add(ProblemKind::kBadRecord, 0, "malformed blob record: " + blob.status().message());
         continue;
       }
       blobs_.emplace(coding::DecodeFixed64BE(key.data() + 1), *blob);
-    } else if (key.size() == 17 && key[0] == 'h' && cursor->value().size() == 8) {
-      by_hash[coding::DecodeFixed64BE(cursor->value().data())] = std::string(key.substr(1));
+    } else if (auto at = BlobUnitRef::Decode(cursor->value()); key.size() == 17 && key[0] == 'h' && at.ok()) {
+      by_hash.emplace_back(*at, key.substr(1));
     } else {
       Add(ProblemKind::kBadRecord, 0, "malformed blob key");
     }
   }
   SPILLFS_RETURN_IF_ERROR(cursor->status());
-  for (const auto& [physical, hash] : by_hash) {
+  // A blob of several units: its head ('p') and content ('d') come together.
+  for (const auto& [physical, value] : contents) {
     auto it = blobs_.find(physical);
-    if (it == blobs_.end() || it->second.hash != hash) {
-      Add(ProblemKind::kBlob, 0, fmt::format("hash record points to blob {} that does not match", physical), {},
-          physical);
+    if (it == blobs_.end() || !it->second.needs_content()) {
+      Add(ProblemKind::kBadRecord, 0, fmt::format("blob content {} without a blob head", physical));
+      continue;
+    }
+    if (Status decoded = it->second.DecodeContent(value); !decoded.ok()) {
+      Add(ProblemKind::kBadRecord, 0, fmt::format("malformed blob content {}: {}", physical, decoded.message()));
+    }
+  }
+  for (const auto& [physical, blob] : blobs_) {
+    if (blob.needs_content()) {
+      Add(ProblemKind::kBlob, 0, fmt::format("blob {} has no content (unit hashes)", physical), {}, physical,
+          blob.length);
+    }
+  }
+  for (const auto& [at, hash] : by_hash) {
+    auto it = blobs_.find(at.blob);
+    if (it == blobs_.end() || at.unit >= it->second.units() || it->second.unit_hash(at.unit) != hash) {
+      Add(ProblemKind::kBlob, 0,
+          fmt::format("hash record points to unit {} of blob {} that does not match", at.unit, at.blob), {}, at.blob);
+    }
+  }
+  for (const auto& [physical, blob] : blobs_) {
+    if (blob.needs_content()) continue;
+    if (blob.length % blob.units() != 0 ||
+        (!blob.block_checksums.empty() && blob.block_checksums.size() != blob.length / bs_)) {
+      Add(ProblemKind::kBlob, 0,
+          fmt::format("blob {} of {} bytes holds {} unit hashes and {} block checksums", physical, blob.length,
+                      blob.units(), blob.block_checksums.size()),
+          {}, physical, blob.length);
     }
   }
   std::map<uint64_t, uint64_t> refs;

@@ -174,7 +174,14 @@ void Repairer::FixBlobs() {
     auto& [physical, blob] = *it;
     if (refs[physical] == 0) {
       batch_.Delete(Family::kBlob, keys::BlobByPhysical(physical));
-      batch_.Delete(Family::kBlob, keys::BlobByHash(blob.hash));
+      if (blob.split()) batch_.Delete(Family::kBlob, keys::BlobContent(physical));
+      for (uint64_t k = 0; k < blob.units(); ++k) {  // the hash keys that name its units
+        std::string owner;
+        const std::string key = keys::BlobByHash(blob.unit_hash(k));
+        if (p_.index_.Get(Family::kBlob, key, &owner).ok() && owner == BlobUnitRef{physical, k}.Encode()) {
+          batch_.Delete(Family::kBlob, key);
+        }
+      }
       it = p_.blobs_.erase(it);
       continue;
     }

@@ -38,6 +38,12 @@ std::string BlobByPhysical(uint64_t physical) {
   return key;
 }
 
+std::string BlobContent(uint64_t physical) {
+  std::string key = "d";
+  coding::PutFixed64BE(&key, physical);
+  return key;
+}
+
 uint64_t DecodeIno(std::string_view key) { return coding::DecodeFixed64BE(key.data()); }
 
 std::string_view DirentName(std::string_view key) { return key.substr(8); }

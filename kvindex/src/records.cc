@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "spillfs/kvindex/coding.h"
 
 namespace spillfs {
@@ -11,7 +13,9 @@ constexpr uint8_t kInodeVersion = 1;
 constexpr uint8_t kDirentVersion = 1;
 constexpr uint8_t kExtentVersion = 1;
 constexpr uint8_t kSuperblockVersion = 1;
-constexpr uint8_t kBlobVersion = 1;
+constexpr uint8_t kBlobVersion = 1;       // a blob of one unit, whole
+constexpr uint8_t kSplitBlobVersion = 2;  // the head of a blob of several units
+constexpr uint8_t kBlobContentVersion = 1;
 
 Status Truncated(const char* what) { return Status::Corruption(fmt::format("{} record truncated", what)); }
 
@@ -145,40 +149,116 @@ Result<ExtentRecord> ExtentRecord::Decode(std::string_view bytes) {
   return view.Record();
 }
 
+namespace {
+
+void PutChecksums(std::string* out, const std::vector<uint32_t>& block_checksums) {
+  std::string sums;
+  sums.reserve(block_checksums.size() * 4);
+  for (uint32_t sum : block_checksums) coding::PutFixed32BE(&sums, sum);
+  coding::PutLengthPrefixed(out, sums);
+}
+
+Status GetChecksums(coding::Reader* reader, std::vector<uint32_t>* block_checksums) {
+  std::string_view sums;
+  if (!reader->GetLengthPrefixed(&sums) || sums.empty() || sums.size() % 4 != 0) {
+    return Status::Corruption("blob checksums malformed");
+  }
+  block_checksums->reserve(sums.size() / 4);
+  for (size_t i = 0; i < sums.size(); i += 4) block_checksums->push_back(coding::DecodeFixed32BE(sums.data() + i));
+  return Status::OK();
+}
+
+}  // namespace
+
 std::string BlobRecord::Encode() const {
   std::string out;
+  if (split()) {
+    out.push_back(static_cast<char>(kSplitBlobVersion));
+    coding::PutVarint64(&out, std::max(units(), head_units));
+    coding::PutVarint64(&out, length);
+    coding::PutVarint64(&out, refs);
+    return out;
+  }
   out.push_back(static_cast<char>(kBlobVersion));
   coding::PutLengthPrefixed(&out, hash);
   coding::PutVarint64(&out, length);
   coding::PutVarint64(&out, refs);
-  if (!block_checksums.empty()) {
-    std::string sums;
-    sums.reserve(block_checksums.size() * 4);
-    for (uint32_t sum : block_checksums) coding::PutFixed32BE(&sums, sum);
-    coding::PutLengthPrefixed(&out, sums);
-  }
+  if (!block_checksums.empty()) PutChecksums(&out, block_checksums);
+  return out;
+}
+
+std::string BlobRecord::EncodeContent() const {
+  std::string out;
+  out.reserve(1 + 10 + hash.size() + 10 + block_checksums.size() * 4);
+  out.push_back(static_cast<char>(kBlobContentVersion));
+  coding::PutLengthPrefixed(&out, hash);
+  if (!block_checksums.empty()) PutChecksums(&out, block_checksums);
   return out;
 }
 
 Result<BlobRecord> BlobRecord::Decode(std::string_view bytes) {
   coding::Reader reader(bytes);
-  SPILLFS_RETURN_IF_ERROR(CheckVersion(&reader, kBlobVersion, "blob"));
+  uint8_t version = 0;
+  if (!reader.GetU8(&version)) return Truncated("blob");
   BlobRecord r;
+  if (version == kSplitBlobVersion) {
+    if (!reader.GetVarint64(&r.head_units) || !reader.GetVarint64(&r.length) || !reader.GetVarint64(&r.refs)) {
+      return Truncated("blob");
+    }
+    if (r.head_units < 2 || !reader.empty()) return Status::Corruption("blob head malformed");
+    return r;
+  }
+  if (version != kBlobVersion) return Status::Corruption(fmt::format("blob record has unknown version {}", version));
   std::string_view hash;
   if (!reader.GetLengthPrefixed(&hash) || !reader.GetVarint64(&r.length) || !reader.GetVarint64(&r.refs)) {
     return Truncated("blob");
   }
-  if (hash.size() != 16) return Status::Corruption("blob hash is not 16 bytes");
+  if (hash.size() != kHashBytes) return Status::Corruption("blob hash is not 16 bytes");
   r.hash.assign(hash);
   if (!reader.empty()) {
-    std::string_view sums;
-    if (!reader.GetLengthPrefixed(&sums) || sums.empty() || sums.size() % 4 != 0 || !reader.empty()) {
-      return Status::Corruption("blob checksums malformed");
-    }
-    r.block_checksums.reserve(sums.size() / 4);
-    for (size_t i = 0; i < sums.size(); i += 4) r.block_checksums.push_back(coding::DecodeFixed32BE(sums.data() + i));
+    SPILLFS_RETURN_IF_ERROR(GetChecksums(&reader, &r.block_checksums));
+    if (!reader.empty()) return Status::Corruption("blob checksums malformed");
   }
   return r;
+}
+
+Status BlobRecord::DecodeContent(std::string_view bytes) {
+  coding::Reader reader(bytes);
+  SPILLFS_RETURN_IF_ERROR(CheckVersion(&reader, kBlobContentVersion, "blob content"));
+  std::string_view hashes;
+  if (!reader.GetLengthPrefixed(&hashes)) return Truncated("blob content");
+  if (hashes.size() != head_units * kHashBytes) {
+    return Status::Corruption(
+        fmt::format("blob content holds {} bytes of hashes, its head {} units", hashes.size(), head_units));
+  }
+  std::vector<uint32_t> sums;
+  if (!reader.empty()) {
+    SPILLFS_RETURN_IF_ERROR(GetChecksums(&reader, &sums));
+    if (!reader.empty()) return Status::Corruption("blob checksums malformed");
+  }
+  hash.assign(hashes);
+  block_checksums = std::move(sums);
+  return Status::OK();
+}
+
+std::string BlobUnitRef::Encode() const {
+  std::string out;
+  coding::PutFixed64BE(&out, blob);
+  if (unit != 0) coding::PutFixed64BE(&out, unit);
+  return out;
+}
+
+Result<BlobUnitRef> BlobUnitRef::Decode(std::string_view bytes) {
+  if (bytes.size() != 8 && bytes.size() != 16) {
+    return Status::Corruption(fmt::format("blob hash record is {} bytes, not 8 or 16", bytes.size()));
+  }
+  BlobUnitRef ref;
+  ref.blob = coding::DecodeFixed64BE(bytes.data());
+  if (bytes.size() == 16) {
+    ref.unit = coding::DecodeFixed64BE(bytes.data() + 8);
+    if (ref.unit == 0) return Status::Corruption("blob hash record names unit 0 in 16 bytes");
+  }
+  return ref;
 }
 
 std::string Superblock::Encode() const {

@@ -6,8 +6,11 @@
 //   free    physical offset          -> varint length (free-space extents)
 //   orphan  ino                      -> "" (unlinked while open)
 //   xattr   ino + name               -> raw value
-//   blob    'h' + XXH3-128 hash      -> physical offset of the blob (8 bytes BE)
-//           'p' + physical offset    -> BlobRecord (hash, length, refcount)
+//   blob    'h' + XXH3-128 hash      -> BlobUnitRef: the blob's physical offset (8 bytes BE),
+//                                       and the unit within it where not the first (8 more)
+//           'p' + physical offset    -> BlobRecord: one unit's whole (hash, length, refcount,
+//                                       checksums), or a head (units, length, refcount)
+//           'd' + physical offset    -> a head's content (unit hashes, block checksums)
 //   meta    name                     -> volume-wide values (superblock, next_ino, ...)
 //
 // Integers are 8-byte big-endian so bytewise order is numeric order.
@@ -26,6 +29,7 @@ std::string Free(uint64_t physical);
 std::string Xattr(uint64_t ino, std::string_view name);
 std::string BlobByHash(std::string_view hash);
 std::string BlobByPhysical(uint64_t physical);
+std::string BlobContent(uint64_t physical);  // of a blob of several units
 
 // Splits keys back; the caller has checked the key length (>= 8 or == 16).
 uint64_t DecodeIno(std::string_view key);

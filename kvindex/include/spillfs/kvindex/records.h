@@ -93,22 +93,68 @@ struct ExtentView {
   ExtentRecord Slice(uint64_t skip, uint64_t length, uint64_t block_size) const;
 };
 
-// A deduplicated run of blocks, shared by every extent whose blob_id is its
-// physical offset. Freed when the last such extent goes.
+// A deduplicated run of blocks: one or more whole dedup units written
+// together (a direct-path commit's run of whole units is one blob), shared by
+// every extent whose blob_id is its physical offset; an extent may name any
+// block-aligned part of it. Freed, whole, when the last such extent goes (a
+// partly overwritten blob keeps its space until then, as btrfs keeps whole
+// extents). One reference count a blob: sharing a run of units costs one
+// extent record and one reference, whatever its length.
+//
+// A blob of one unit is one record ('p' key, version 1). A blob of several
+// keeps its content (unit hashes, block checksums: ~260 bytes a unit) in a
+// record of its own ('d' key), written once, so that a reference taken or
+// dropped rewrites a head of a few bytes, not a megabyte of checksums.
 struct BlobRecord {
-  std::string hash;  // 16 bytes, XXH3-128 of the contents
-  uint64_t length = 0;
-  uint64_t refs = 0;  // extent records that name this blob
+  // The XXH3-128 of each of the blob's units, in order, 16 bytes each (one
+  // unit's in a version 1 record). Empty in a head decoded without its
+  // content (needs_content()).
+  std::string hash;
+  uint64_t length = 0;  // units x the dedup unit
+  uint64_t refs = 0;    // extent records that name this blob
   // The blob's block checksums, as its extents carry them, so that the dedup
   // control op can map the blob into a file without reading it. Empty in
-  // records written before they were kept (the op then reads the blob once)
-  // and on volumes without checksums. Encoded after the fields above only
-  // when present: older decoders ignore them, older records decode as before.
+  // one-unit records written before they were kept (the op then reads the
+  // blob once) and on volumes without checksums. Encoded after the fields
+  // above only when present: older decoders ignore them.
   std::vector<uint32_t> block_checksums;
+  // Units of a blob whose head was decoded (several units) before its
+  // content: the content's unit count must agree.
+  uint64_t head_units = 0;
+
+  static constexpr size_t kHashBytes = 16;
+  // Units (hashes) the record holds.
+  uint64_t units() const { return hash.size() / kHashBytes; }
+  std::string_view unit_hash(uint64_t unit) const {
+    return std::string_view(hash).substr(unit * kHashBytes, kHashBytes);
+  }
+  // Whether the record is kept as a head ('p') and a content ('d') record.
+  bool split() const { return units() > 1 || head_units > 1; }
+  // A head decoded whose content has not been read (DecodeContent).
+  bool needs_content() const { return head_units > 1 && hash.empty(); }
+
+  // The 'p' value: the whole record for one unit (version 1), else the head
+  // (version 2: units, length, refs).
+  std::string Encode() const;
+  // The 'd' value of a split record: unit hashes and block checksums.
+  std::string EncodeContent() const;
+  static Result<BlobRecord> Decode(std::string_view bytes);
+  // Fills in hash and block_checksums of a head from its 'd' value.
+  Status DecodeContent(std::string_view bytes);
+  bool operator==(const BlobRecord&) const = default;
+};
+
+// Where the blob index's hash key ('h' + hash, keys.h) says a unit's content
+// lies: unit `unit` of the blob at physical offset `blob`. Encoded as the
+// blob's offset (8 bytes) for unit 0, as older volumes hold it, and as the
+// offset and the unit number (16 bytes) for the others.
+struct BlobUnitRef {
+  uint64_t blob = 0;
+  uint64_t unit = 0;
 
   std::string Encode() const;
-  static Result<BlobRecord> Decode(std::string_view bytes);
-  bool operator==(const BlobRecord&) const = default;
+  static Result<BlobUnitRef> Decode(std::string_view bytes);
+  bool operator==(const BlobUnitRef&) const = default;
 };
 
 // What kind of backing store holds the data area.
