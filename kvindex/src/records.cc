@@ -192,7 +192,7 @@ std::string BlobRecord::EncodeContent() const {
   out.reserve(1 + 10 + hash.size() + 10 + block_checksums.size() * 4);
   out.push_back(static_cast<char>(kBlobContentVersion));
   coding::PutLengthPrefixed(&out, hash);
-  if (!block_checksums.empty()) PutChecksums(&out, block_checksums);
+  PutChecksums(&out, block_checksums);  // always, empty or not: a cut record never decodes
   return out;
 }
 
@@ -232,7 +232,11 @@ Status BlobRecord::DecodeContent(std::string_view bytes) {
         fmt::format("blob content holds {} bytes of hashes, its head {} units", hashes.size(), head_units));
   }
   std::vector<uint32_t> sums;
-  if (!reader.empty()) {
+  std::string_view none;
+  coding::Reader at_sums = reader;
+  if (at_sums.GetLengthPrefixed(&none) && none.empty() && at_sums.empty()) {
+    // kept without checksums (a volume without them)
+  } else {
     SPILLFS_RETURN_IF_ERROR(GetChecksums(&reader, &sums));
     if (!reader.empty()) return Status::Corruption("blob checksums malformed");
   }

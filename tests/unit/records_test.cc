@@ -177,6 +177,60 @@ TEST(RecordsTest, BlobRoundTripWithAndWithoutChecksums) {
   EXPECT_FALSE(BlobRecord::Decode(encoded + "x").ok());
 }
 
+// A blob of several units is kept as a head (a few bytes: what a reference
+// count change rewrites) and a content record (its unit hashes and block
+// checksums); each refuses damage, and the content must match the head.
+TEST(RecordsTest, BlobOfSeveralUnitsIsAHeadAndAContent) {
+  BlobRecord blob;
+  for (char c : {'a', 'b', 'c'}) blob.hash += std::string(16, c);
+  blob.length = 3 * 262144;
+  blob.refs = 5;
+  for (uint32_t i = 0; i < 3 * 64; ++i) blob.block_checksums.push_back(0x85ebca6bu * (i + 1));
+  ASSERT_TRUE(blob.split());
+  EXPECT_EQ(blob.unit_hash(1), std::string(16, 'b'));
+  const std::string head = blob.Encode();
+  EXPECT_LT(head.size(), 16u) << "the head holds no hashes or checksums";
+  auto decoded = BlobRecord::Decode(head);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_TRUE(decoded->needs_content());
+  EXPECT_EQ(decoded->length, blob.length);
+  EXPECT_EQ(decoded->refs, 5u);
+  EXPECT_EQ(decoded->Encode(), head) << "a head decoded alone encodes as itself";
+  const std::string content = blob.EncodeContent();
+  ASSERT_TRUE(decoded->DecodeContent(content).ok());
+  EXPECT_FALSE(decoded->needs_content());
+  EXPECT_EQ(decoded->hash, blob.hash);
+  EXPECT_EQ(decoded->block_checksums, blob.block_checksums);
+  EXPECT_EQ(decoded->Encode(), head);
+
+  for (size_t n = 0; n < head.size(); ++n) EXPECT_FALSE(BlobRecord::Decode(head.substr(0, n)).ok()) << n;
+  EXPECT_FALSE(BlobRecord::Decode(head + "x").ok());
+  for (size_t n = 0; n < content.size(); ++n) {
+    auto fresh = BlobRecord::Decode(head);
+    EXPECT_FALSE(fresh->DecodeContent(content.substr(0, n)).ok()) << n;
+  }
+  BlobRecord two = blob;  // a content of two units under a head of three
+  two.hash.resize(32);
+  EXPECT_FALSE(BlobRecord::Decode(head)->DecodeContent(two.EncodeContent()).ok());
+  // A version 1 record holds one unit's hash only.
+  std::string v1 = std::string(1, '\x01') + std::string(1, '\x30') + blob.hash;
+  coding::PutVarint64(&v1, blob.length);
+  coding::PutVarint64(&v1, 1);
+  EXPECT_FALSE(BlobRecord::Decode(v1).ok());
+}
+
+// The hash key's value: the blob's offset alone for its first unit (as
+// volumes before blobs of several units hold it), with the unit after it.
+TEST(RecordsTest, BlobUnitRefEncodings) {
+  const BlobUnitRef first{1 << 20, 0}, third{1 << 20, 2};
+  EXPECT_EQ(first.Encode().size(), 8u);
+  EXPECT_EQ(third.Encode().size(), 16u);
+  EXPECT_EQ(*BlobUnitRef::Decode(first.Encode()), first);
+  EXPECT_EQ(*BlobUnitRef::Decode(third.Encode()), third);
+  EXPECT_FALSE(BlobUnitRef::Decode(third.Encode().substr(0, 12)).ok());
+  EXPECT_FALSE(BlobUnitRef::Decode(first.Encode() + std::string(8, '\0')).ok()) << "unit 0 has one encoding";
+}
+
 TEST(RecordsTest, SuperblockRoundTrip) {
   Superblock image;  // defaults: image file, checksums and dedup on
   image.uuid = std::string(16, '\x5a');
