@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -384,6 +385,155 @@ TEST_F(ControlPlaneTest, DedupUnitsAndRangedCommit) {
   ASSERT_EQ(ls["result"][0]["extents"].size(), 2u) << ls;
   EXPECT_EQ(ls["result"][0]["extents"][0]["length"], 4096u);
   EXPECT_EQ(ls["result"][0]["extents"][1]["length"], 8192u);
+}
+
+// The 32 hex digits of a hash in "unit_hashes": its 16 bytes as the daemon
+// lays (low, high) out.
+std::string Hex(XXH128_hash_t h) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&h);
+  std::string out;
+  char two[3];
+  for (size_t i = 0; i < sizeof(h); ++i) {
+    std::snprintf(two, sizeof(two), "%02x", bytes[i]);
+    out += two;
+  }
+  return out;
+}
+
+// The compact form of the units ("unit_runs" with "unit_hashes"): a dedup
+// request maps what the "units" form maps and answers "needed" as a string;
+// a commit's units become blobs; every bad run, hash or mix of forms is
+// refused with what is wrong named, and maps nothing.
+TEST_F(ControlPlaneTest, DedupAndCommitCompactUnits) {
+  constexpr uint64_t kUnit = 256 << 10;
+  std::string data;
+  for (uint64_t i = 0; i < 3 * kUnit; ++i) data.push_back(static_cast<char>((i * 2654435761u) >> 13));
+  for (uint64_t u = 0; u < 3; ++u) data[u * kUnit] = static_cast<char>(u);  // three distinct units
+  MakeFile("a", data);
+  ASSERT_TRUE(fs_->FlushAll().ok());  // the units become blobs
+  auto hash = [&](uint64_t u) { return ContentHash128(data.data() + u * kUnit, kUnit); };
+  auto refs = [&] {
+    std::vector<uint64_t> out;
+    auto cursor = fs_->volume().index().NewCursor(Family::kBlob, "p");
+    for (cursor->Seek("p"); cursor->Valid(); cursor->Next()) out.push_back(BlobRecord::Decode(cursor->value())->refs);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  ASSERT_EQ(refs(), (std::vector<uint64_t>{1, 1, 1}));
+  const std::string u = std::to_string(kUnit);
+  auto numbers = [&](XXH128_hash_t h) { return std::to_string(h.low64) + "," + std::to_string(h.high64); };
+
+  // The same units both ways: at 0, 2 and 5 units, the middle one unknown.
+  MakeFile("b", "");
+  MakeFile("c", "");
+  const XXH128_hash_t unknown{1, 2};
+  json old_form = Ask(R"({"op":"dedup","path":"/b","units":[0,)" + numbers(hash(2)) + "," + std::to_string(2 * kUnit) +
+                      "," + numbers(unknown) + "," + std::to_string(5 * kUnit) + "," + numbers(hash(0)) + "]}");
+  ASSERT_EQ(old_form["ok"], true) << old_form;
+  EXPECT_EQ(old_form["result"]["needed"], json::parse("[0,1,0]"));
+  json compact =
+      Ask(R"({"op":"dedup","path":"/c","unit_runs":[0,1,)" + std::to_string(2 * kUnit) + ",1," +
+          std::to_string(5 * kUnit) + R"(,1],"unit_hashes":")" + Hex(hash(2)) + Hex(unknown) + Hex(hash(0)) + "\"}");
+  ASSERT_EQ(compact["ok"], true) << compact;
+  EXPECT_EQ(compact["result"]["needed"], "010");
+  EXPECT_EQ(compact["result"]["mapped_bytes"], old_form["result"]["mapped_bytes"]);
+  EXPECT_EQ(compact["result"]["unit_bytes"], kUnit);
+  EXPECT_EQ(refs(), (std::vector<uint64_t>{1, 3, 3}));
+  EXPECT_EQ(Ask(R"({"op":"ls","paths":["/c"]})")["result"][0]["size"], 6 * kUnit);
+  // One run of three units (adjacent runs are fine too).
+  MakeFile("d", "");
+  json run = Ask(R"({"op":"dedup","path":"/d","unit_runs":[0,2,)" + std::to_string(2 * kUnit) +
+                 R"(,1],"unit_hashes":")" + Hex(hash(0)) + Hex(hash(1)) + Hex(hash(2)) + "\"}");
+  ASSERT_EQ(run["ok"], true) << run;
+  EXPECT_EQ(run["result"]["needed"], "000");
+  EXPECT_EQ(refs(), (std::vector<uint64_t>{2, 4, 4}));
+
+  struct Bad {
+    std::string request;
+    int code;
+    std::string message;
+  };
+  const std::string dedup = R"({"op":"dedup","path":"/b",)";
+  const std::string h1 = Hex(hash(1)), h2 = h1 + Hex(hash(2));
+  for (const Bad& bad : {
+           Bad{dedup + R"("unit_runs":[)" + u + R"(,1,0,1],"unit_hashes":")" + h2 + "\"}", EINVAL,
+               "unit runs must be sorted by file offset without overlap: run 1 at 0 starts before run 0 ends at "
+               "524288"},
+           Bad{dedup + R"("unit_runs":[0,2,)" + u + R"(,1],"unit_hashes":")" + h2 + h1 + "\"}", EINVAL,
+               "unit runs must be sorted by file offset without overlap: run 1 at 262144 starts before run 0 ends at "
+               "524288"},
+           Bad{dedup + R"("unit_runs":[4096,1],"unit_hashes":")" + h1 + "\"}", EINVAL,
+               "unit run 0 at file offset 4096 is not at a multiple of the dedup unit (262144 bytes)"},
+           Bad{dedup + R"("unit_runs":[0,1,)" + u + R"(,0],"unit_hashes":")" + h1 + "\"}", EINVAL,
+               "unit run 1 at file offset 262144 has no units"},
+           Bad{dedup + R"("unit_runs":[18446744073709289472,2],"unit_hashes":")" + h2 + "\"}", EFBIG,
+               "unit run 0 at file offset 18446744073709289472 of 2 units is past the largest file offset"},
+           Bad{dedup + R"("unit_runs":[0],"unit_hashes":")" + h1 + "\"}", EINVAL,
+               "\"unit_runs\" must be an array of 2-tuples of numbers"},
+           Bad{dedup + R"("unit_runs":[0,-1],"unit_hashes":")" + h1 + "\"}", EINVAL,
+               "\"unit_runs\" holds a value that is not a u64"},
+           Bad{dedup + R"("unit_runs":[0,1],"unit_hashes":[1,2]})", EINVAL,
+               "\"unit_hashes\" must be a string of hex digits"},
+           Bad{dedup + R"("unit_runs":[0,2],"unit_hashes":")" + h1 + "\"}", EINVAL,
+               "\"unit_hashes\" holds 32 hex digits; the unit runs hold 2 units, 32 digits each"},
+           Bad{dedup + R"("unit_runs":[0,1],"unit_hashes":")" + h1 + "0\"}", EINVAL,
+               "\"unit_hashes\" holds 33 hex digits; the unit runs hold 1 units, 32 digits each"},
+           Bad{dedup + R"("unit_runs":[0,1,)" + std::to_string(3 * kUnit) + R"(,1],"unit_hashes":")" + h1 + "0123A" +
+                   h1.substr(5) + "\"}",
+               EINVAL,
+               "\"unit_hashes\": unit 1 (file offset 786432) has 'A' at digit 4 of its hash, not a lowercase hex "
+               "digit"},
+           Bad{dedup + R"("unit_runs":[0,1],"unit_hashes":"0\u0001)" + h1.substr(2) + "\"}", EINVAL,
+               "\"unit_hashes\": unit 0 (file offset 0) has byte 0x01 at digit 1 of its hash, not a lowercase hex "
+               "digit"},
+           Bad{dedup + R"("unit_runs":[0,1]})", EINVAL,
+               "\"unit_runs\" and \"unit_hashes\" go together: the request lacks \"unit_hashes\""},
+           Bad{dedup + R"("unit_hashes":")" + h1 + "\"}", EINVAL,
+               "\"unit_runs\" and \"unit_hashes\" go together: the request lacks \"unit_runs\""},
+           Bad{dedup + R"("units":[0,1,2],"unit_runs":[0,1],"unit_hashes":")" + h1 + "\"}", EINVAL,
+               "dedup takes \"units\" or \"unit_runs\" with \"unit_hashes\", not both"},
+           Bad{dedup + R"("file_offset":0,"hashes":[1,2],"unit_runs":[0,1],"unit_hashes":")" + h1 + "\"}", EINVAL,
+               "dedup takes \"unit_runs\" with \"unit_hashes\" or \"file_offset\" with \"hashes\", not both"},
+       }) {
+    json refused = Ask(bad.request);
+    EXPECT_EQ(refused["ok"], false) << bad.request;
+    EXPECT_EQ(refused["errno"], bad.code) << bad.request << " -> " << refused;
+    EXPECT_EQ(refused["error"], bad.message) << bad.request;
+  }
+  EXPECT_EQ(refs(), (std::vector<uint64_t>{2, 4, 4})) << "nothing mapped by a refused request";
+
+  // A commit of two whole units of "g" with their hashes in the compact
+  // form: they become blobs, which a dedup request then finds.
+  MakeFile("g", "");
+  auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR, 0);
+  ASSERT_TRUE(opened.ok());
+  ControlPlane::Handle* handle = *opened;
+  ASSERT_EQ(json::parse(Send(handle, R"({"op":"reserve","length":524288})"))["ok"], true);
+  std::string sums = "1";
+  for (int i = 1; i < 128; ++i) sums += ",1";
+  const XXH128_hash_t g0{11, 12}, g1{13, 14};
+  const std::string commit = R"({"op":"commit","path":"/g","file_offset":0,"length":524288,"size":524288,)"
+                             R"("block_checksums":[)" +
+                             sums + "],";
+  json refused = json::parse(
+      Send(handle, commit + R"("units":[0,1,2],"unit_runs":[0,2],"unit_hashes":")" + Hex(g0) + Hex(g1) + "\"}"));
+  EXPECT_EQ(refused["errno"], EINVAL) << refused;
+  EXPECT_EQ(refused["error"], "commit takes \"units\" or \"unit_runs\" with \"unit_hashes\", not both");
+  refused = json::parse(Send(handle, commit + R"("unit_runs":[0,2],"unit_hashes":")" + Hex(g0) + "\"}"));
+  EXPECT_EQ(refused["errno"], EINVAL) << refused;
+  EXPECT_EQ(refused["error"], "\"unit_hashes\" holds 32 hex digits; the unit runs hold 2 units, 32 digits each");
+  json committed =
+      json::parse(Send(handle, commit + R"("unit_runs":[0,2],"unit_hashes":")" + Hex(g0) + Hex(g1) + "\"}"));
+  ASSERT_EQ(committed["ok"], true) << committed;
+  control_->Release(handle);
+  longest_.erase(handle);
+  EXPECT_EQ(refs(), (std::vector<uint64_t>{1, 1, 2, 4, 4}));
+  MakeFile("h", "");
+  json found =
+      Ask(R"({"op":"dedup","path":"/h","unit_runs":[)" + u + R"(,2],"unit_hashes":")" + Hex(g1) + Hex(g0) + "\"}");
+  ASSERT_EQ(found["ok"], true) << found;
+  EXPECT_EQ(found["result"]["needed"], "00");
+  EXPECT_EQ(refs(), (std::vector<uint64_t>{2, 2, 2, 4, 4}));
 }
 
 // Without a Filesystem (an unmounted volume) the direct-path ops are unknown.
