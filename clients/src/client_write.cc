@@ -66,7 +66,6 @@ std::string spill_client::CommitText(const std::string& rel, uint64_t file_offse
   numbers(&text, sums);
   text += "]";
   if (units != nullptr && !units->empty()) {
-    text.reserve(text.size() + units->size() / 3 * 32 + 64);
     AppendUnitList(
         &text, units->size() / 3, [&](size_t i) { return (*units)[3 * i]; },
         [&](size_t i) { return units->data() + 3 * i + 1; });

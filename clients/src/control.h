@@ -36,13 +36,19 @@ void AppendUnitList(std::string* text, size_t n, OffsetOf offset_of, HashOf hash
     auto [end, ec] = std::to_chars(num, num + sizeof(num), v);
     text->append(num, end);
   };
+  auto run_end = [&](size_t i) {  // the end of the run from unit i
+    size_t j = i + 1;
+    while (j < n && offset_of(j) == offset_of(i) + (j - i) * kHashUnit) ++j;
+    return j;
+  };
+  size_t runs = 0;
+  for (size_t i = 0; i < n; i = run_end(i)) ++runs;
+  text->reserve(text->size() + 42 * runs + 32 * n + 32);  // one allocation for all
   *text += R"(,"unit_runs":[)";
   for (size_t i = 0; i < n;) {
-    const uint64_t start = offset_of(i);
-    size_t j = i + 1;
-    while (j < n && offset_of(j) == start + (j - i) * kHashUnit) ++j;
+    const size_t j = run_end(i);
     if (i > 0) text->push_back(',');
-    append(start);
+    append(offset_of(i));
     text->push_back(',');
     append(j - i);
     i = j;

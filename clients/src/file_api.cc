@@ -125,7 +125,6 @@ int Dedup(spill_file* file, uint64_t file_offset, const uint64_t* file_offsets, 
   for (size_t first = 0; first < n_units; first += kDedupBatch) {
     const size_t count = std::min(kDedupBatch, n_units - first);
     std::string text = R"({"op":"dedup","path":)" + json(file->rel).dump();
-    text.reserve(text.size() + count * 32 + 64);
     AppendUnitList(
         &text, count, [&](size_t i) { return unit_offset(first + i); },
         [&](size_t i) { return hashes + 2 * (first + i); });
