@@ -211,7 +211,8 @@ struct spill_client {
   };
   int Write(const char* path, const void* buf, size_t len);
   // `units`: file offset, low and high hash of whole dedup units written
-  // (spill_file writes; they may become blobs), flat; null for none.
+  // (spill_file writes; they may become blobs), flat, by increasing offset;
+  // null for none. Sent in the compact form (AppendUnitList).
   // `ranges`: file offset and length of each file range the reserved space
   // goes to, back to back, flat (then `file_offset` is not sent); null or
   // empty: all of it at `file_offset`.

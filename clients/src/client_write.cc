@@ -66,9 +66,9 @@ std::string spill_client::CommitText(const std::string& rel, uint64_t file_offse
   numbers(&text, sums);
   text += "]";
   if (units != nullptr && !units->empty()) {
-    text += R"(,"units":[)";
-    numbers(&text, *units);
-    text += "]";
+    AppendUnitList(
+        &text, units->size() / 3, [&](size_t i) { return (*units)[3 * i]; },
+        [&](size_t i) { return units->data() + 3 * i + 1; });
   }
   text += "}";
   return text;

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cstring>
 #include <string>
 #include <system_error>
@@ -35,8 +34,8 @@ namespace {
 
 static_assert(sizeof(spillfs::cuda::Hash128) == 2 * sizeof(uint64_t), "Hash128 is (low, high)");
 
-// Units of one dedup request: about 42 bytes each (62 with their offsets),
-// far below the control file's 16 MiB a request.
+// Units of one dedup request: 32 hex digits each (and a few bytes a run of
+// consecutive units), 2 MiB a batch, far below the control file's 16 MiB.
 constexpr size_t kDedupBatch = 65536;
 
 int Start(spill_file* file, const spill_segment* segments, size_t n, uintptr_t stream, spill_request** out,
@@ -123,47 +122,27 @@ int Dedup(spill_file* file, uint64_t file_offset, const uint64_t* file_offsets, 
   ControlChannel* control = nullptr;
   if (int rc = FileControl(file, &control); rc != 0) return rc == -ENOTSUP ? -EOPNOTSUPP : rc;
   uint64_t mapped_end = 0;
-  char num[24];
-  auto append = [&](std::string* text, uint64_t v) {
-    auto [end, ec] = std::to_chars(num, num + sizeof(num), v);
-    text->append(num, end);
-  };
   for (size_t first = 0; first < n_units; first += kDedupBatch) {
     const size_t count = std::min(kDedupBatch, n_units - first);
     std::string text = R"({"op":"dedup","path":)" + json(file->rel).dump();
-    if (file_offsets != nullptr) {
-      text += R"(,"units":[)";
-      text.reserve(text.size() + count * 62 + 2);
-      for (size_t i = first; i < first + count; ++i) {
-        if (i > first) text.push_back(',');
-        append(&text, file_offsets[i]);
-        text.push_back(',');
-        append(&text, hashes[2 * i]);
-        text.push_back(',');
-        append(&text, hashes[2 * i + 1]);
-      }
-    } else {
-      text += R"(,"file_offset":)" + std::to_string(unit_offset(first)) + R"(,"hashes":[)";
-      text.reserve(text.size() + count * 42 + 2);
-      for (size_t i = 0; i < 2 * count; ++i) {
-        if (i > 0) text.push_back(',');
-        append(&text, hashes[2 * first + i]);
-      }
-    }
-    text += "]}";
+    AppendUnitList(
+        &text, count, [&](size_t i) { return unit_offset(first + i); },
+        [&](size_t i) { return hashes + 2 * (first + i); });
+    text += "}";
     std::string reply;
     json result;
     int rc = control->RequestText(std::move(text), "dedup", &reply);
     if (rc == 0) rc = control->ParseReply("dedup", reply, &result);
     if (rc != 0) return rc;
+    // The compact form's reply: "needed" is a string, '1' or '0' a unit.
     auto it = result.find("needed");
-    if (it == result.end() || !it->is_array() || it->size() != count) {
+    if (it == result.end() || !it->is_string() || it->get_ref<const std::string&>().size() != count) {
       return Fail(EPROTO, "malformed dedup reply: " + reply.substr(0, 200));
     }
+    const std::string& flags = it->get_ref<const std::string&>();
     for (size_t i = 0; i < count; ++i) {
-      const json& v = (*it)[i];
-      if (!v.is_number_unsigned() || v.get<uint64_t>() > 1) return Fail(EPROTO, "malformed dedup reply");
-      needed[first + i] = static_cast<uint8_t>(v.get<uint64_t>());
+      if (flags[i] != '0' && flags[i] != '1') return Fail(EPROTO, "malformed dedup reply: " + reply.substr(0, 200));
+      needed[first + i] = static_cast<uint8_t>(flags[i] - '0');
       if (needed[first + i] == 0) mapped_end = std::max(mapped_end, unit_offset(first + i) + kHashUnit);
     }
   }

@@ -36,8 +36,7 @@ enum class Backend {
   kBuffered = SPILL_BACKEND_BUFFERED,       // where O_DIRECT is refused (or turned off)
 };
 
-inline constexpr uint64_t kBlock = 4096;          // the unit of every I/O
-inline constexpr uint64_t kHashUnit = 256 << 10;  // the volume's dedup unit
+inline constexpr uint64_t kBlock = 4096;  // the unit of every I/O
 
 // One segment of a request, as given.
 struct Seg {

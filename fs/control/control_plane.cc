@@ -6,6 +6,7 @@
 
 #include <xxhash.h>
 
+#include <array>
 #include <exception>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -130,6 +131,115 @@ std::string HashBytes(uint64_t low, uint64_t high) {
   return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
 }
 
+// "units": [file_offset, low, high, ...] as DirectUnits (their order and
+// offsets are Filesystem's to check).
+Result<std::vector<DirectUnit>> TupleUnits(const nlohmann::json& request) {
+  auto numbers = NumbersField(request, "units", 3);
+  if (!numbers.ok()) return numbers.status();
+  std::vector<DirectUnit> units;
+  units.reserve(numbers->size() / 3);
+  for (size_t i = 0; i < numbers->size(); i += 3) {
+    units.push_back(DirectUnit{(*numbers)[i], HashBytes((*numbers)[i + 1], (*numbers)[i + 2])});
+  }
+  return units;
+}
+
+// The value of each byte as a lowercase hex digit, or -1.
+constexpr std::array<int8_t, 256> kHexValue = [] {
+  std::array<int8_t, 256> v{};
+  v.fill(-1);
+  for (int d = 0; d < 10; ++d) v['0' + d] = static_cast<int8_t>(d);
+  for (int d = 0; d < 6; ++d) v['a' + d] = static_cast<int8_t>(10 + d);
+  return v;
+}();
+
+// The compact unit list: "unit_runs": [offset, count, ...] (runs of `count`
+// consecutive dedup units from `offset`; offsets multiples of the unit, runs
+// sorted and disjoint) with "unit_hashes": 32 lowercase hex digits a unit,
+// the 16 bytes of its XXH3-128 as HashBytes lays them out, units in the
+// order of the runs. A save's units are a few hundred runs, so the request
+// carries a few hundred numbers, not three per unit. The message of a
+// refusal names the run or the unit.
+Result<std::vector<DirectUnit>> CompactUnits(const nlohmann::json& request) {
+  if (!request.contains("unit_runs") || !request.contains("unit_hashes")) {
+    return Status::Error(EINVAL, fmt::format(R"("unit_runs" and "unit_hashes" go together: the request lacks "{}")",
+                                             request.contains("unit_runs") ? "unit_hashes" : "unit_runs"));
+  }
+  auto runs = NumbersField(request, "unit_runs", 2);
+  if (!runs.ok()) return runs.status();
+  const nlohmann::json& hashes = request["unit_hashes"];
+  if (!hashes.is_string()) return Status::Error(EINVAL, R"("unit_hashes" must be a string of hex digits)");
+  const std::string& hex = hashes.get_ref<const std::string&>();
+  const uint64_t unit = Filesystem::dedup_unit();
+  uint64_t total = 0, end = 0;
+  for (size_t r = 0; r < runs->size(); r += 2) {
+    const uint64_t offset = (*runs)[r], count = (*runs)[r + 1], k = r / 2;
+    if (offset % unit != 0) {
+      return Status::Error(EINVAL, fmt::format("unit run {} at file offset {} is not at a multiple of the dedup unit "
+                                               "({} bytes)",
+                                               k, offset, unit));
+    }
+    if (count == 0) return Status::Error(EINVAL, fmt::format("unit run {} at file offset {} has no units", k, offset));
+    if (r > 0 && offset < end) {
+      return Status::Error(EINVAL, fmt::format("unit runs must be sorted by file offset without overlap: run {} at {} "
+                                               "starts before run {} ends at {}",
+                                               k, offset, k - 1, end));
+    }
+    if (count > (UINT64_MAX - offset) / unit) {
+      return Status::Error(EFBIG, fmt::format("unit run {} at file offset {} of {} units is past the largest file "
+                                              "offset",
+                                              k, offset, count));
+    }
+    end = offset + count * unit;
+    total += count;  // runs are disjoint within 2^64 bytes: no overflow
+  }
+  if (hex.size() % 32 != 0 || hex.size() / 32 != total) {
+    return Status::Error(EINVAL, fmt::format(R"("unit_hashes" holds {} hex digits; the unit runs hold {} units, )"
+                                             "32 digits each",
+                                             hex.size(), total));
+  }
+  std::vector<DirectUnit> units;
+  units.reserve(total);
+  const char* digits = hex.data();
+  char bytes[16];
+  for (size_t r = 0; r < runs->size(); r += 2) {
+    for (uint64_t i = 0, offset = (*runs)[r]; i < (*runs)[r + 1]; ++i, offset += unit, digits += 32) {
+      for (int b = 0; b < 16; ++b) {
+        const int hi = kHexValue[static_cast<uint8_t>(digits[2 * b])];
+        const int lo = kHexValue[static_cast<uint8_t>(digits[2 * b + 1])];
+        if ((hi | lo) < 0) {
+          const size_t at = 2 * b + (hi < 0 ? 0 : 1);
+          const auto c = static_cast<uint8_t>(digits[at]);
+          return Status::Error(EINVAL, fmt::format(R"("unit_hashes": unit {} (file offset {}) has {} at digit {} of )"
+                                                   "its hash, not a lowercase hex digit",
+                                                   units.size(), offset,
+                                                   c >= 0x20 && c < 0x7f ? fmt::format("'{}'", static_cast<char>(c))
+                                                                         : fmt::format("byte 0x{:02x}", c),
+                                                   at));
+        }
+        bytes[b] = static_cast<char>(hi << 4 | lo);
+      }
+      units.push_back(DirectUnit{offset, std::string(bytes, sizeof(bytes))});
+    }
+  }
+  return units;
+}
+
+// Whether the request gives its units in the compact form (CompactUnits).
+bool HasCompactUnits(const nlohmann::json& request) {
+  return request.contains("unit_runs") || request.contains("unit_hashes");
+}
+
+// The units of a dedup or commit request: "units" or the compact form
+// (CompactUnits), not both; none where neither is given.
+Result<std::vector<DirectUnit>> UnitsField(const nlohmann::json& request, const char* op) {
+  if (!HasCompactUnits(request)) return TupleUnits(request);
+  if (request.contains("units")) {
+    return Status::Error(EINVAL, fmt::format(R"({} takes "units" or "unit_runs" with "unit_hashes", not both)", op));
+  }
+  return CompactUnits(request);
+}
+
 // The layout reply, written directly: a big file's layout holds one checksum
 // per block (262,144 a GiB), and building it as a json document and then
 // serialising it took ~17 ms a GiB, ~4% of a direct read of the file.
@@ -183,21 +293,21 @@ std::string ControlPlane::AnswerDirect(Handle& handle, const nlohmann::json& req
       // {"op":"dedup","path":P,"file_offset":N,"hashes":[low0,high0,low1,high1,...]}: the XXH3-128 of
       // consecutive dedup units from N; or {"op":"dedup","path":P,"units":[offset0,low0,high0,...]}:
       // units anywhere in the file, sorted by offset (a whole checkpoint in one request: one flush,
-      // one batch). Reply: "needed" (1: the client must write the unit; 0: mapped by reference), in
-      // the order given, "unit_bytes", "mapped_bytes".
+      // one batch); or the same units as "unit_runs" with "unit_hashes" (CompactUnits). Reply:
+      // "needed" (1: the client must write the unit; 0: mapped by reference), in the order given,
+      // "unit_bytes", "mapped_bytes"; for the compact form "needed" is a string of '1' and '0'.
       Result<std::vector<bool>> mapped = std::vector<bool>();
-      if (request.contains("units")) {
+      const bool compact = HasCompactUnits(request);
+      if (compact || request.contains("units")) {
         if (request.contains("hashes") || request.contains("file_offset")) {
-          return fail(Status::Error(EINVAL, "dedup takes \"units\" or \"file_offset\" with \"hashes\", not both"));
+          return fail(Status::Error(EINVAL, compact
+                                                ? R"(dedup takes "unit_runs" with "unit_hashes" or "file_offset" )"
+                                                  R"(with "hashes", not both)"
+                                                : R"(dedup takes "units" or "file_offset" with "hashes", not both)"));
         }
-        auto numbers = NumbersField(request, "units", 3);
-        if (!numbers.ok()) return fail(numbers.status());
-        std::vector<DirectUnit> units;
-        units.reserve(numbers->size() / 3);
-        for (size_t i = 0; i < numbers->size(); i += 3) {
-          units.push_back(DirectUnit{(*numbers)[i], HashBytes((*numbers)[i + 1], (*numbers)[i + 2])});
-        }
-        mapped = fs_->DirectDedup(*ino, units);
+        auto units = UnitsField(request, "dedup");
+        if (!units.ok()) return fail(units.status());
+        mapped = fs_->DirectDedup(*ino, *units);
       } else {
         auto file_offset = UnsignedField(request, "file_offset", std::nullopt);
         if (!file_offset.ok()) return fail(file_offset.status());
@@ -213,13 +323,14 @@ std::string ControlPlane::AnswerDirect(Handle& handle, const nlohmann::json& req
       needed.reserve(mapped->size() * 2);
       uint64_t mapped_bytes = 0;
       for (size_t i = 0; i < mapped->size(); ++i) {
-        if (i > 0) needed.push_back(',');
+        if (i > 0 && !compact) needed.push_back(',');
         needed.push_back((*mapped)[i] ? '0' : '1');
         if ((*mapped)[i]) mapped_bytes += Filesystem::dedup_unit();
       }
       if (mapped_bytes > 0) handle.invalidate = *ino;  // by Read, once no lock is held
-      return fmt::format(R"({{"ok":true,"result":{{"ino":{},"unit_bytes":{},"mapped_bytes":{},"needed":[{}]}}}})", *ino,
-                         Filesystem::dedup_unit(), mapped_bytes, needed);
+      return fmt::format(R"({{"ok":true,"result":{{"ino":{},"unit_bytes":{},"mapped_bytes":{},"needed":{}{}{}}}}})",
+                         *ino, Filesystem::dedup_unit(), mapped_bytes, compact ? '"' : '[', needed,
+                         compact ? '"' : ']');
     }
     // Optional "ranges": [file_offset, length, ...]: the reserved space goes back to back over these
     // file ranges (sorted, disjoint) instead of from one "file_offset" (Filesystem::DirectCommit).
@@ -233,17 +344,13 @@ std::string ControlPlane::AnswerDirect(Handle& handle, const nlohmann::json& req
     auto file_offset = ranged ? Result<uint64_t>(uint64_t{0}) : UnsignedField(request, "file_offset", std::nullopt);
     auto size = UnsignedField(request, "size", uint64_t{0});
     auto checksums = ChecksumsField(request);
-    // Optional "units": [file_offset, low, high, ...]: whole dedup units of the range and the
-    // XXH3-128 of the bytes written there, which may become blobs (Filesystem::DirectCommit).
-    auto unit_numbers = NumbersField(request, "units", 3);
+    // Optional "units": [file_offset, low, high, ...], or "unit_runs" with "unit_hashes"
+    // (CompactUnits): whole dedup units of the range and the XXH3-128 of the bytes written there,
+    // which may become blobs (Filesystem::DirectCommit).
+    auto units = UnitsField(request, "commit");
     for (const Status& s :
-         {length_field.status(), file_offset.status(), size.status(), checksums.status(), unit_numbers.status()}) {
+         {length_field.status(), file_offset.status(), size.status(), checksums.status(), units.status()}) {
       if (!s.ok()) return fail(s);
-    }
-    std::vector<DirectUnit> units;
-    units.reserve(unit_numbers->size() / 3);
-    for (size_t i = 0; i < unit_numbers->size(); i += 3) {
-      units.push_back(DirectUnit{(*unit_numbers)[i], HashBytes((*unit_numbers)[i + 1], (*unit_numbers)[i + 2])});
     }
     uint64_t length = *length_field;
     uint64_t reserved = 0;
@@ -260,8 +367,8 @@ std::string ControlPlane::AnswerDirect(Handle& handle, const nlohmann::json& req
         ranges.emplace_back(start, start + n);
       }
     }
-    Status committed = ranged ? fs_->DirectCommit(*ino, ranges, handle.reserved, *checksums, *size, units)
-                              : fs_->DirectCommit(*ino, *file_offset, handle.reserved, *checksums, *size, units);
+    Status committed = ranged ? fs_->DirectCommit(*ino, ranges, handle.reserved, *checksums, *size, *units)
+                              : fs_->DirectCommit(*ino, *file_offset, handle.reserved, *checksums, *size, *units);
     if (!committed.ok()) return fail(committed);
     handle.reserved.clear();
     handle.invalidate = *ino;  // by Read, once no lock is held

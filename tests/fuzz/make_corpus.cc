@@ -107,6 +107,11 @@ void Control(const std::string& dir, bool direct) {
     requests.push_back({"reserve-commit", std::string(R"({"op":"reserve","length":8192})") + '\0' +
                                               R"({"op":"commit","path":"/empty","file_offset":0,"length":8192,)" +
                                               R"("block_checksums":[1,2],"size":5000})"});
+    // The dedup op's unit lists, in the "units" form and the compact one.
+    requests.push_back({"dedup-units", R"({"op":"dedup","path":"/empty","units":[0,1,2,262144,3,4]})"});
+    requests.push_back({"dedup-unit-runs", R"({"op":"dedup","path":"/empty","unit_runs":[0,2,524288,1],)"
+                                           R"("unit_hashes":"000102030405060708090a0b0c0d0e0f)"
+                                           R"(101112131415161718191a1b1c1d1e1f202122232425262728292a2b2c2d2e2f"})"});
     requests.push_back({"layout-after-commit", std::string(R"({"op":"layout","path":"/d/b.bin"})") + '\0' +
                                                    R"({"op":"layout","path":"/d/hard"})"});
   }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -184,8 +185,7 @@ class ControlPlaneTest : public ::testing::Test {
     auto handle = control_->Open(ControlPlane::kControlIno, O_RDWR, 0);
     EXPECT_TRUE(handle.ok());
     json reply = json::parse(Send(*handle, request), nullptr, false);
-    control_->Release(*handle);
-    longest_.erase(*handle);
+    Release(*handle);
     EXPECT_TRUE(reply.is_object()) << request;
     return reply;
   }
@@ -198,6 +198,53 @@ class ControlPlaneTest : public ::testing::Test {
     return e->ino;
   }
 
+  // A handle of its own holding `length` bytes reserved (the lease of a
+  // commit); the caller releases it (Release).
+  ControlPlane::Handle* Reserved(uint64_t length) {
+    auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR, 0);
+    EXPECT_TRUE(opened.ok());
+    json reserved = json::parse(Send(*opened, R"({"op":"reserve","length":)" + std::to_string(length) + "}"));
+    EXPECT_EQ(reserved["ok"], true) << reserved;
+    return *opened;
+  }
+  void Release(ControlPlane::Handle* handle) {
+    control_->Release(handle);
+    longest_.erase(handle);
+  }
+  // Three distinct dedup units written to `name` and flushed: the volume's
+  // blobs; their bytes.
+  std::string MakeThreeUnits(const std::string& name) {
+    std::string data;
+    for (uint64_t i = 0; i < 3 * kUnit; ++i) data.push_back(static_cast<char>((i * 2654435761u) >> 13));
+    for (uint64_t u = 0; u < 3; ++u) data[u * kUnit] = static_cast<char>(u);
+    MakeFile(name, data);
+    EXPECT_TRUE(fs_->FlushAll().ok());
+    return data;
+  }
+  // The references of every blob, sorted.
+  std::vector<uint64_t> BlobRefs() {
+    std::vector<uint64_t> out;
+    auto cursor = fs_->volume().index().NewCursor(Family::kBlob, "p");
+    for (cursor->Seek("p"); cursor->Valid(); cursor->Next()) out.push_back(BlobRecord::Decode(cursor->value())->refs);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  // Each request refused with its errno and message, exactly.
+  struct Refusal {
+    std::string request;
+    int code;
+    std::string message;
+  };
+  void ExpectRefused(const std::vector<Refusal>& refusals) {
+    for (const Refusal& bad : refusals) {
+      json refused = Ask(bad.request);
+      EXPECT_EQ(refused["ok"], false) << bad.request;
+      EXPECT_EQ(refused["errno"], bad.code) << bad.request << " -> " << refused;
+      EXPECT_EQ(refused["error"], bad.message) << bad.request;
+    }
+  }
+
+  static constexpr uint64_t kUnit = 256 << 10;  // the dedup unit
   std::map<ControlPlane::Handle*, size_t> longest_;
   TempDir dir_{"spillfs-control-plane"};
   std::unique_ptr<Filesystem> fs_;
@@ -262,8 +309,7 @@ TEST_F(ControlPlaneTest, ReserveAndCommitOnOneHandle) {
   json committed = json::parse(
       Send(handle, R"({"op":"commit","path":"/g","file_offset":0,"length":8192,"size":8000,"block_checksums":[1,2]})"));
   ASSERT_EQ(committed["ok"], true) << committed;
-  control_->Release(handle);
-  longest_.erase(handle);
+  Release(handle);
   EXPECT_EQ(fs_->free_bytes(), free_before - 8192);  // committed: the file holds it
   json ls = Ask(R"({"op":"ls","paths":["/g"]})");
   EXPECT_EQ(ls["result"][0]["size"], 8000u);
@@ -310,65 +356,41 @@ TEST_F(ControlPlaneTest, Refusals) {
 // "needed" in the order given, the blobs' references counted; bad units
 // refused with the unit named. And a commit over several file ranges.
 TEST_F(ControlPlaneTest, DedupUnitsAndRangedCommit) {
-  constexpr uint64_t kUnit = 256 << 10;
-  std::string data;
-  for (uint64_t i = 0; i < 3 * kUnit; ++i) data.push_back(static_cast<char>((i * 2654435761u) >> 13));
-  for (uint64_t u = 0; u < 3; ++u) data[u * kUnit] = static_cast<char>(u);  // three distinct units
-  MakeFile("a", data);
-  ASSERT_TRUE(fs_->FlushAll().ok());  // the units become blobs
+  const std::string data = MakeThreeUnits("a");
   MakeFile("b", "");
   auto numbers = [&](uint64_t u) {
     XXH128_hash_t h = ContentHash128(data.data() + u * kUnit, kUnit);
     return std::to_string(h.low64) + "," + std::to_string(h.high64);
   };
-  auto refs = [&] {
-    std::vector<uint64_t> out;
-    auto cursor = fs_->volume().index().NewCursor(Family::kBlob, "p");
-    for (cursor->Seek("p"); cursor->Valid(); cursor->Next()) out.push_back(BlobRecord::Decode(cursor->value())->refs);
-    std::sort(out.begin(), out.end());
-    return out;
-  };
-  ASSERT_EQ(refs(), (std::vector<uint64_t>{1, 1, 1}));
+  ASSERT_EQ(BlobRefs(), (std::vector<uint64_t>{1, 1, 1}));
   const uint64_t physical = Ask(R"({"op":"du","path":"/"})")["result"]["physical_bytes"];
   json reply = Ask(R"({"op":"dedup","path":"/b","units":[0,)" + numbers(2) + "," + std::to_string(2 * kUnit) + ",1,2," +
                    std::to_string(5 * kUnit) + "," + numbers(0) + "]}");
   ASSERT_EQ(reply["ok"], true) << reply;
   EXPECT_EQ(reply["result"]["needed"], json::parse("[0,1,0]"));
   EXPECT_EQ(reply["result"]["mapped_bytes"], 2 * kUnit);
-  EXPECT_EQ(refs(), (std::vector<uint64_t>{1, 2, 2}));
+  EXPECT_EQ(BlobRefs(), (std::vector<uint64_t>{1, 2, 2}));
   json ls = Ask(R"({"op":"ls","paths":["/b"]})");
   EXPECT_EQ(ls["result"][0]["size"], 6 * kUnit);
   EXPECT_EQ(Ask(R"({"op":"du","path":"/"})")["result"]["physical_bytes"], physical) << "shared, not copied";
 
-  struct Bad {
-    std::string request;
-    const char* message;
-  };
   const std::string u = std::to_string(kUnit);
-  for (const Bad& bad : {
-           Bad{R"({"op":"dedup","path":"/b","units":[)" + u + ",1,2,0,3,4]}",
-               "dedup units must be sorted by file offset without overlap: unit 1 at 0 comes after unit 0 at 262144"},
-           Bad{R"({"op":"dedup","path":"/b","units":[)" + u + ",1,2," + u + ",3,4]}",
-               "dedup units must be sorted by file offset without overlap: unit 1 at 262144 repeats unit 0 at 262144"},
-           Bad{R"({"op":"dedup","path":"/b","units":[0,1,2,4096,3,4]})",
-               "dedup unit 1 at file offset 4096 is not at a multiple of the dedup unit (262144 bytes)"},
-           Bad{R"({"op":"dedup","path":"/b","units":[0,1]})", "\"units\" must be an array of 3-tuples of numbers"},
-           Bad{R"({"op":"dedup","path":"/b","file_offset":0,"units":[0,1,2]})",
-               "dedup takes \"units\" or \"file_offset\" with \"hashes\", not both"},
-       }) {
-    json refused = Ask(bad.request);
-    EXPECT_EQ(refused["ok"], false) << bad.request;
-    EXPECT_EQ(refused["errno"], EINVAL) << bad.request << " -> " << refused;
-    EXPECT_EQ(refused["error"], bad.message) << bad.request;
-  }
-  EXPECT_EQ(refs(), (std::vector<uint64_t>{1, 2, 2})) << "nothing mapped by a refused request";
+  ExpectRefused({
+      {R"({"op":"dedup","path":"/b","units":[)" + u + ",1,2,0,3,4]}", EINVAL,
+       "dedup units must be sorted by file offset without overlap: unit 1 at 0 comes after unit 0 at 262144"},
+      {R"({"op":"dedup","path":"/b","units":[)" + u + ",1,2," + u + ",3,4]}", EINVAL,
+       "dedup units must be sorted by file offset without overlap: unit 1 at 262144 repeats unit 0 at 262144"},
+      {R"({"op":"dedup","path":"/b","units":[0,1,2,4096,3,4]})", EINVAL,
+       "dedup unit 1 at file offset 4096 is not at a multiple of the dedup unit (262144 bytes)"},
+      {R"({"op":"dedup","path":"/b","units":[0,1]})", EINVAL, "\"units\" must be an array of 3-tuples of numbers"},
+      {R"({"op":"dedup","path":"/b","file_offset":0,"units":[0,1,2]})", EINVAL,
+       "dedup takes \"units\" or \"file_offset\" with \"hashes\", not both"},
+  });
+  EXPECT_EQ(BlobRefs(), (std::vector<uint64_t>{1, 2, 2})) << "nothing mapped by a refused request";
 
   // A commit over two file ranges of "g".
   MakeFile("g", "");
-  auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR, 0);
-  ASSERT_TRUE(opened.ok());
-  ControlPlane::Handle* handle = *opened;
-  ASSERT_EQ(json::parse(Send(handle, R"({"op":"reserve","length":12288})"))["ok"], true);
+  ControlPlane::Handle* handle = Reserved(12288);
   json refused = json::parse(Send(
       handle, R"({"op":"commit","path":"/g","ranges":[0,4096,4096,4096],"length":12288,"block_checksums":[1,2,3]})"));
   EXPECT_EQ(refused["errno"], EINVAL) << refused;
@@ -377,13 +399,138 @@ TEST_F(ControlPlaneTest, DedupUnitsAndRangedCommit) {
       handle,
       R"({"op":"commit","path":"/g","ranges":[0,4096,65536,8192],"length":12288,"size":70000,"block_checksums":[1,2,3]})"));
   ASSERT_EQ(committed["ok"], true) << committed;
-  control_->Release(handle);
-  longest_.erase(handle);
+  Release(handle);
   ls = Ask(R"({"op":"ls","paths":["/g"],"extents":true})");
   EXPECT_EQ(ls["result"][0]["size"], 70000u);
   ASSERT_EQ(ls["result"][0]["extents"].size(), 2u) << ls;
   EXPECT_EQ(ls["result"][0]["extents"][0]["length"], 4096u);
   EXPECT_EQ(ls["result"][0]["extents"][1]["length"], 8192u);
+}
+
+// The 32 hex digits of a hash in "unit_hashes": its 16 bytes as the daemon
+// lays (low, high) out.
+std::string Hex(XXH128_hash_t h) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&h);
+  std::string out;
+  char two[3];
+  for (size_t i = 0; i < sizeof(h); ++i) {
+    std::snprintf(two, sizeof(two), "%02x", bytes[i]);
+    out += two;
+  }
+  return out;
+}
+
+// The compact form of the units ("unit_runs" with "unit_hashes"): a dedup
+// request maps what the "units" form maps and answers "needed" as a string;
+// a commit's units become blobs; every bad run, hash or mix of forms is
+// refused with what is wrong named, and maps nothing.
+TEST_F(ControlPlaneTest, DedupAndCommitCompactUnits) {
+  const std::string data = MakeThreeUnits("a");
+  auto hash = [&](uint64_t u) { return ContentHash128(data.data() + u * kUnit, kUnit); };
+
+  ASSERT_EQ(BlobRefs(), (std::vector<uint64_t>{1, 1, 1}));
+  const std::string u = std::to_string(kUnit);
+  auto numbers = [&](XXH128_hash_t h) { return std::to_string(h.low64) + "," + std::to_string(h.high64); };
+
+  // The same units both ways: at 0, 2 and 5 units, the middle one unknown.
+  MakeFile("b", "");
+  MakeFile("c", "");
+  const XXH128_hash_t unknown{1, 2};
+  json old_form = Ask(R"({"op":"dedup","path":"/b","units":[0,)" + numbers(hash(2)) + "," + std::to_string(2 * kUnit) +
+                      "," + numbers(unknown) + "," + std::to_string(5 * kUnit) + "," + numbers(hash(0)) + "]}");
+  ASSERT_EQ(old_form["ok"], true) << old_form;
+  EXPECT_EQ(old_form["result"]["needed"], json::parse("[0,1,0]"));
+  json compact =
+      Ask(R"({"op":"dedup","path":"/c","unit_runs":[0,1,)" + std::to_string(2 * kUnit) + ",1," +
+          std::to_string(5 * kUnit) + R"(,1],"unit_hashes":")" + Hex(hash(2)) + Hex(unknown) + Hex(hash(0)) + "\"}");
+  ASSERT_EQ(compact["ok"], true) << compact;
+  EXPECT_EQ(compact["result"]["needed"], "010");
+  EXPECT_EQ(compact["result"]["mapped_bytes"], old_form["result"]["mapped_bytes"]);
+  EXPECT_EQ(compact["result"]["unit_bytes"], kUnit);
+  EXPECT_EQ(BlobRefs(), (std::vector<uint64_t>{1, 3, 3}));
+  EXPECT_EQ(Ask(R"({"op":"ls","paths":["/c"]})")["result"][0]["size"], 6 * kUnit);
+  // One run of three units (adjacent runs are fine too).
+  MakeFile("d", "");
+  json run = Ask(R"({"op":"dedup","path":"/d","unit_runs":[0,2,)" + std::to_string(2 * kUnit) +
+                 R"(,1],"unit_hashes":")" + Hex(hash(0)) + Hex(hash(1)) + Hex(hash(2)) + "\"}");
+  ASSERT_EQ(run["ok"], true) << run;
+  EXPECT_EQ(run["result"]["needed"], "000");
+  EXPECT_EQ(BlobRefs(), (std::vector<uint64_t>{2, 4, 4}));
+
+  const std::string dedup = R"({"op":"dedup","path":"/b",)";
+  const std::string h1 = Hex(hash(1)), h2 = h1 + Hex(hash(2));
+  ExpectRefused({
+      {dedup + R"("unit_runs":[)" + u + R"(,1,0,1],"unit_hashes":")" + h2 + "\"}", EINVAL,
+       "unit runs must be sorted by file offset without overlap: run 1 at 0 starts before run 0 ends at "
+       "524288"},
+      {dedup + R"("unit_runs":[0,2,)" + u + R"(,1],"unit_hashes":")" + h2 + h1 + "\"}", EINVAL,
+       "unit runs must be sorted by file offset without overlap: run 1 at 262144 starts before run 0 ends at "
+       "524288"},
+      {dedup + R"("unit_runs":[4096,1],"unit_hashes":")" + h1 + "\"}", EINVAL,
+       "unit run 0 at file offset 4096 is not at a multiple of the dedup unit (262144 bytes)"},
+      {dedup + R"("unit_runs":[0,1,)" + u + R"(,0],"unit_hashes":")" + h1 + "\"}", EINVAL,
+       "unit run 1 at file offset 262144 has no units"},
+      {dedup + R"("unit_runs":[18446744073709289472,2],"unit_hashes":")" + h2 + "\"}", EFBIG,
+       "unit run 0 at file offset 18446744073709289472 of 2 units is past the largest file offset"},
+      {dedup + R"("unit_runs":[0],"unit_hashes":")" + h1 + "\"}", EINVAL,
+       "\"unit_runs\" must be an array of 2-tuples of numbers"},
+      {dedup + R"("unit_runs":[0,-1],"unit_hashes":")" + h1 + "\"}", EINVAL,
+       "\"unit_runs\" holds a value that is not a u64"},
+      {dedup + R"("unit_runs":[0,1],"unit_hashes":[1,2]})", EINVAL, "\"unit_hashes\" must be a string of hex digits"},
+      {dedup + R"("unit_runs":[0,2],"unit_hashes":")" + h1 + "\"}", EINVAL,
+       "\"unit_hashes\" holds 32 hex digits; the unit runs hold 2 units, 32 digits each"},
+      {dedup + R"("unit_runs":[0,1],"unit_hashes":")" + h1 + "0\"}", EINVAL,
+       "\"unit_hashes\" holds 33 hex digits; the unit runs hold 1 units, 32 digits each"},
+      {dedup + R"("unit_runs":[0,1,)" + std::to_string(3 * kUnit) + R"(,1],"unit_hashes":")" + h1 + "0123A" +
+           h1.substr(5) + "\"}",
+       EINVAL,
+       "\"unit_hashes\": unit 1 (file offset 786432) has 'A' at digit 4 of its hash, not a lowercase hex "
+       "digit"},
+      {dedup + R"("unit_runs":[0,1],"unit_hashes":"0\u0001)" + h1.substr(2) + "\"}", EINVAL,
+       "\"unit_hashes\": unit 0 (file offset 0) has byte 0x01 at digit 1 of its hash, not a lowercase hex "
+       "digit"},
+      {dedup + R"("unit_runs":[0,1]})", EINVAL,
+       "\"unit_runs\" and \"unit_hashes\" go together: the request lacks \"unit_hashes\""},
+      {dedup + R"("unit_hashes":")" + h1 + "\"}", EINVAL,
+       "\"unit_runs\" and \"unit_hashes\" go together: the request lacks \"unit_runs\""},
+      {dedup + R"("units":[0,1,2],"unit_runs":[0,1],"unit_hashes":")" + h1 + "\"}", EINVAL,
+       "dedup takes \"units\" or \"unit_runs\" with \"unit_hashes\", not both"},
+      {dedup + R"("file_offset":0,"hashes":[1,2],"unit_runs":[0,1],"unit_hashes":")" + h1 + "\"}", EINVAL,
+       "dedup takes \"unit_runs\" with \"unit_hashes\" or \"file_offset\" with \"hashes\", not both"},
+  });
+  EXPECT_EQ(BlobRefs(), (std::vector<uint64_t>{2, 4, 4})) << "nothing mapped by a refused request";
+
+  // A commit of two whole units of "g" with their hashes in the compact
+  // form: they become blobs (how many units a blob holds is the core's),
+  // which a dedup request then finds and shares.
+  MakeFile("g", "");
+  ControlPlane::Handle* handle = Reserved(2 * kUnit);
+  std::string sums = "1";
+  for (int i = 1; i < 128; ++i) sums += ",1";
+  const XXH128_hash_t g0{11, 12}, g1{13, 14};
+  const std::string commit = R"({"op":"commit","path":"/g","file_offset":0,"length":524288,"size":524288,)"
+                             R"("block_checksums":[)" +
+                             sums + "],";
+  json refused = json::parse(
+      Send(handle, commit + R"("units":[0,1,2],"unit_runs":[0,2],"unit_hashes":")" + Hex(g0) + Hex(g1) + "\"}"));
+  EXPECT_EQ(refused["errno"], EINVAL) << refused;
+  EXPECT_EQ(refused["error"], "commit takes \"units\" or \"unit_runs\" with \"unit_hashes\", not both");
+  refused = json::parse(Send(handle, commit + R"("unit_runs":[0,2],"unit_hashes":")" + Hex(g0) + "\"}"));
+  EXPECT_EQ(refused["errno"], EINVAL) << refused;
+  EXPECT_EQ(refused["error"], "\"unit_hashes\" holds 32 hex digits; the unit runs hold 2 units, 32 digits each");
+  json committed =
+      json::parse(Send(handle, commit + R"("unit_runs":[0,2],"unit_hashes":")" + Hex(g0) + Hex(g1) + "\"}"));
+  ASSERT_EQ(committed["ok"], true) << committed;
+  Release(handle);
+  EXPECT_GT(BlobRefs().size(), 3u) << "the commit made blobs";
+  const uint64_t physical = Ask(R"({"op":"du","path":"/"})")["result"]["physical_bytes"];
+  MakeFile("h", "");
+  json found =
+      Ask(R"({"op":"dedup","path":"/h","unit_runs":[)" + u + R"(,2],"unit_hashes":")" + Hex(g0) + Hex(g1) + "\"}");
+  ASSERT_EQ(found["ok"], true) << found;
+  EXPECT_EQ(found["result"]["needed"], "00");
+  EXPECT_EQ(found["result"]["mapped_bytes"], 2 * kUnit);
+  EXPECT_EQ(Ask(R"({"op":"du","path":"/"})")["result"]["physical_bytes"], physical) << "shared, not copied";
 }
 
 // Without a Filesystem (an unmounted volume) the direct-path ops are unknown.

@@ -20,8 +20,12 @@
 //            block_checksums, [units: file offset,   whole 256 KiB units named in
 //            low, high of XXH3-128 per unit]         units become dedup blobs
 //   dedup    path, file_offset (256 KiB multiple),   needed (per unit: 1 = the client
-//            hashes (low, high per 256 KiB unit)     writes it, 0 = mapped by
-//                                                    reference), unit_bytes, mapped_bytes
+//            hashes (low, high per 256 KiB unit);    writes it, 0 = mapped by
+//            or units (as commit's)                  reference), unit_bytes, mapped_bytes
+// Both take their units compact too: unit_runs (offset, count of consecutive
+// units, ...) with unit_hashes (32 hex digits a unit: the hash's 16 bytes,
+// low then high as they lie in memory); dedup's needed is then a string of
+// '1' and '0' (docs/design.md, "The control protocol").
 //
 // A handle keeps the bytes of its requests: a write at offset 0 overwrites
 // the start and leaves the rest, so a request shorter than an earlier one on
