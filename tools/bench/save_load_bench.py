@@ -241,7 +241,9 @@ class Bench:
                      "bytes_written": r2.bytes_written, "bytes_shared": r2.bytes_shared, "dedup": r2.dedup,
                      "first_save_seconds": round(first, 3), "speedup_vs_first": round(first / second, 2),
                      "stages": {k: round(v, 4) for k, v in r2.seconds.items()},
-                     "dedup_requests": getattr(r2, "dedup_requests", None)}
+                     "dedup_requests": getattr(r2, "dedup_requests", None),
+                     "io_stats": {k: round(v, 4) if isinstance(v, float) else v
+                                  for k, v in (getattr(r2, "io_stats", None) or {}).items()}}
             if after is not None:
                 extra["ssd_bytes_first"] = mid["bytes_written_ssd"] - before["bytes_written_ssd"]
                 extra["ssd_bytes_second"] = after["bytes_written_ssd"] - mid["bytes_written_ssd"]
