@@ -302,7 +302,9 @@ Status Dedup::ApplyBlobRefs(const std::map<uint64_t, int64_t>& blob_refs,
   // The hash keys to write (a new blob's units) and to drop (a freed blob's),
   // each with the unit it names: looked up together, at the end.
   std::vector<std::pair<std::string, BlobUnitRef>> to_index, to_drop;
-  for (auto& [physical, delta] : blob_refs) {
+  for (const auto& entry : blob_refs) {
+    const uint64_t physical = entry.first;  // not a structured binding: the lambda below names it
+    const int64_t delta = entry.second;
     if (delta == 0) continue;
     if (blobs_changed) *blobs_changed = true;
     BlobRecord blob;
