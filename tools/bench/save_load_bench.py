@@ -248,6 +248,9 @@ class Bench:
                 extra["ssd_bytes_first"] = mid["bytes_written_ssd"] - before["bytes_written_ssd"]
                 extra["ssd_bytes_second"] = after["bytes_written_ssd"] - mid["bytes_written_ssd"]
                 extra["physical_bytes_added_second"] = after["physical_bytes"] - mid["physical_bytes"]
+                extra["data_syncs_second"] = after.get("data_syncs", 0) - mid.get("data_syncs", 0)
+                extra["data_sync_seconds_second"] = round(
+                    after.get("data_sync_seconds", 0) - mid.get("data_sync_seconds", 0), 4)
             self.add("state_dict", target, "save 2 (1%)", "spillfs dedup", nbytes, second, **extra)
             check_equal(sd, torch.load(os.path.join(directory, "step2.pt"), map_location=self.device),
                         f"dedup'd save {target}")
