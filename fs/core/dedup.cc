@@ -182,6 +182,7 @@ void Dedup::LoadRecords(std::vector<uint64_t> blobs, FoundBlobs* found) const {
   std::sort(blobs.begin(), blobs.end());
   blobs.erase(std::unique(blobs.begin(), blobs.end()), blobs.end());
   std::vector<std::optional<BlobRecord>> records(blobs.size());
+  std::vector<std::string> sums(blobs.size());
   InShares(blobs.size(), [&](size_t begin, size_t end) {
     std::vector<std::string> keys;
     keys.reserve(end - begin);
@@ -194,7 +195,11 @@ void Dedup::LoadRecords(std::vector<uint64_t> blobs, FoundBlobs* found) const {
       auto record = BlobRecord::Decode(*values[i - begin]);
       if (!record.ok()) continue;
       records[i] = std::move(*record);
-      if (records[i]->needs_content()) split.push_back(i);
+      if (records[i]->needs_content()) {
+        split.push_back(i);
+      } else {  // one unit: the record keeps its checksums (ApplyBlobRefs writes it whole)
+        sums[i] = ChecksumBytes(records[i]->block_checksums);
+      }
     }
     if (split.empty()) return;
     keys.clear();
@@ -202,14 +207,21 @@ void Dedup::LoadRecords(std::vector<uint64_t> blobs, FoundBlobs* found) const {
     if (!index_.MultiGet(Family::kBlob, keys, &values).ok()) values.assign(split.size(), std::nullopt);
     for (size_t j = 0; j < split.size(); ++j) {
       std::optional<BlobRecord>& record = records[split[j]];
-      if (!values[j] || !record->DecodeContent(*values[j]).ok()) record.reset();
+      auto view = values[j] ? BlobContentView::Parse(*values[j]) : Result<BlobContentView>(Status::NotFound());
+      if (!view.ok() || !record->SetContent(*view, /*with_checksums=*/false).ok()) {
+        record.reset();
+        continue;
+      }
+      sums[split[j]].assign(view->checksums);
     }
   });
   for (size_t i = 0; i < blobs.size(); ++i) {
     if (records[i]) {
       found->records.insert_or_assign(blobs[i], std::move(*records[i]));
+      found->checksums.insert_or_assign(blobs[i], std::move(sums[i]));
     } else {
       found->records.erase(blobs[i]);
+      found->checksums.erase(blobs[i]);
     }
   }
 }
@@ -281,18 +293,20 @@ bool Dedup::TakeChecksums(const char* unit, BlobRecord* record) const {
 }
 
 void Dedup::MapBlob(InodeNumber ino, uint64_t file_offset, BlobUnitRef first_unit, uint64_t units,
-                    const BlobRecord& record, Index::Batch* batch, std::map<uint64_t, int64_t>* blob_refs) {
-  ExtentRecord extent;
-  extent.physical = first_unit.blob + first_unit.unit * kDedupUnit;
-  extent.length = units * kDedupUnit;
-  extent.blob_id = first_unit.blob;
-  if (!record.block_checksums.empty()) {
-    const uint64_t per_unit = record.block_checksums.size() / record.units();
-    auto first = record.block_checksums.begin() + static_cast<long>(first_unit.unit * per_unit);
-    extent.block_checksums.assign(first, first + static_cast<long>(units * per_unit));
-  }
-  batch->Put(Family::kExtent, keys::Extent(ino, file_offset), extent.Encode());
+                    const BlobRecord& record, std::string_view checksums, Index::Batch* batch,
+                    std::map<uint64_t, int64_t>* blob_refs) {
+  const uint64_t per_unit = checksums.size() / record.units();  // bytes
+  batch->Put(Family::kExtent, keys::Extent(ino, file_offset),
+             EncodeExtent(first_unit.blob + first_unit.unit * kDedupUnit, units * kDedupUnit, 0, first_unit.blob,
+                          checksums.substr(first_unit.unit * per_unit, units * per_unit)));
   ++(*blob_refs)[first_unit.blob];
+}
+
+std::string Dedup::ChecksumBytes(const std::vector<uint32_t>& sums) {
+  std::string out;
+  out.reserve(4 * sums.size());
+  for (uint32_t sum : sums) coding::PutFixed32BE(&out, sum);
+  return out;
 }
 
 Status Dedup::ApplyBlobRefs(const std::map<uint64_t, int64_t>& blob_refs,

@@ -91,10 +91,14 @@ struct SharedRef {
 };
 
 // What Dedup::FindBlobs found: the blob unit holding each hash looked up (or
-// nullopt), and the records of those blobs.
+// nullopt), and the records of those blobs: their block checksums apart, as
+// encoded (4 bytes big-endian a block; empty where the record keeps none), so
+// that a run mapped into a file takes them as they are (MapBlob).
 struct FoundBlobs {
   std::vector<std::optional<BlobUnitRef>> units;
-  std::unordered_map<uint64_t, BlobRecord> records;  // by blob physical offset
+  // By blob physical offset; a blob of several units without its block_checksums.
+  std::unordered_map<uint64_t, BlobRecord> records;
+  std::unordered_map<uint64_t, std::string> checksums;  // by blob physical offset
 };
 
 class Dedup {
@@ -152,10 +156,14 @@ class Dedup {
   // false (record unchanged) where they do not.
   bool TakeChecksums(const char* unit, BlobRecord* record) const;
   // Maps `units` dedup units of `ino` from `file_offset` to as many units of
-  // `blob` from `first_unit` (with those units' block checksums from its
-  // record) in `batch`: one extent, one reference.
+  // the blob `record` from `first_unit`, with those units' block checksums
+  // out of `checksums` (the whole blob's, encoded), in `batch`: one extent,
+  // one reference.
   static void MapBlob(InodeNumber ino, uint64_t file_offset, BlobUnitRef first_unit, uint64_t units,
-                      const BlobRecord& record, Index::Batch* batch, std::map<uint64_t, int64_t>* blob_refs);
+                      const BlobRecord& record, std::string_view checksums, Index::Batch* batch,
+                      std::map<uint64_t, int64_t>* blob_refs);
+  // `sums` encoded as extent and content records hold them.
+  static std::string ChecksumBytes(const std::vector<uint32_t>& sums);
 
   // --- committing (under the commit lock) ---
   // EAGAIN ("dedup target vanished") when a blob `shared` names is gone or

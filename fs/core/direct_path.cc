@@ -240,7 +240,7 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
   }
   const uint64_t epoch = blob_epoch_.load(std::memory_order_acquire);  // before the look-ups
   FoundBlobs found;
-  // Blobs whose checksums were read here (the commit stores them in their records).
+  // One-unit blobs whose checksums were read here (the commit stores them in their records).
   std::map<uint64_t, std::vector<uint32_t>> sums_taken;
   {
     ReclaimGate::Reader pin(&gate_);
@@ -248,16 +248,19 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
     AlignedBuffer unit;
     for (auto it = found.records.begin(); it != found.records.end();) {
       auto& [blob, record] = *it;
-      if (!checksums_ || record.block_checksums.size() == record.length / block_size_) {
+      std::string& sums = found.checksums[blob];
+      if (!checksums_ || sums.size() == record.length / block_size_ * 4) {
         ++it;
         continue;
       }
       // No memory for the read, or no sums to be had: not mapped (the caller writes its units).
       if (unit.Resize(kDedupUnit).ok() && store_.ReadAt(blob, unit.data(), kDedupUnit).ok() &&
           deduper_.TakeChecksums(unit.data(), &record)) {
+        sums = Dedup::ChecksumBytes(record.block_checksums);
         sums_taken.emplace(blob, record.block_checksums);
         ++it;
       } else {
+        found.checksums.erase(blob);
         it = found.records.erase(it);
       }
     }
@@ -288,7 +291,9 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
     deduper_.CheckFound(hashes, &found);
     for (auto& [blob, sums] : sums_taken) {
       auto it = found.records.find(blob);
-      if (it != found.records.end() && it->second.block_checksums.empty()) it->second.block_checksums = sums;
+      if (it == found.records.end()) continue;
+      it->second.block_checksums = sums;
+      found.checksums[blob] = Dedup::ChecksumBytes(sums);
     }
   }
   // Runs of units that follow each other both in the file and in one blob
@@ -329,7 +334,8 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
   uint64_t shared = 0;
   for (const Run& run : runs) {
     const BlobRecord& blob = found.records.at(run.at.blob);
-    Dedup::MapBlob(ino, units[run.first].file_offset, run.at, run.end - run.first, blob, &txn.batch, &txn.blob_refs);
+    Dedup::MapBlob(ino, units[run.first].file_offset, run.at, run.end - run.first, blob,
+                   found.checksums.at(run.at.blob), &txn.batch, &txn.blob_refs);
     if (sums_taken.count(run.at.blob)) {
       txn.new_blobs[run.at.blob] = blob;
     } else {

@@ -86,6 +86,7 @@ Result<DirentRecord> DirentRecord::Decode(std::string_view bytes) {
 
 std::string ExtentRecord::Encode() const {
   std::string out;
+  out.reserve(1 + 5 * 10 + 4 * block_checksums.size());
   out.push_back(static_cast<char>(kExtentVersion));
   coding::PutVarint64(&out, physical);
   coding::PutVarint64(&out, length);
@@ -93,6 +94,20 @@ std::string ExtentRecord::Encode() const {
   coding::PutVarint64(&out, blob_id);
   coding::PutVarint64(&out, block_checksums.size());
   for (uint32_t sum : block_checksums) coding::PutFixed32BE(&out, sum);
+  return out;
+}
+
+std::string EncodeExtent(uint64_t physical, uint64_t length, uint32_t flags, uint64_t blob_id,
+                         std::string_view checksums) {
+  std::string out;
+  out.reserve(1 + 5 * 10 + checksums.size());
+  out.push_back(static_cast<char>(kExtentVersion));
+  coding::PutVarint64(&out, physical);
+  coding::PutVarint64(&out, length);
+  coding::PutVarint64(&out, flags);
+  coding::PutVarint64(&out, blob_id);
+  coding::PutVarint64(&out, checksums.size() / 4);
+  out.append(checksums);
   return out;
 }
 
@@ -222,26 +237,37 @@ Result<BlobRecord> BlobRecord::Decode(std::string_view bytes) {
   return r;
 }
 
-Status BlobRecord::DecodeContent(std::string_view bytes) {
+Result<BlobContentView> BlobContentView::Parse(std::string_view bytes) {
   coding::Reader reader(bytes);
   SPILLFS_RETURN_IF_ERROR(CheckVersion(&reader, kBlobContentVersion, "blob content"));
-  std::string_view hashes;
-  if (!reader.GetLengthPrefixed(&hashes)) return Truncated("blob content");
-  if (hashes.size() != head_units * kHashBytes) {
+  BlobContentView view;
+  if (!reader.GetLengthPrefixed(&view.hashes) || !reader.GetLengthPrefixed(&view.checksums)) {
+    return Truncated("blob content");
+  }
+  if (view.hashes.empty() || view.hashes.size() % BlobRecord::kHashBytes != 0 || view.checksums.size() % 4 != 0 ||
+      !reader.empty()) {
+    return Status::Corruption("blob content malformed");
+  }
+  return view;
+}
+
+Status BlobRecord::DecodeContent(std::string_view bytes) {
+  SPILLFS_ASSIGN_OR_RETURN(BlobContentView view, BlobContentView::Parse(bytes));
+  return SetContent(view, /*with_checksums=*/true);
+}
+
+Status BlobRecord::SetContent(const BlobContentView& view, bool with_checksums) {
+  if (view.hashes.size() != head_units * kHashBytes) {
     return Status::Corruption(
-        fmt::format("blob content holds {} bytes of hashes, its head {} units", hashes.size(), head_units));
+        fmt::format("blob content holds {} bytes of hashes, its head {} units", view.hashes.size(), head_units));
   }
-  std::vector<uint32_t> sums;
-  std::string_view none;
-  coding::Reader at_sums = reader;
-  if (at_sums.GetLengthPrefixed(&none) && none.empty() && at_sums.empty()) {
-    // kept without checksums (a volume without them)
-  } else {
-    SPILLFS_RETURN_IF_ERROR(GetChecksums(&reader, &sums));
-    if (!reader.empty()) return Status::Corruption("blob checksums malformed");
+  hash.assign(view.hashes);
+  block_checksums.clear();
+  if (!with_checksums) return Status::OK();
+  block_checksums.reserve(view.checksums.size() / 4);
+  for (size_t i = 0; i < view.checksums.size(); i += 4) {
+    block_checksums.push_back(coding::DecodeFixed32BE(view.checksums.data() + i));
   }
-  hash.assign(hashes);
-  block_checksums = std::move(sums);
   return Status::OK();
 }
 

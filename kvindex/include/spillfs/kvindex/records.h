@@ -93,6 +93,13 @@ struct ExtentView {
   ExtentRecord Slice(uint64_t skip, uint64_t length, uint64_t block_size) const;
 };
 
+// ExtentRecord::Encode of an extent whose checksums are given encoded (4
+// bytes big-endian a block, as ExtentView and a blob's content hold them): a
+// blob's run mapped into a file takes its checksums as they are, not decoded
+// and encoded again one by one (a 2.5 GiB checkpoint has 660,000).
+std::string EncodeExtent(uint64_t physical, uint64_t length, uint32_t flags, uint64_t blob_id,
+                         std::string_view checksums);
+
 // A deduplicated run of blocks: one or more whole dedup units written
 // together (a direct-path commit's run of whole units is one blob), shared by
 // every extent whose blob_id is its physical offset; an extent may name any
@@ -141,7 +148,16 @@ struct BlobRecord {
   static Result<BlobRecord> Decode(std::string_view bytes);
   // Fills in hash and block_checksums of a head from its 'd' value.
   Status DecodeContent(std::string_view bytes);
+  // The same from a parsed one; its checksums decoded only `with_checksums`.
+  Status SetContent(const struct BlobContentView& view, bool with_checksums);
   bool operator==(const BlobRecord&) const = default;
+};
+
+// A blob content record ('d') parsed without decoding its checksums.
+struct BlobContentView {
+  std::string_view hashes;     // 16 bytes a unit
+  std::string_view checksums;  // 4 bytes big-endian a block; empty on a volume without them
+  static Result<BlobContentView> Parse(std::string_view bytes);
 };
 
 // Where the blob index's hash key ('h' + hash, keys.h) says a unit's content
