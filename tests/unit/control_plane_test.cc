@@ -534,6 +534,35 @@ TEST_F(ControlPlaneTest, DedupAndCommitCompactUnits) {
 }
 
 // Without a Filesystem (an unmounted volume) the direct-path ops are unknown.
+// The compact hashes are read without the JSON lexer where the client
+// library's spelling has them at the top level; spelled otherwise (a space,
+// escapes) or nested in another object, the request means what its JSON says.
+TEST_F(ControlPlaneTest, CompactUnitHashesSpelledAnyWayMeanTheSame) {
+  const std::string data = MakeThreeUnits("a");
+  auto hash = [&](uint64_t u) { return ContentHash128(data.data() + u * kUnit, kUnit); };
+  const std::string hex = Hex(hash(0)) + Hex(hash(1));
+  int file = 0;
+  auto dedup = [&](const std::string& tail) {
+    const std::string name = "f" + std::to_string(file++);
+    MakeFile(name, "");
+    return Ask(R"({"op":"dedup","path":"/)" + name + R"(","unit_runs":[0,2],)" + tail);
+  };
+  for (const std::string& tail : {R"("unit_hashes":")" + hex + "\"}", R"("unit_hashes": ")" + hex + "\"}",
+                                  R"("unit_hashes":")" + hex + R"(","x":{"unit_hashes":""}})",
+                                  R"("x":{"unit_hashes":"00"},"unit_hashes":")" + hex + "\"}"}) {
+    json reply = dedup(tail);
+    ASSERT_EQ(reply["ok"], true) << tail << " " << reply;
+    EXPECT_EQ(reply["result"]["needed"], "00") << tail;
+  }
+  // Nested only: no top-level hashes, refused as such.
+  json nested = dedup(R"("x":{"unit_hashes":")" + hex + "\"}}");
+  EXPECT_EQ(nested["ok"], false) << nested;
+  EXPECT_NE(nested.dump().find("go together"), std::string::npos) << nested;
+  // A key that only ends in the name, escaped quote and all, is not it.
+  json odd = dedup(R"("x\"unit_hashes":")" + hex + "\"}");
+  EXPECT_EQ(odd["ok"], false) << odd;
+}
+
 TEST_F(ControlPlaneTest, InspectionAloneRefusesTheDirectPath) {
   Inspector inspector(fs_->volume().index(), fs_->volume().superblock());
   json reply = json::parse(ControlPlane::AnswerInspection(inspector, R"({"op":"layout","path":"/"})", {}));
