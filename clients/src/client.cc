@@ -146,9 +146,14 @@ spill_client* spill_client_open(const char* mountpoint) {
   client->control_path = spillfs::control::ControlPath(canonical);
   int rc = client->OpenChannel(&client->control);
   if (rc != 0) return fail(rc);
+  // The volume's settings: "volume" (no scan of the index, where "stat" reads
+  // every inode and extent: a save opens a client), "stat" from a daemon
+  // that does not know it.
   json info;
-  if ((rc = client->control->Request(json{{spillfs::control::key::kOp, spillfs::control::op::kStat}}, &info)) != 0)
-    return fail(rc);
+  rc = client->control->Request(json{{spillfs::control::key::kOp, spillfs::control::op::kVolume}}, &info);
+  if (rc == -EINVAL)
+    rc = client->control->Request(json{{spillfs::control::key::kOp, spillfs::control::op::kStat}}, &info);
+  if (rc != 0) return fail(rc);
   if (!info.is_object() || !GetU64(info, "block_size", &client->block_size)) {
     return fail(Fail(EPROTO, "malformed stat reply from " + client->control_path));
   }

@@ -394,10 +394,10 @@ struct OpRoute {
   Route route;
 };
 constexpr OpRoute kRoutes[] = {
-    {control::op::kStat, Route::kQuery},     {control::op::kLs, Route::kListing},
-    {control::op::kDu, Route::kListing},     {control::op::kLayout, Route::kDirect},
-    {control::op::kReserve, Route::kDirect}, {control::op::kCommit, Route::kDirect},
-    {control::op::kDedup, Route::kDirect},
+    {control::op::kStat, Route::kQuery},    {control::op::kVolume, Route::kQuery},
+    {control::op::kLs, Route::kListing},    {control::op::kDu, Route::kListing},
+    {control::op::kLayout, Route::kDirect}, {control::op::kReserve, Route::kDirect},
+    {control::op::kCommit, Route::kDirect}, {control::op::kDedup, Route::kDirect},
 };
 
 // kQuery for an op that is none of them: AnswerQuery refuses it as unknown.
@@ -474,6 +474,8 @@ nlohmann::json AnswerQuery(const Inspector& inspector, const nlohmann::json& req
   Result<json> result = Status::Invalid(fmt::format("unknown op '{}'", op));
   if (op == control::op::kStat) {
     result = inspector.Stat(runtime);
+  } else if (op == control::op::kVolume) {
+    result = inspector.Volume();
   } else if (op == control::op::kLs) {
     if (!request.contains("paths") || !request["paths"].is_array()) {
       result = Status::Invalid("ls needs \"paths\": a list of paths");

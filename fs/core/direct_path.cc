@@ -328,7 +328,12 @@ Result<std::vector<bool>> Filesystem::DirectDedup(InodeNumber ino, const std::ve
     }
   }
   if (ranges.empty()) return mapped;
-  Txn txn(index_);
+  size_t batch_bytes = 4096;  // the extents' checksums, and a little for the rest
+  for (const Run& run : runs) {
+    batch_bytes +=
+        64 + found.checksums.at(run.at.blob).size() / found.records.at(run.at.blob).units() * (run.end - run.first);
+  }
+  Txn txn(index_, batch_bytes);
   uint64_t unmapped = 0;
   SPILLFS_RETURN_IF_ERROR(UnmapRanges(&txn, ino, ranges, &unmapped));
   uint64_t shared = 0;

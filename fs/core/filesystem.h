@@ -266,7 +266,7 @@ class Filesystem {
   static constexpr size_t kIoLockStripes = 256;
   // A commit in progress: one index batch and the space it frees.
   struct Txn {
-    explicit Txn(const Index& index) : batch(index) {}
+    explicit Txn(const Index& index, size_t reserve_bytes = 0) : batch(index, reserve_bytes) {}
     Index::Batch batch;
     std::vector<PhysicalExtent> freed;
     // Applied by CommitTxn (Dedup::ApplyBlobRefs).

@@ -104,7 +104,8 @@ std::string EncodeMetaU64(uint64_t value) {
 
 // ---- Batch ----
 
-Index::Batch::Batch(const Index& index) : index_(&index), batch_(new rocksdb::WriteBatch) {}
+Index::Batch::Batch(const Index& index, size_t reserve_bytes)
+    : index_(&index), batch_(new rocksdb::WriteBatch(reserve_bytes)) {}
 Index::Batch::~Batch() = default;
 Index::Batch::Batch(Batch&&) noexcept = default;
 Index::Batch& Index::Batch::operator=(Batch&&) noexcept = default;

@@ -275,6 +275,13 @@ TEST_F(ControlPlaneTest, RoutesEveryOp) {
   EXPECT_EQ(stat["result"]["mounted"], true);
   EXPECT_EQ(stat["result"]["files"], 1u);
   EXPECT_GT(stat["result"]["ram_tier_capacity_bytes"], 0u);
+  // The settings alone, as stat gives them, and nothing counted.
+  json volume = Ask(R"({"op":"volume"})");
+  ASSERT_EQ(volume["ok"], true) << volume;
+  for (const char* key : {"uuid", "format_version", "block_size", "checksums", "dedup"}) {
+    EXPECT_EQ(volume["result"][key], stat["result"][key]) << key;
+  }
+  EXPECT_FALSE(volume["result"].contains("files"));
   // ls and du flush the RAM tier first: the listing shows the extents.
   json ls = Ask(R"({"op":"ls","paths":["/f"],"extents":true})");
   ASSERT_EQ(ls["ok"], true) << ls;

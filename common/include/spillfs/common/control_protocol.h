@@ -11,6 +11,9 @@
 //
 // Requests ({"op":OP, fields...}; docs/design.md has the table of results):
 //   stat     none                                    the volume object (stat_keys.h)
+//   volume   none                                    the superblock's settings alone: uuid,
+//                                                    format_version, block_size, checksums,
+//                                                    dedup (no scan: what a client opens with)
 //   ls       paths (list), long, extents, directory  list of entries
 //   du       path                                    usage of the tree at path
 //   layout   path                                    extents with block checksums;
@@ -65,6 +68,7 @@ inline constexpr uint64_t kMaxRequestBytes = 16 << 20;
 // Every op the daemon answers.
 namespace op {
 inline constexpr char kStat[] = "stat";
+inline constexpr char kVolume[] = "volume";
 inline constexpr char kLs[] = "ls";
 inline constexpr char kDu[] = "du";
 inline constexpr char kLayout[] = "layout";

@@ -65,6 +65,10 @@ class Inspector {
   // dedup, mounted and data_sync_failed booleans; data_sync_error a string
   // or null.
   Result<nlohmann::json> Stat(const RuntimeStats& runtime) const;
+  // The superblock's settings alone (uuid, format_version, block_size,
+  // checksums, dedup), as Stat gives them: no scan of the index. A client of
+  // the direct path opens with these; Stat reads every inode and extent.
+  nlohmann::json Volume() const;
 
   // The extents of one inode in file order: a list of
   //   {file_offset, physical_offset, length, checksum, shared, unwritten,

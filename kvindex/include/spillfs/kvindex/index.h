@@ -55,7 +55,10 @@ class Index {
   // A group of changes committed atomically.
   class Batch {
    public:
-    explicit Batch(const Index& index);
+    // `reserve_bytes`: room taken at once for what the batch will hold (a
+    // batch of megabytes grown by doubling copies itself and faults in fresh
+    // pages each time).
+    explicit Batch(const Index& index, size_t reserve_bytes = 0);
     ~Batch();
     Batch(Batch&&) noexcept;
     Batch& operator=(Batch&&) noexcept;
