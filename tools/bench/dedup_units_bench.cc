@@ -2,8 +2,10 @@
 // (Filesystem::DirectDedup), as a dedup'd second save of a checkpoint meets it.
 //
 // A fresh volume in a temporary directory; file "a" gets N whole dedup units
-// by one direct commit with their hashes, so the volume holds N blobs (no data
-// is written: DirectDedup reads a blob only where its record lacks checksums).
+// by one direct commit with their hashes, so the volume holds them as one blob
+// of N units (one run: a checkpoint's tensors are a blob each; no data is
+// written: DirectDedup reads a blob only where a one-unit record lacks
+// checksums).
 // Then, timed: DirectDedup of N units of a new file "b" with a's hashes (the
 // core alone), and the same as one control request {"op":"dedup","units":...}
 // on a new file "c" (JSON parse and reply included), and again over "c"
