@@ -87,6 +87,38 @@ int FileControl(spill_file* file, ControlChannel** out) {
   return 0;
 }
 
+// The batches of Dedup, each one request; sets needed[i] and *mapped_end
+// (past the last unit mapped).
+template <typename UnitOffset>
+int DedupBatches(spill_file* file, ControlChannel* control, size_t n_units, const UnitOffset& unit_offset,
+                 const uint64_t* hashes, uint8_t* needed, uint64_t* mapped_end) {
+  for (size_t first = 0; first < n_units; first += kDedupBatch) {
+    const size_t count = std::min(kDedupBatch, n_units - first);
+    std::string text = R"({"op":"dedup","path":)" + json(file->rel).dump();
+    AppendUnitList(
+        &text, count, [&](size_t i) { return unit_offset(first + i); },
+        [&](size_t i) { return hashes + 2 * (first + i); });
+    text += "}";
+    std::string reply;
+    json result;
+    int rc = control->RequestText(std::move(text), "dedup", &reply);
+    if (rc == 0) rc = control->ParseReply("dedup", reply, &result);
+    if (rc != 0) return rc;
+    // The compact form's reply: "needed" is a string, '1' or '0' a unit.
+    auto it = result.find("needed");
+    if (it == result.end() || !it->is_string() || it->get_ref<const std::string&>().size() != count) {
+      return Fail(EPROTO, "malformed dedup reply: " + reply.substr(0, 200));
+    }
+    const std::string& flags = it->get_ref<const std::string&>();
+    for (size_t i = 0; i < count; ++i) {
+      if (flags[i] != '0' && flags[i] != '1') return Fail(EPROTO, "malformed dedup reply: " + reply.substr(0, 200));
+      needed[first + i] = static_cast<uint8_t>(flags[i] - '0');
+      if (needed[first + i] == 0) *mapped_end = std::max(*mapped_end, unit_offset(first + i) + kHashUnit);
+    }
+  }
+  return 0;
+}
+
 // Checkpoint dedup of `n_units` units: at file_offsets[i] where given (a
 // multiple of 256 KiB, strictly increasing), else consecutive from
 // `file_offset`. One request (a batch of kDedupBatch units) for all.
@@ -121,36 +153,14 @@ int Dedup(spill_file* file, uint64_t file_offset, const uint64_t* file_offsets, 
   file->Changed();
   ControlChannel* control = nullptr;
   if (int rc = FileControl(file, &control); rc != 0) return rc == -ENOTSUP ? -EOPNOTSUPP : rc;
+  // The daemon grows the file over the units it maps: while it may, this
+  // counts as a write in flight (a write request ending meanwhile must not
+  // cut the file back), and its end sets the size.
   uint64_t mapped_end = 0;
-  for (size_t first = 0; first < n_units; first += kDedupBatch) {
-    const size_t count = std::min(kDedupBatch, n_units - first);
-    std::string text = R"({"op":"dedup","path":)" + json(file->rel).dump();
-    AppendUnitList(
-        &text, count, [&](size_t i) { return unit_offset(first + i); },
-        [&](size_t i) { return hashes + 2 * (first + i); });
-    text += "}";
-    std::string reply;
-    json result;
-    int rc = control->RequestText(std::move(text), "dedup", &reply);
-    if (rc == 0) rc = control->ParseReply("dedup", reply, &result);
-    if (rc != 0) return rc;
-    // The compact form's reply: "needed" is a string, '1' or '0' a unit.
-    auto it = result.find("needed");
-    if (it == result.end() || !it->is_string() || it->get_ref<const std::string&>().size() != count) {
-      return Fail(EPROTO, "malformed dedup reply: " + reply.substr(0, 200));
-    }
-    const std::string& flags = it->get_ref<const std::string&>();
-    for (size_t i = 0; i < count; ++i) {
-      if (flags[i] != '0' && flags[i] != '1') return Fail(EPROTO, "malformed dedup reply: " + reply.substr(0, 200));
-      needed[first + i] = static_cast<uint8_t>(flags[i] - '0');
-      if (needed[first + i] == 0) mapped_end = std::max(mapped_end, unit_offset(first + i) + kHashUnit);
-    }
-  }
-  // The daemon grew the file over the units it mapped: a write request's end
-  // must not cut it back.
-  std::lock_guard lock(file->size_mu);
-  file->size = std::max(file->size, mapped_end);
-  return 0;
+  file->BeginWrite();
+  const int rc = DedupBatches(file, control, n_units, unit_offset, hashes, needed, &mapped_end);
+  const int sized = file->EndWrite(true, mapped_end, 0);  // mapped_end: of the batches answered
+  return rc != 0 ? rc : sized;
 }
 
 // 0, or -ENODEV where `device` (>= 0) is no CUDA device this library can use.

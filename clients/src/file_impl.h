@@ -104,7 +104,9 @@ struct spill_file {
 
   // Size bookkeeping of the O_DIRECT backends, whose writes end on a block
   // boundary: the last write request to finish sets the size to what the
-  // requests wrote (never less than it was).
+  // requests wrote (never less than it was). A dedup counts as a write in
+  // flight: the daemon grows the file over the units it maps, and a write
+  // ending meanwhile must not cut them off.
   std::mutex size_mu;
   uint64_t size = 0;        // the file's size as written (exact)
   uint64_t padded_end = 0;  // the end of blocks written past `size`
@@ -113,6 +115,13 @@ struct spill_file {
 
   // A change through the handle begins or ends: the kept layout goes.
   void Changed();
+
+  // A write (or dedup) begins; returns the size before it.
+  uint64_t BeginWrite();
+  // It ends: `ok` with bytes up to `end` in place, blocks written up to
+  // `padded_end` (>= end; 0: none past it). The last one in flight sets the
+  // file's size to what was written; 0 or -errno (message set).
+  int EndWrite(bool ok, uint64_t end, uint64_t padded_end);
 
   ~spill_file();
 };

@@ -72,6 +72,26 @@ void spill_file::Changed() {
   dropped = std::move(layout);
 }
 
+uint64_t spill_file::BeginWrite() {
+  std::lock_guard lock(size_mu);
+  ++writes_in_flight;
+  return size;
+}
+
+int spill_file::EndWrite(bool ok, uint64_t end, uint64_t padded) {
+  std::lock_guard lock(size_mu);
+  --writes_in_flight;
+  if (ok) size = std::max(size, end);
+  padded_end = std::max(padded_end, padded);
+  if (writes_in_flight > 0 || padded_end <= size) return 0;
+  padded_end = 0;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    int e = errno;
+    return ok ? Fail(e, WithErrno("cannot set the size of " + path, e)) : 0;
+  }
+  return 0;
+}
+
 namespace spillfs::client {
 
 // spill_file_open (the C ABI's): see client.h.

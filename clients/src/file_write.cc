@@ -120,11 +120,7 @@ int WriteJob::Stage(size_t i) {
 // Through a file system (a spillfs mount or another): the pieces at their
 // file offsets; then the size, exact once the last write of the handle ends.
 int WriteJob::WriteFile() {
-  {
-    std::lock_guard lock(file_->size_mu);
-    ++file_->writes_in_flight;
-    size_before_ = file_->size;
-  }
+  size_before_ = file_->BeginWrite();
   int rc = 0;
   for (size_t i = 0; i < plan_.pieces.size() && rc == 0; ++i) {
     if ((rc = Stage(i)) != 0) break;
@@ -147,18 +143,8 @@ int WriteJob::WriteFile() {
   Note(rc);
   Drain();
   rc = error();
-  std::lock_guard lock(file_->size_mu);
-  --file_->writes_in_flight;
-  if (rc == 0) file_->size = std::max(file_->size, plan_.exact_end);
-  file_->padded_end = std::max(file_->padded_end, plan_.pieces.back().end);
-  if (file_->writes_in_flight == 0 && file_->padded_end > file_->size) {
-    if (ftruncate(file_->fd, static_cast<off_t>(file_->size)) != 0 && rc == 0) {
-      int e = errno;
-      return Fail(e, WithErrno("cannot set the size of " + file_->path, e));
-    }
-    file_->padded_end = 0;
-  }
-  return rc;
+  const int sized = file_->EndWrite(rc == 0, plan_.exact_end, plan_.pieces.back().end);
+  return rc != 0 ? rc : sized;
 }
 
 // The direct path: steps of whole pieces, each reserved, written and

@@ -520,10 +520,10 @@ std::string ControlPlane::AnswerInspection(const Inspector& inspector, std::stri
 }
 
 std::string ControlPlane::Answer(Handle& handle) {
-  std::lock_guard lock(mu_);
   Volume& volume = fs_->volume();
   Inspector inspector(volume.index(), volume.superblock());
   if (handle.ino == kStatsIno) {
+    std::lock_guard lock(mu_);
     auto stat = inspector.Stat(Runtime());
     return stat.ok() ? PrometheusText(*stat) : fmt::format("# error: {}\n", stat.status().ToString());
   }
@@ -532,6 +532,9 @@ std::string ControlPlane::Answer(Handle& handle) {
     if (!request.ok()) return ReplyText(ErrorReply(request.status()));
     switch (RouteOf((*request)[control::key::kOp].get<std::string>())) {
       case Route::kDirect:
+        // Unlocked: Filesystem is safe for concurrent use (as FUSE's threads
+        // use it), and a client's dedup request runs while its own writes
+        // reserve and commit on other channels.
         return AnswerDirect(handle, *request, inspector);
       case Route::kListing:
         if (Status flushed = fs_->FlushAll(); !flushed.ok()) return ReplyText(ErrorReply(flushed));
@@ -539,6 +542,7 @@ std::string ControlPlane::Answer(Handle& handle) {
       case Route::kQuery:
         break;
     }
+    std::lock_guard lock(mu_);
     return ReplyText(AnswerQuery(inspector, *request, Runtime()));
   });
 }

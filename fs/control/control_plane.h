@@ -112,7 +112,7 @@ class ControlPlane {
 
   Filesystem* fs_;
   std::chrono::steady_clock::time_point started_;
-  std::mutex mu_;                // the index read by Inspector is shared; replies are built one at a time
+  std::mutex mu_;                // inspection replies (stat, ls, du...) are built one at a time; direct ops take none
   HandleTable<Handle> handles_;  // every open handle
 };
 

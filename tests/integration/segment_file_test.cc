@@ -650,6 +650,51 @@ TEST_P(SegmentDedupTest, ScatteredUnitsInOneCall) {
   EXPECT_EQ(RunSpillfs("fsck " + volume_->volume(), &output), 0) << output;
 }
 
+// A save writes the units it knows are new while it asks about the others:
+// a dedup request runs while write requests of other ranges of the same
+// file are in flight (and a write whose last block is partial ends before
+// or after it), repeatedly; every time the file reads back whole, at the
+// size of the units mapped past the writes, and fsck finds the volume clean.
+TEST_P(SegmentDedupTest, DedupWhileWritesOfOtherRangesAreInFlight) {
+  const std::string data = RandomBytes(16 * kUnit, 21);
+  Save("base", data, "");
+  const std::vector<uint64_t> hashes = Hashes(data);
+  const std::string fresh = RandomBytes(6 * kUnit + 100, 22);  // not the volume's; a partial last block
+  for (int round = 0; round < 8; ++round) {
+    const std::string name = "ckpt" + std::to_string(round);
+    FilePtr f = Open(volume_->Path(name), kCreate);
+    ASSERT_NE(f, nullptr);
+    // The fresh bytes at [0, 6 units + 100), the base's units at [8, 24) units.
+    std::vector<spill_segment> segs;
+    for (uint64_t at = 0; at < fresh.size(); at += 2 * kUnit) {
+      segs.push_back(
+          spill_segment{const_cast<char*>(fresh.data()) + at, std::min(2 * kUnit, fresh.size() - at), at, -1});
+    }
+    std::vector<spill_request*> requests;
+    for (const spill_segment& seg : segs) {  // one request a segment, all in flight
+      spill_request* request = nullptr;
+      ASSERT_EQ(spill_file_write_segments(f.get(), &seg, 1, 0, &request), 0) << spill_last_error();
+      requests.push_back(request);
+    }
+    std::vector<uint64_t> offsets;
+    for (uint64_t k = 0; k < 16; ++k) offsets.push_back((8 + k) * kUnit);
+    std::vector<uint8_t> needed(16, 7);
+    EXPECT_EQ(spill_file_dedup_units(f.get(), offsets.data(), hashes.data(), 16, needed.data()), 0)
+        << spill_last_error();
+    for (spill_request* request : requests) EXPECT_EQ(spill_request_wait(request, nullptr), 0) << spill_last_error();
+    EXPECT_EQ(std::count(needed.begin(), needed.end(), 0), 16) << "round " << round;
+    f.reset();
+    std::string want(24 * kUnit, '\0');
+    want.replace(0, fresh.size(), fresh);
+    want.replace(8 * kUnit, data.size(), data);
+    EXPECT_EQ(SizeOf(volume_->Path(name)), want.size()) << "round " << round;
+    EXPECT_TRUE(ReadFile(volume_->Path(name)) == want) << "round " << round;
+  }
+  ASSERT_TRUE(volume_->Unmount());
+  std::string output;
+  EXPECT_EQ(RunSpillfs("fsck " + volume_->volume(), &output), 0) << output;
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, SegmentDedupTest, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& info) {
   return info.param ? "DirectPath" : "ThroughTheMount";
 });

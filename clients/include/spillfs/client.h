@@ -138,7 +138,9 @@ SPILL_API const char* spill_last_error(void);
  * Threading: a spill_file may be used from several threads; requests run on
  * threads of their own and any thread may wait for one. spill_file_truncate,
  * spill_file_close and spill_file_dedup must not overlap a write request in
- * flight on the same range (close and truncate: on the handle; -EBUSY). */
+ * flight on the same range (close and truncate: on the handle; -EBUSY); a
+ * dedup may run while write requests of other ranges do (a save writes the
+ * units it knows are new while it asks about the others). */
 
 typedef struct spill_file spill_file;
 typedef struct spill_request spill_request;
