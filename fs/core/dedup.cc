@@ -226,6 +226,21 @@ void Dedup::LoadRecords(std::vector<uint64_t> blobs, FoundBlobs* found) const {
   }
 }
 
+namespace {
+
+// The record of the blob found for unit i where it holds `hash` there; else
+// the unit is dropped from `found` (its blob gone or rewritten) and nullptr.
+const BlobRecord* HolderOrDropped(FoundBlobs* found, size_t i, std::string_view hash) {
+  std::optional<BlobUnitRef>& at = found->units[i];
+  if (!at) return nullptr;
+  auto record = found->records.find(at->blob);
+  if (record != found->records.end() && Dedup::Holds(record->second, at->unit, hash)) return &record->second;
+  at.reset();
+  return nullptr;
+}
+
+}  // namespace
+
 FoundBlobs Dedup::FindBlobs(const std::vector<std::string_view>& hashes, const std::vector<bool>& follows) const {
   const size_t n = hashes.size();
   FoundBlobs found;
@@ -244,16 +259,12 @@ FoundBlobs Dedup::FindBlobs(const std::vector<std::string_view>& hashes, const s
     }
     LoadRecords(std::move(blobs), &found);
     for (size_t i : which) {
-      std::optional<BlobUnitRef>& at = found.units[i];
-      if (!at) continue;
-      auto record = found.records.find(at->blob);
-      if (record == found.records.end() || !Holds(record->second, at->unit, hashes[i])) {
-        at.reset();
-        continue;
-      }
+      const BlobRecord* record = HolderOrDropped(&found, i, hashes[i]);
+      if (record == nullptr) continue;
+      const BlobUnitRef at = *found.units[i];
       for (size_t j = i + 1; j < n && !done[j] && follows[j]; ++j) {
-        const BlobUnitRef next{at->blob, found.units[j - 1]->unit + 1};
-        if (!Holds(record->second, next.unit, hashes[j])) break;
+        const BlobUnitRef next{at.blob, found.units[j - 1]->unit + 1};
+        if (!Holds(*record, next.unit, hashes[j])) break;
         found.units[j] = next;
         done[j] = true;
       }
@@ -278,12 +289,7 @@ void Dedup::CheckFound(const std::vector<std::string_view>& hashes, FoundBlobs* 
   std::vector<uint64_t> blobs;
   for (const auto& [blob, record] : found->records) blobs.push_back(blob);
   LoadRecords(std::move(blobs), found);
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    std::optional<BlobUnitRef>& at = found->units[i];
-    if (!at) continue;
-    auto record = found->records.find(at->blob);
-    if (record == found->records.end() || !Holds(record->second, at->unit, hashes[i])) at.reset();
-  }
+  for (size_t i = 0; i < hashes.size(); ++i) HolderOrDropped(found, i, hashes[i]);
 }
 
 bool Dedup::TakeChecksums(const char* unit, BlobRecord* record) const {
