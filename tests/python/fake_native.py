@@ -25,6 +25,7 @@ class FakeSegmentLib:
         self.next_id = 1
         self.written = 0
         self.dedup_calls = 0
+        self.units_asked = 0
         self.segments_seen = []
 
     def _id(self):
@@ -114,6 +115,7 @@ class FakeSegmentLib:
     def _map_units(self, handle, offsets, hashes, needed):
         """One dedup request: units the store holds are "mapped by reference" (written here)."""
         self.dedup_calls += 1
+        self.units_asked += len(offsets)
         fd = self.files[handle]
         for i, at in enumerate(offsets):
             chunk = self.store.get((hashes[2 * i], hashes[2 * i + 1]))

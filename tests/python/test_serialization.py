@@ -624,6 +624,7 @@ def test_dedup_of_many_tensors_is_one_request_and_adds_the_changed_bytes(mount):
     changed_units = sum(sd[name].numel() * 4 // (256 * KIB) for name in changed)
     all_units = sum(t.numel() * 4 // (256 * KIB) for t in big)
     assert r2.bytes_shared == (all_units - changed_units) * 256 * KIB
+    assert r2.units_changed_in_place == changed_units  # written while the volume was asked about the rest
     assert changed_bytes <= r2.bytes_written < changed_bytes + tails + 64 * KIB + 16 * 4 * KIB * 3
     if before is not None:
         grown = _physical_bytes(mount) - before
@@ -667,8 +668,9 @@ def test_dedup_writes_only_the_units_the_volume_lacks(tmp_path, monkeypatch):
     assert fake.written - before == r2.bytes_written
     assert tails <= r2.bytes_written < tails + 64 * KIB  # partial last units, headers and the pickle
     sd["w4"] += 1
-    before = fake.written
+    before, asked = fake.written, fake.units_asked
     r3 = spillfs.save(sd, tmp_path / "s3.pt")
+    assert r3.units_changed_in_place == 4 and fake.units_asked - asked == units - 4  # w4's written unasked
     assert tails + 4 * 256 * KIB <= r3.bytes_written < tails + 4 * 256 * KIB + 64 * KIB
     assert fake.written - before == r3.bytes_written
     for name, want in (("s2.pt", None), ("s3.pt", sd)):
@@ -680,6 +682,30 @@ def test_dedup_writes_only_the_units_the_volume_lacks(tmp_path, monkeypatch):
     assert_same(sd, spillfs.load(tmp_path / "s3.pt"))
     r4 = spillfs.save(sd, tmp_path / "s4.pt", dedup=False)
     assert not r4.dedup and r4.bytes_shared == 0 and r4.bytes_written >= 6 * 1_200_000
+
+
+def test_dedup_asks_about_storages_it_has_not_saved(tmp_path, monkeypatch):
+    """Units are written without asking only where the same storage, still
+    alive, changed since this process saved it: a tensor made anew (at the
+    address of one freed, as the allocator likes) is asked about, so the
+    volume shares what it holds of it."""
+    from fake_native import FakeSegmentLib
+    fake = FakeSegmentLib()
+    monkeypatch.setattr(_native, "segment_io", lambda: fake)
+    w = torch.randn(8 * 256 * KIB // 4, generator=torch.Generator().manual_seed(3))
+    spillfs.save({"w": w}, tmp_path / "a.pt")
+    del w
+    w = torch.randn(8 * 256 * KIB // 4, generator=torch.Generator().manual_seed(3))  # the same bytes, anew
+    asked = fake.units_asked
+    r = spillfs.save({"w": w}, tmp_path / "b.pt")
+    assert r.units_changed_in_place == 0 and fake.units_asked - asked == 8
+    assert r.bytes_shared == 8 * 256 * KIB
+    w[:256 * KIB // 4] += 1  # its first unit changes in place
+    asked = fake.units_asked
+    r = spillfs.save({"w": w}, tmp_path / "c.pt")
+    assert r.units_changed_in_place == 1 and fake.units_asked - asked == 7
+    assert r.bytes_shared == 7 * 256 * KIB
+    assert_same({"w": w}, torch.load(tmp_path / "c.pt"))
 
 
 def test_dedup_with_a_library_without_dedup_units(tmp_path, monkeypatch):

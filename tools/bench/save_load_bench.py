@@ -242,6 +242,7 @@ class Bench:
                      "first_save_seconds": round(first, 3), "speedup_vs_first": round(first / second, 2),
                      "stages": {k: round(v, 4) for k, v in r2.seconds.items()},
                      "dedup_requests": getattr(r2, "dedup_requests", None),
+                     "units_changed_in_place": getattr(r2, "units_changed_in_place", None),
                      "io_stats": {k: round(v, 4) if isinstance(v, float) else v
                                   for k, v in (getattr(r2, "io_stats", None) or {}).items()}}
             if after is not None:

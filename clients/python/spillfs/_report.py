@@ -44,6 +44,9 @@ class IOReport:
         dedup (bool): whether the save asked the volume to share units.
         dedup_requests (int): dedup requests sent to the daemon (one for a
             whole file, up to 65536 units).
+        units_changed_in_place (int): 256 KiB units written without asking
+            the volume, as they changed since this process last saved the
+            same storage (the request about the others ran meanwhile).
         seconds (dict): seconds per stage. save: ``pickle``, ``hash`` and
             ``dedup`` (dedup only), ``write`` (submitting and waiting for the
             data, CRCs computed meanwhile), ``crc`` (waiting for CRCs after
@@ -62,7 +65,7 @@ class IOReport:
 
     _FIELDS = ("op", "path", "backend", "io_path", "io_stats", "file_bytes", "storages", "storage_bytes", "bytes_written",
                "bytes_shared", "bytes_read", "device_bytes", "crc32_skipped", "dedup", "dedup_requests",
-               "seconds")
+               "units_changed_in_place", "seconds")
 
     def __init__(self, op=None, path=None):
         self.op = op
@@ -80,6 +83,7 @@ class IOReport:
         self.crc32_skipped = 0
         self.dedup = False
         self.dedup_requests = 0
+        self.units_changed_in_place = 0
         self.seconds = {}
 
     @contextmanager

@@ -6,9 +6,12 @@ By offsets, the file is written in two phases:
 1. the big storages (256 KiB or more, at 256 KiB-aligned offsets), each from
    its start to its last whole 4 KiB block: host memory as it is, CUDA memory
    through the library's pinned pool (native) or through pinned staging
-   buffers here (Python I/O, or ``crc32=True``); with dedup, only the 256 KiB
-   units the volume does not hold; CRC-32s are computed meanwhile on threads;
-2. once their CRCs are known (the bigs' request may still run), the *glue*:
+   buffers here (Python I/O, or ``crc32=True``); with dedup (_dedup.py),
+   only the 256 KiB units the volume does not hold: those changed in place
+   since this process last saved them at once, the others once the volume
+   has answered about them; CRC-32s are computed meanwhile on threads;
+2. once their CRCs are known (the bigs' requests, and the dedup request,
+   may still run), the *glue*:
    every other byte (local headers, small records, big storages' tails, the
    central directory), in regions that start 4 KiB-aligned and end where a
    big storage starts or at the end of file: no block of the bigs' bodies.
@@ -20,12 +23,11 @@ whole number of 4 KiB blocks long, except the one that ends the file.
 import bisect
 import zlib
 
-from . import _io, _zipfile
+from . import _dedup, _io, _zipfile
 from ._zipfile import BIG_ALIGN
 
 BLOCK = 4096
 _STAGE_CHUNK = 64 << 20
-_HASH_GROUP_MIN = 4 << 20  # bytes of host storages one hashing task takes at least
 _NOT_SPILLFS = ("direct_io", "buffered")  # native backends off a spillfs mount: no dedup, no hashing
 
 
@@ -38,9 +40,11 @@ class Source:
     """A storage to save: its untyped storage (kept alive), where its bytes are."""
 
     __slots__ = ("storage", "nbytes", "ptr", "device", "crc", "crc_future", "host_copy", "stream", "needed",
-                 "hashes")
+                 "hashes", "early")
 
-    def __init__(self, storage):
+    def __init__(self, storage, streams=None):
+        """`streams`: {device: the current stream's handle}, filled as met
+        (one look-up a device, not one a storage)."""
         torch = _torch()
         device = storage.device
         if device.type not in ("cpu", "cuda"):
@@ -57,8 +61,12 @@ class Source:
         self.stream = 0
         self.needed = None  # dedup: bytearray of 0/1 per whole unit; None = write all
         self.hashes = None  # dedup: the XXH3-128 of each whole unit (array of 2 uint64 a unit)
+        self.early = None  # dedup: bytearray of 0/1, the units written before the volume answers
         if self.device >= 0:
-            self.stream = torch.cuda.current_stream(self.device).cuda_stream
+            streams = {} if streams is None else streams
+            if self.device not in streams:
+                streams[self.device] = torch.cuda.current_stream(self.device).cuda_stream
+            self.stream = streams[self.device]
 
     def byte_tensor(self):
         torch = _torch()
@@ -95,25 +103,28 @@ class Source:
                 src.host_copy = (0, view[at:at + src.nbytes], flat)
                 at += src.nbytes
 
-    def write_ranges(self, start, end):
+    def write_ranges(self, start, end, units=None, tail=True):
         """[a, b) byte ranges within [start, end) to write: all of it, or with
-        dedup the units still needed (and everything past the last whole unit)."""
-        if self.needed is None:
+        dedup the units of `units` (a 0/1 per whole unit; default `needed`)
+        and, where `tail`, everything past the last whole unit."""
+        units = self.needed if units is None else units
+        if units is None:
             return [(start, end)] if end > start else []
         ranges = []
-        for i, need in enumerate(self.needed):
-            a, b = max(start, i * BIG_ALIGN), min(end, (i + 1) * BIG_ALIGN)
-            if need and a < b:
-                if ranges and ranges[-1][1] == a:
-                    ranges[-1] = (ranges[-1][0], b)
-                else:
-                    ranges.append((a, b))
-        tail = max(start, len(self.needed) * BIG_ALIGN)
-        if tail < end:
-            if ranges and ranges[-1][1] == tail:
+        i = units.find(1, start // BIG_ALIGN)  # runs of needed units, found at C speed
+        while 0 <= i and i * BIG_ALIGN < end:
+            j = units.find(0, i)
+            j = len(units) if j < 0 else j
+            a, b = max(start, i * BIG_ALIGN), min(end, j * BIG_ALIGN)
+            if a < b:
+                ranges.append((a, b))
+            i = units.find(1, j)
+        last = max(start, len(units) * BIG_ALIGN)
+        if tail and last < end:
+            if ranges and ranges[-1][1] == last:
                 ranges[-1] = (ranges[-1][0], end)
             else:
-                ranges.append((tail, end))
+                ranges.append((last, end))
         return ranges
 
 
@@ -194,42 +205,35 @@ def _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflig
     pool = _io.crc_pool()
     bigs = sorted((r for r in records if isinstance(r.payload, Source) and r.align >= BIG_ALIGN),
                   key=lambda r: r.data_offset)
-    if opts.dedup and file.native and file.backend not in _NOT_SPILLFS:
-        _dedup(file, [r for r in bigs if r.payload.nbytes >= BIG_ALIGN], report)
+    asked = None
+    if opts.dedup and file.native and file.backend not in _NOT_SPILLFS and bigs:
+        asked = _dedup.start(file, bigs, report, inflight)
     with report.stage("write"):
-        # One request per memory (host; each CUDA device with its stream), all in flight at once;
-        # the CRC-32s of host storages are computed meanwhile.
-        batches = {}
-        staged = []
-        by_units = []  # host storages whose CRC-32 comes from their units'
-        for r in bigs:
-            src = r.payload
-            body_end = src.nbytes // BLOCK * BLOCK  # the tail goes with the glue
-            want_crc = opts.wants_crc(src, file.native)
-            if src.device >= 0 and (want_crc or not file.supports_device):
-                staged.append((r, body_end, want_crc))
-                continue
-            segments = [_io.Segment(src.ptr + a, b - a, r.data_offset + a, src.device)
-                        for a, b in src.write_ranges(0, body_end)]
-            batches.setdefault((src.device, src.stream), []).extend(segments)
-            report.bytes_written += sum(s.length for s in segments)
-            if src.device >= 0:
-                report.device_bytes += sum(s.length for s in segments)
-            if want_crc and src.hashes is not None and src.device < 0:
-                by_units.append(src)
-            elif want_crc:
-                src.crc_future = inflight.add(_zipfile.crc32_parallel(src.host_bytes(), pool))
-            else:
-                report.crc32_skipped += 1
-        for (_, stream), segments in batches.items():
-            if segments:
-                inflight.add(file.write(segments, stream))
-        _start_unit_crcs(by_units, pool, inflight)
+        # With dedup, the units changed in place go now, while the volume is asked about the others.
+        staged = _write_bigs(file, bigs, opts, report, inflight, pool, dedup=asked is not None)
+    glue = None
+    if not staged:  # every CRC is known without the volume's answer: the glue goes beside the request
+        glue = _write_glue(file, records, bigs, cd_records, cd_offset, opts, report, inflight)
+    if asked is not None:
+        with report.stage("dedup"):
+            late = asked.finish(report)
+        with report.stage("write"):
+            _write_late(file, bigs, late, staged, report, inflight)
+    with report.stage("write"):
         for r, body_end, want_crc in staged:
             src = r.payload
             src.crc = _stage_device(file, src, r.data_offset, body_end, want_crc, opts, report, inflight)
-    # The glue goes out while the bigs' request may still run: its blocks are
-    # none of theirs.
+    if glue is None:
+        glue = _write_glue(file, records, bigs, cd_records, cd_offset, opts, report, inflight)
+    with report.stage("write"):
+        inflight.wait_all()  # the bigs' requests and the glue's (whose buffers `glue` keeps)
+    return glue[0]
+
+
+def _write_glue(file, records, bigs, cd_records, cd_offset, opts, report, inflight):
+    """Once the CRCs are known, starts the write of the glue; it may go while
+    the bigs' requests still run, as its blocks are none of theirs. Returns
+    (file size, the glue's regions: to be kept until the request is done)."""
     with report.stage("crc"):
         Source.copy_to_host([r.payload for r in records
                              if isinstance(r.payload, Source) and not r.align >= BIG_ALIGN])
@@ -247,173 +251,65 @@ def _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflig
         glue = _glue_regions(records, bigs, cd, cd_offset, file_size)
         segments = [_io.Segment(_addr(buf), len(buf), start, -1) for start, buf in glue]
         inflight.add(file.write(segments))
-        inflight.wait_all()  # the bigs' requests too
         report.bytes_written += sum(len(buf) for _, buf in glue)
-    return file_size
+    return file_size, glue
 
 
-def _hash_all(sources):
-    """The unit hashes of each source (an array of 2 uint64 a unit), host
-    ones on the CRC pool's threads (the library drops the GIL), in groups of
-    about equal bytes; CUDA ones here, one call (one synchronisation) for
-    those of each device and stream."""
-    out = [None] * len(sources)
-    host = [i for i, s in enumerate(sources) if s.device < 0]
-    on_gpu = {}
-    for i, s in enumerate(sources):
-        if s.device >= 0:
-            on_gpu.setdefault((s.device, s.stream), []).append(i)
-    for (device, stream), group in on_gpu.items():
-        hashes = _io.hash_units_many([(sources[i].ptr, sources[i].nbytes) for i in group], device, stream)
-        for i, h in zip(group, hashes):
-            out[i] = h
-    total = sum(sources[i].nbytes for i in host)
-    workers = _io.crc_pool()._max_workers
-    if total < 8 * _HASH_GROUP_MIN or workers < 2:
-        for i in host:
-            out[i] = _io.hash_units(sources[i].ptr, sources[i].nbytes, -1)
-        return out
-    groups, group, size = [], [], 0
-    per_group = max(_HASH_GROUP_MIN, total // (2 * workers))
-    for i in host:
-        group.append(i)
-        size += sources[i].nbytes
-        if size >= per_group:
-            groups.append(group)
-            group, size = [], 0
-    if group:
-        groups.append(group)
-
-    def run(group):
-        return [(i, _io.hash_units(sources[i].ptr, sources[i].nbytes, -1)) for i in group]
-    futures = [_io.crc_pool().submit(run, g) for g in groups]
-    error = None
-    for f in futures:  # every one waited for: they read the tensors' memory
-        try:
-            for i, hashes in f.result():
-                out[i] = hashes
-        except BaseException as e:  # noqa: B902 - raised once all are done
-            error = error or e
-    if error is not None:
-        raise error
-    return out
+def _write_bigs(file, bigs, opts, report, inflight, pool, dedup):
+    """Starts the writes of the bigs' bodies (with `dedup`: the units in
+    their `early` masks and what lies past their whole units), one request
+    per memory (host; each CUDA device with its stream), all in flight at
+    once, and their CRC-32s. Returns [(record, body end, want_crc)] of the
+    CUDA storages that go through pinned buffers of ours (left to the caller:
+    with dedup, once the volume has answered)."""
+    batches, staged, by_units = {}, [], []
+    for r in bigs:
+        src = r.payload
+        body_end = src.nbytes // BLOCK * BLOCK  # the tail goes with the glue
+        want_crc = opts.wants_crc(src, file.native)
+        if src.device >= 0 and (want_crc or not file.supports_device):
+            staged.append((r, body_end, want_crc))
+            continue
+        ranges = src.write_ranges(0, body_end, units=src.early if dedup else None)
+        _add_segments(batches, src, r.data_offset, ranges, report)
+        if want_crc and src.hashes is not None and src.device < 0:
+            by_units.append(src)
+        elif want_crc:
+            src.crc_future = inflight.add(_zipfile.crc32_parallel(src.host_bytes(), pool))
+        else:
+            report.crc32_skipped += 1
+    _submit(file, batches, inflight)
+    _dedup.start_unit_crcs(by_units, pool, inflight)
+    return staged
 
 
-def _dedup(file, bigs, report):
-    """Hashes the whole 256 KiB units of every big storage, then asks the
-    volume in ONE request (whatever the number of storages) which units it
-    lacks; the others are mapped into the file by reference. Sets each
-    source's `needed`."""
-    import array
-    if not bigs:
-        return
-    sources = [r.payload for r in bigs]
-    with report.stage("hash"):
-        hashes = _hash_all(sources)
-    offsets, all_hashes = array.array("Q"), array.array("Q")
-    for r, h in zip(bigs, hashes):
-        offsets.extend(range(r.data_offset, r.data_offset + len(h) // 2 * BIG_ALIGN, BIG_ALIGN))
-        all_hashes.extend(h)
-    before = getattr(file, "dedup_requests", 0)
-    with report.stage("dedup"):
-        needed = file.dedup_units(offsets, all_hashes)
-    if needed is None:  # not a spillfs mount (or no dedup there)
-        return
-    report.dedup = True
-    report.dedup_requests += getattr(file, "dedup_requests", before + 1) - before
-    report.bytes_shared += (len(needed) - sum(needed)) * BIG_ALIGN
-    at = 0
-    for src, h in zip(sources, hashes):
-        n = len(h) // 2
-        src.needed = needed[at:at + n]
-        src.hashes = h
-        at += n
+def _write_late(file, bigs, late, staged, report, inflight):
+    """Starts the writes of the units the volume turned out to lack (`late`:
+    [(source, 0/1 a unit)]), but of the `staged` storages (written whole
+    once the answer is in)."""
+    offsets = {id(r.payload): r.data_offset for r in bigs}
+    skip = {id(r.payload) for r, _, _ in staged}
+    batches = {}
+    for src, units in late:
+        if id(src) not in skip:
+            ranges = src.write_ranges(0, len(units) * BIG_ALIGN, units=units, tail=False)
+            _add_segments(batches, src, offsets[id(src)], ranges, report)
+    _submit(file, batches, inflight)
 
 
-# CRC-32s of 256 KiB units by their XXH3-128 (as one int), of the units this
-# process saved with dedup lately: a storage saved again mostly unchanged
-# gets its CRC-32 from its units' (combined, four table lookups a unit)
-# without reading its bytes, as the volume shares them by the same hash.
-# Bounded: cleared when it would pass _UNIT_CRC_LIMIT units (~100 bytes each).
-_unit_crcs = {}
-_UNIT_CRC_LIMIT = 1 << 18  # 64 GiB of units
-_UNIT_CRC_TASK = 128  # units a CRC task computes at most (32 MiB)
+def _add_segments(batches, src, offset, ranges, report):
+    """Segments of `src`'s byte `ranges` (at file `offset`) into `batches`."""
+    segments = [_io.Segment(src.ptr + a, b - a, offset + a, src.device) for a, b in ranges]
+    batches.setdefault((src.device, src.stream), []).extend(segments)
+    report.bytes_written += sum(s.length for s in segments)
+    if src.device >= 0:
+        report.device_bytes += sum(s.length for s in segments)
 
 
-def _unit_key(hashes, i):
-    return hashes[2 * i] | (hashes[2 * i + 1] << 64)
-
-
-def _crc_units(view, hashes, units):
-    """CRC-32 of each of `units` (unit indices) of `view`; each kept in _unit_crcs."""
-    out = []
-    for i in units:
-        crc = zlib.crc32(view[i * BIG_ALIGN:(i + 1) * BIG_ALIGN])
-        _unit_crcs[_unit_key(hashes, i)] = crc
-        out.append(crc)
-    return out
-
-
-class _UnitCrc:
-    """The CRC-32 of a host storage from those of its whole units (kept ones,
-    or computed on the pool) and of its tail; a future-like with result()."""
-
-    def __init__(self, src, crcs):
-        self.src = src
-        self.crcs = crcs  # per unit: an int, or (future, index in its result)
-        self.value = None
-
-    def result(self):
-        if self.value is None:
-            combine = _zipfile.crc32_combiner(BIG_ALIGN)
-            crc, error = 0, None
-            for c in self.crcs:
-                if isinstance(c, tuple):
-                    try:
-                        c = c[0].result()[c[1]]
-                    except BaseException as e:  # noqa: B902 - raised once all are done
-                        error = error or e
-                        continue
-                crc = combine(crc, c)
-            if error is not None:
-                raise error
-            whole = len(self.crcs) * BIG_ALIGN
-            if whole < self.src.nbytes:
-                crc = zlib.crc32(self.src.host_bytes(whole), crc)
-            self.value = crc
-        return self.value
-
-
-def _start_unit_crcs(sources, pool, inflight):
-    """Starts the CRC-32s of host `sources` that have unit hashes: the units'
-    kept CRC-32s, the others' computed on `pool` in tasks of up to
-    _UNIT_CRC_TASK units. Sets each source's crc_future."""
-    if len(_unit_crcs) + sum(len(s.hashes) // 2 for s in sources) > _UNIT_CRC_LIMIT:
-        _unit_crcs.clear()
-    task = []  # (src, unit) of the task being gathered
-
-    def submit():
-        # one task per source's run of missing units, but several sources' runs in one pool call
-        jobs = {}
-        for src, i in task:
-            jobs.setdefault(id(src), (src, []))[1].append(i)
-        work = [(src.host_bytes(), src.hashes, units) for src, units in jobs.values()]
-        future = inflight.add(pool.submit(lambda: [c for v, h, u in work for c in _crc_units(v, h, u)]))
-        for k, (src, i) in enumerate(task):
-            src.crc_future.crcs[i] = (future, k)
-        task.clear()
-
-    for src in sources:
-        n = len(src.hashes) // 2
-        crcs = [_unit_crcs.get(_unit_key(src.hashes, i)) for i in range(n)]
-        src.crc_future = _UnitCrc(src, crcs)
-        for i in range(n):
-            if crcs[i] is None:
-                task.append((src, i))
-                if len(task) >= _UNIT_CRC_TASK:
-                    submit()
-    if task:
-        submit()
+def _submit(file, batches, inflight):
+    for (_, stream), segments in batches.items():
+        if segments:
+            inflight.add(file.write(segments, stream))
 
 
 def _addr(buf):

@@ -52,9 +52,16 @@ def _pickle(obj, pickle_module, pickle_protocol):
     storages = {}
     id_map = {}
     storage_dtypes = {}
+    typed = torch.storage.TypedStorage
+    # torch.is_storage's classes: persistent_id meets every object pickled
+    # (thousands for a state_dict), and a set look-up is the cheap test.
+    storage_classes = frozenset(getattr(torch, "_storage_classes", ()))
 
     def persistent_id(obj):
-        if isinstance(obj, torch.storage.TypedStorage) or torch.is_storage(obj):
+        cls = type(obj)
+        if cls not in storage_classes and not isinstance(obj, typed) and (storage_classes or not torch.is_storage(obj)):
+            return None
+        if isinstance(obj, typed) or torch.is_storage(obj):
             if isinstance(obj, torch.storage.TypedStorage):
                 storage = obj._untyped_storage if hasattr(obj, "_untyped_storage") else obj._storage
                 storage_dtype = obj.dtype
@@ -94,8 +101,9 @@ def _records(archive, pkl, storages, byteorder):
     records = [pkl_record]
     if byteorder:
         records.append(_zipfile.Record(prefix + "byteorder", len(sys.byteorder), payload=sys.byteorder.encode()))
+    streams = {}  # each CUDA device's current stream, looked up once
     for key in sorted(storages):
-        src = _writer.Source(storages[key])
+        src = _writer.Source(storages[key], streams)
         align = _zipfile.BIG_ALIGN if src.nbytes >= _zipfile.BIG_ALIGN else _zipfile.SMALL_ALIGN
         records.append(_zipfile.Record(f"{prefix}data/{key}", src.nbytes, align, payload=src))
     records.append(_zipfile.Record(prefix + "version", len(_FILE_FORMAT_VERSION), payload=_FILE_FORMAT_VERSION))
