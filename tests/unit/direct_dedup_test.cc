@@ -74,18 +74,37 @@ class FilesystemDedupTest : public FilesystemTestBase {
   // all its whole units.
   void CommitDirect(InodeNumber ino, const std::string& data) {
     const uint64_t unit = Filesystem::dedup_unit();
-    auto space = fs_->DirectReserve(data.size());
-    ASSERT_TRUE(space.ok()) << space.status().ToString();
-    AlignedBuffer aligned;  // the store is O_DIRECT
-    ASSERT_TRUE(aligned.Resize(data.size()).ok());
-    std::memcpy(aligned.data(), data.data(), data.size());
-    ASSERT_TRUE(fs_->volume().store().Write(*space, aligned.data()).ok());
     std::vector<uint32_t> sums;
-    for (uint64_t b = 0; b < data.size(); b += kBlock) sums.push_back(BlockChecksum(data.data() + b, kBlock));
+    std::vector<PhysicalExtent> space = WriteReserved(data, &sums);
+    ASSERT_FALSE(space.empty());
     std::vector<DirectUnit> units;
     for (uint64_t u = 0; u < data.size() / unit; ++u) units.push_back(DirectUnit{u * unit, Hash(data, u)});
-    Status committed = fs_->DirectCommit(ino, 0, *space, sums, data.size(), units);
+    Status committed = fs_->DirectCommit(ino, 0, space, sums, data.size(), units);
     ASSERT_TRUE(committed.ok()) << committed.ToString();
+  }
+  // A new file `name` of `units` random units (from `seed`), committed as
+  // CommitDirect does; its bytes.
+  std::string CommitRandomUnits(const std::string& name, uint64_t units, uint64_t seed, InodeNumber* ino) {
+    std::mt19937_64 rng(seed);
+    std::string data = RandomBytes(rng, units * Filesystem::dedup_unit());
+    *ino = MakeFile(kRootInode, name);
+    CommitDirect(*ino, data);
+    return data;
+  }
+  // Space reserved for `data` (whole blocks) and written with it, as the
+  // client of the direct path writes; *sums gets its block checksums. Empty
+  // where that failed (the failure reported).
+  std::vector<PhysicalExtent> WriteReserved(const std::string& data, std::vector<uint32_t>* sums) {
+    auto space = fs_->DirectReserve(data.size());
+    EXPECT_TRUE(space.ok()) << space.status().ToString();
+    AlignedBuffer aligned;  // the store is O_DIRECT
+    if (!space.ok() || !aligned.Resize(data.size()).ok()) return {};
+    std::memcpy(aligned.data(), data.data(), data.size());
+    Status written = fs_->volume().store().Write(*space, aligned.data());
+    EXPECT_TRUE(written.ok()) << written.ToString();
+    if (!written.ok()) return {};
+    for (uint64_t b = 0; b < data.size(); b += kBlock) sums->push_back(BlockChecksum(data.data() + b, kBlock));
+    return *space;
   }
   // fsck of the closed volume finds nothing; the volume is opened again.
   void ExpectFsckClean() {
@@ -112,9 +131,8 @@ class FilesystemDedupTest : public FilesystemTestBase {
 TEST_F(FilesystemDedupTest, CommitOfARunIsOneBlobAndDedupMapsARunAsOneExtent) {
   const uint64_t unit = Filesystem::dedup_unit();
   std::mt19937_64 rng(80);
-  const std::string data = RandomBytes(rng, 8 * unit);
-  InodeNumber a = MakeFile(kRootInode, "a");
-  CommitDirect(a, data);
+  InodeNumber a = 0;
+  const std::string data = CommitRandomUnits("a", 8, 80, &a);
   auto blobs = Blobs();
   ASSERT_EQ(blobs.size(), 1u);
   const auto& [blob, record] = *blobs.begin();
@@ -196,10 +214,8 @@ TEST_F(FilesystemDedupTest, CommitOfARunIsOneBlobAndDedupMapsARunAsOneExtent) {
 // shares that unit.
 TEST_F(FilesystemDedupTest, SecondSaveMapsTheUnchangedRunsAround) {
   const uint64_t unit = Filesystem::dedup_unit();
-  std::mt19937_64 rng(81);
-  const std::string data = RandomBytes(rng, 8 * unit);
-  InodeNumber a = MakeFile(kRootInode, "a");
-  CommitDirect(a, data);
+  InodeNumber a = 0;
+  const std::string data = CommitRandomUnits("a", 8, 81, &a);
   const uint64_t blob = Blobs().begin()->first;
   std::vector<std::string> hashes;
   for (uint64_t u = 0; u < 8; ++u) hashes.push_back(Hash(data, u));
@@ -447,14 +463,9 @@ TEST_F(FilesystemDedupTest, DirectCommitOverSeveralFileRanges) {
   std::mt19937_64 rng(79);
   const uint64_t length = 4096 + unit + 8192;
   const std::string bytes = RandomBytes(rng, length);
-  auto space = fs_->DirectReserve(length);
-  ASSERT_TRUE(space.ok()) << space.status().ToString();
-  AlignedBuffer aligned;  // the store is O_DIRECT
-  ASSERT_TRUE(aligned.Resize(length).ok());
-  std::memcpy(aligned.data(), bytes.data(), length);
-  ASSERT_TRUE(fs_->volume().store().Write(*space, aligned.data()).ok());
   std::vector<uint32_t> sums;
-  for (uint64_t b = 0; b < length; b += kBlock) sums.push_back(BlockChecksum(bytes.data() + b, kBlock));
+  const std::vector<PhysicalExtent> reserved = WriteReserved(bytes, &sums);
+  ASSERT_FALSE(reserved.empty());
   InodeNumber f = MakeFile(kRootInode, "f");
   // Refusals first (the space stays reserved).
   struct Bad {
@@ -468,7 +479,7 @@ TEST_F(FilesystemDedupTest, DirectCommitOverSeveralFileRanges) {
            Bad{{{0, 4096}, {unit, 2 * unit}}, {}, "the file ranges hold"},
            Bad{{{0, 4096}, {unit, unit + 8192}, {2 * unit, 3 * unit}}, {{0, Hash(bytes, 0)}}, "unit at file offset 0"},
        }) {
-    Status refused = fs_->DirectCommit(f, bad.ranges, *space, sums, 3 * unit, bad.units);
+    Status refused = fs_->DirectCommit(f, bad.ranges, reserved, sums, 3 * unit, bad.units);
     EXPECT_EQ(refused.code(), EINVAL) << refused.ToString();
     EXPECT_NE(refused.message().find(bad.says), std::string::npos) << refused.ToString();
   }
@@ -476,7 +487,7 @@ TEST_F(FilesystemDedupTest, DirectCommitOverSeveralFileRanges) {
   const std::string unit_bytes = bytes.substr(4096 + 8192);
   XXH128_hash_t h = ContentHash128(unit_bytes.data(), unit);
   const std::string hash(reinterpret_cast<const char*>(&h), sizeof(h));
-  Status committed = fs_->DirectCommit(f, {{0, 4096}, {unit, unit + 8192}, {2 * unit, 3 * unit}}, *space, sums,
+  Status committed = fs_->DirectCommit(f, {{0, 4096}, {unit, unit + 8192}, {2 * unit, 3 * unit}}, reserved, sums,
                                        3 * unit - 100, {{2 * unit, hash}});
   ASSERT_TRUE(committed.ok()) << committed.ToString();
   std::string want(3 * unit - 100, '\0');
