@@ -74,7 +74,7 @@ def main():
                   flush=True)
             os.unlink(os.path.join(vol.mnt, f"step{step - 1}.pt"))
     finally:
-        vol.umount()
+        vol.umount(check=False)
     return 0
 
 

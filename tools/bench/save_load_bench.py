@@ -27,6 +27,7 @@ the rows with their ratios to raw. Needs root (mount, drop_caches).
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import subprocess
@@ -62,8 +63,10 @@ class Volume:
     def mount(self):
         sh(self.bin, "mount", self.image, self.mnt)
 
-    def umount(self):
-        subprocess.run([self.bin, "umount", self.mnt], capture_output=True)
+    def umount(self, check=True):
+        done = subprocess.run([self.bin, "umount", self.mnt], capture_output=True, text=True)
+        if check and done.returncode != 0:  # a mount over a mounted volume would wait for its lock, then fail
+            raise RuntimeError(f"spillfs umount {self.mnt}: {done.stderr.strip() or done.stdout.strip()}")
 
     def stat(self):
         return json.loads(sh(self.bin, "stat", "--json", self.mnt))
@@ -97,6 +100,12 @@ class Bench:
             with open("/proc/sys/vm/drop_caches", "w") as f:
                 f.write("3")
 
+    def watch(self):
+        """(Re)arms the stall dump: every thread's stack on stderr when no row
+        comes for --stall-seconds (a device run's output then says where)."""
+        if self.args.stall_seconds > 0:
+            faulthandler.dump_traceback_later(self.args.stall_seconds, repeat=True)
+
     def add(self, obj, target, op, method, nbytes, seconds, **extra):
         gbps = nbytes / seconds / 1e9
         raw = self.raw.get((obj, "write" if op.startswith("save") else "read"))
@@ -104,6 +113,7 @@ class Bench:
                "seconds": round(seconds, 4), "GBps": round(gbps, 3),
                "ratio_to_raw": round(gbps / raw, 3) if raw else None, **extra}
         self.rows.append(row)
+        self.watch()
         print(f"{obj:10} {target:6} {op:12} {method:34} {gbps:7.3f} GB/s  "
               f"{'' if row['ratio_to_raw'] is None else '%.2f x raw' % row['ratio_to_raw']}  "
               f"{json.dumps(extra) if extra else ''}", flush=True)
@@ -286,7 +296,10 @@ class Bench:
 
     def close(self):
         if self.volume is not None:
-            self.volume.umount()
+            self.volume.umount(check=False)
+            if os.path.ismount(self.volume.mnt):  # never rm -rf through a live mount
+                print(f"left {self.work}: {self.volume.mnt} is still mounted", file=sys.stderr)
+                return
         subprocess.run(["rm", "-rf", self.work])
 
 
@@ -343,14 +356,18 @@ def main():
     ap.add_argument("--parts", default="tensor,state_dict,dedup",
                     help="what to run, comma-separated: tensor, state_dict, dedup (the second save of the state_dict)")
     ap.add_argument("--json-out")
+    ap.add_argument("--stall-seconds", type=float, default=90,
+                    help="dump every thread's stack when no row comes for this long (0: never)")
     args = ap.parse_args()
     unknown = set(args.parts.split(",")) - {"tensor", "state_dict", "dedup"}
     if unknown:
         ap.error(f"--parts: unknown {', '.join(sorted(unknown))} (tensor, state_dict, dedup)")
     bench = Bench(args)
     try:
+        bench.watch()
         bench.run()
     finally:
+        faulthandler.cancel_dump_traceback_later()
         bench.close()
     result = {"torch": torch.__version__, "device": str(bench.device),
               "gpu": torch.cuda.get_device_name(bench.device) if bench.device.type == "cuda" else None,
