@@ -11,8 +11,14 @@ tools/install-deps.sh
 tools/build.sh >/dev/null
 spillfs=build/bin/spillfs
 [ -e "$VOLUME/index/CURRENT" ] || $spillfs mkfs "$VOLUME" --size "$SIZE"
+# mountinfo: field 5 is the mount point, the type follows " - ".
+mounted() { awk -v m="$MOUNTPOINT" '$5 == m && / - fuse\.spillfs / { f = 1 } END { exit !f }' /proc/self/mountinfo; }
+if mounted && ! stat "$MOUNTPOINT" >/dev/null 2>&1; then
+  echo "$MOUNTPOINT: a spillfs mount whose daemon is gone (killed?): detaching it" >&2
+  umount -l "$MOUNTPOINT"
+fi
 mkdir -p "$MOUNTPOINT"
-grep -q " $MOUNTPOINT fuse.spillfs " /proc/self/mountinfo || $spillfs mount "$VOLUME" "$MOUNTPOINT"
+mounted || $spillfs mount "$VOLUME" "$MOUNTPOINT"
 # The trainer's side: checkpoints saved with spillfs.save into the mount,
 # read back by torch.load, and what the volume shared (tools/demo.py).
 PYTHONPATH=clients/python SPILLFS_CLIENT_LIB=build/lib/libspillfs_client.so \
