@@ -101,7 +101,10 @@ char* SegmentJob::Acquire(size_t piece) {
   for (;;) {
     if ((got = pool_->TryAcquire(chunk_bytes_))) break;
     if (ring_.in_flight() == 0) {
-      // Other requests hold the pool; they give buffers back as they go.
+      // Other requests hold the pool; they give buffers back as they go,
+      // as this one does first.
+      if (GiveBackIdle() != 0) return nullptr;
+      if ((got = pool_->TryAcquire(chunk_bytes_))) break;
       got = pool_->Acquire(chunk_bytes_);
       break;
     }

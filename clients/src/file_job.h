@@ -42,8 +42,13 @@ class SegmentJob {
 
   // A staging buffer for a piece. Reaps this job's I/O while the pool is
   // exhausted (its buffers come back as pieces finish); blocks only when
-  // nothing of this job is in flight. Null on error.
+  // nothing of this job is in flight, after GiveBackIdle. Null on error.
   char* Acquire(size_t piece);
+  // Before Acquire blocks on the pool: gives back the buffers this job
+  // holds but could free by waiting (a read's pieces whose device copies
+  // are queued). Requests that each held such buffers while waiting for the
+  // others' would wait for ever. 0 or -errno.
+  virtual int GiveBackIdle() { return 0; }
   void Release(size_t piece) { buffers_[piece].reset(); }
 
   // Queues one I/O (op.tag = piece index), reaping while the ring is full.

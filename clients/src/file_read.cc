@@ -30,6 +30,7 @@ class ReadJob : public SegmentJob {
  protected:
   int Work() override;
   int PieceDone(size_t i) override;
+  int GiveBackIdle() override { return Settle(); }
 
  private:
   int CheckSize(uint64_t size);

@@ -9,11 +9,15 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "spillfs/client.h"
@@ -158,6 +162,56 @@ TEST_F(SegmentGpuTest, DeviceAndHostSegmentsRoundTrip) {
   EXPECT_EQ(spill_file_close(f), 0);
   cudaFree(dev);
   cudaFree(back);
+}
+
+// Many read requests into device memory at once, from a staging pool of
+// four buffers: a request keeps the buffers of pieces whose device copies
+// are queued, so requests that each held some while waiting for the pool
+// would wait for ever (a load of a state_dict's storages does this); each
+// gives back what it can first. A watchdog aborts a run that stalls.
+TEST_F(SegmentGpuTest, ManyDeviceReadsShareASmallStagingPool) {
+  const uint64_t kChunk = 1 << 20, kEach = 6 << 20;
+  const int kRequests = 8;
+  ASSERT_EQ(spill_config_set("chunk_bytes", kChunk), 0) << spill_last_error();
+  ASSERT_EQ(spill_config_set("io_bytes", kChunk), 0) << spill_last_error();
+  ASSERT_EQ(spill_config_set("pinned_bytes", 4 * kChunk), 0) << spill_last_error();
+  const std::string path = dir_ + "/many";
+  const std::string image = HostBytes(9, kRequests * kEach);
+  spill_file* f = spill_file_open(path.c_str(), SPILL_FILE_READ | SPILL_FILE_WRITE | SPILL_FILE_CREATE, 0);
+  ASSERT_NE(f, nullptr) << spill_last_error();
+  spill_request* r = nullptr;
+  spill_segment whole{const_cast<char*>(image.data()), image.size(), 0, -1};
+  ASSERT_EQ(spill_file_write_segments(f, &whole, 1, 0, &r), 0) << spill_last_error();
+  ASSERT_EQ(spill_request_wait(r, nullptr), 0) << spill_last_error();
+
+  uint8_t* dev = nullptr;
+  ASSERT_CUDA(cudaMalloc(&dev, image.size()));
+  std::atomic<bool> done{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 600 && !done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!done.load()) {
+      std::fprintf(stderr, "reads sharing a staging pool of 4 buffers stalled for 60 s\n");
+      std::abort();
+    }
+  });
+  for (int round = 0; round < 5; ++round) {
+    std::vector<spill_request*> requests(kRequests, nullptr);
+    for (int i = 0; i < kRequests; ++i) {
+      spill_segment seg{dev + i * kEach, kEach, i * kEach, 0};
+      ASSERT_EQ(spill_file_read_segments(f, &seg, 1, stream(), &requests[i]), 0) << spill_last_error();
+    }
+    for (spill_request* request : requests) EXPECT_EQ(spill_request_wait(request, nullptr), 0) << spill_last_error();
+  }
+  done = true;
+  watchdog.join();
+  std::string got(image.size(), '\0');
+  ASSERT_CUDA(cudaMemcpy(got.data(), dev, image.size(), cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(got == image) << "device memory differs from the file";
+  EXPECT_EQ(spill_file_close(f), 0);
+  cudaFree(dev);
+  ASSERT_EQ(spill_config_set("chunk_bytes", 8 << 20), 0);
+  ASSERT_EQ(spill_config_set("io_bytes", 1 << 20), 0);
+  ASSERT_EQ(spill_config_set("pinned_bytes", 256 << 20), 0);
 }
 
 TEST_F(SegmentGpuTest, DeviceUnitHashesEqualTheHosts) {
