@@ -10,7 +10,6 @@
 #include <system_error>
 
 #include "spillfs/common/block_checksum.h"
-#include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {
@@ -310,8 +309,7 @@ void Dedup::MapBlob(InodeNumber ino, uint64_t file_offset, BlobUnitRef first_uni
 
 std::string Dedup::ChecksumBytes(const std::vector<uint32_t>& sums) {
   std::string out;
-  out.reserve(4 * sums.size());
-  for (uint32_t sum : sums) coding::PutFixed32BE(&out, sum);
+  AppendChecksums(&out, sums);
   return out;
 }
 

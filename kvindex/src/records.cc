@@ -93,8 +93,13 @@ std::string ExtentRecord::Encode() const {
   coding::PutVarint64(&out, flags);
   coding::PutVarint64(&out, blob_id);
   coding::PutVarint64(&out, block_checksums.size());
-  for (uint32_t sum : block_checksums) coding::PutFixed32BE(&out, sum);
+  AppendChecksums(&out, block_checksums);
   return out;
+}
+
+void AppendChecksums(std::string* out, const std::vector<uint32_t>& block_checksums) {
+  out->reserve(out->size() + 4 * block_checksums.size());
+  for (uint32_t sum : block_checksums) coding::PutFixed32BE(out, sum);
 }
 
 std::string EncodeExtent(uint64_t physical, uint64_t length, uint32_t flags, uint64_t blob_id,
@@ -168,8 +173,7 @@ namespace {
 
 void PutChecksums(std::string* out, const std::vector<uint32_t>& block_checksums) {
   std::string sums;
-  sums.reserve(block_checksums.size() * 4);
-  for (uint32_t sum : block_checksums) coding::PutFixed32BE(&sums, sum);
+  AppendChecksums(&sums, block_checksums);
   coding::PutLengthPrefixed(out, sums);
 }
 

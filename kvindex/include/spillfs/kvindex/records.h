@@ -93,6 +93,9 @@ struct ExtentView {
   ExtentRecord Slice(uint64_t skip, uint64_t length, uint64_t block_size) const;
 };
 
+// Appends `block_checksums` as records hold them: 4 bytes big-endian a block.
+void AppendChecksums(std::string* out, const std::vector<uint32_t>& block_checksums);
+
 // ExtentRecord::Encode of an extent whose checksums are given encoded (4
 // bytes big-endian a block, as ExtentView and a blob's content hold them): a
 // blob's run mapped into a file takes its checksums as they are, not decoded
