@@ -135,7 +135,9 @@ def save(obj, f, pickle_module=pickle, pickle_protocol=DEFAULT_PROTOCOL, _use_ne
       storage's 256 KiB units first (on the GPU for CUDA storages) and the
       volume maps the units it already holds into the file by reference: they
       cross neither PCIe nor the SSD. Saving step N+1 of a fine-tune writes
-      about what changed;
+      about what changed: the units of storages this process saved before
+      that changed since go out at once, while the volume is asked about the
+      others (``units_changed_in_place`` in the report);
     * a path is written under a temporary name in the same directory,
       fsync'ed, then renamed over `f`: an interrupted save (an exception, a
       full disk, a crash) leaves no partial file under `f`, and the previous
