@@ -178,7 +178,7 @@ def start(file, bigs, report, inflight):
         n = len(h) // 2
         early = _changed_in_place(src)
         src.early = early if early is not None else bytearray(n)
-        if early is None or not any(early):
+        if early is None or 1 not in early:
             offsets.extend(range(r.data_offset, r.data_offset + n * BIG_ALIGN, BIG_ALIGN))
             asked.extend(h)
             picked.append(None)
