@@ -20,16 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_support.cuh"
 #include "spillfs/client.h"
 
 namespace {
 
-#define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
-
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using spillfs::gpu_test::HaveGpu;
 
 TEST(FeatureCacheTest, RefusedWithoutADevice) {
   if (HaveGpu()) GTEST_SKIP() << "a CUDA device is present";

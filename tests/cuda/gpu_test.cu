@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gpu_test_support.cuh"
 #include "hash_launch.h"
 #include "spillfs/common/block_checksum.h"
 #include "spillfs/cuda/copy_stream.h"
@@ -25,34 +26,9 @@
 namespace spillfs::cuda {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (!Available()) GTEST_SKIP() << "no CUDA device"
-
-#define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
-
-// The test data: word i of seed s (SplitMix64), the same on both sides.
-__host__ __device__ uint64_t Word(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ULL + i * 0xBF58476D1CE4E5B9ULL + 1;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-__global__ void FillKernel(uint64_t* p, size_t words, uint64_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < words;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    p[i] = Word(seed, i);
-}
-
-// Holds its stream for `ms` milliseconds of GPU time.
-__global__ void SleepKernel(int ms) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    __nanosleep(100000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < static_cast<uint64_t>(ms) * 1000000);
-}
+using gpu_test::FillWordsKernel;
+using gpu_test::SleepKernel;
+using gpu_test::Word;
 
 // One thread a length: both hashes of data[offset(len), + len).
 __global__ void ScalarHashKernel(const uint8_t* data, size_t lengths, uint64_t* out64, Hash128* out128) {
@@ -69,7 +45,7 @@ class DeviceBytes {
   DeviceBytes(size_t bytes, uint64_t seed, cudaStream_t stream = 0) : bytes_(bytes) {
     const size_t words = (bytes + 7) / 8 + 1;
     if (cudaMalloc(&data_, words * 8) != cudaSuccess) return;
-    FillKernel<<<256, 256, 0, stream>>>(static_cast<uint64_t*>(data_), words, seed);
+    FillWordsKernel<<<256, 256, 0, stream>>>(static_cast<uint64_t*>(data_), words, seed);
     host_.resize(words * 8);
     for (size_t i = 0; i < words; ++i) {
       const uint64_t w = Word(seed, i);

@@ -20,42 +20,15 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_test_support.cuh"
 #include "spillfs/client.h"
 
 namespace {
 
-#define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
-
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device"
-
-__host__ __device__ uint8_t Byte(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ULL + (i / 8) * 0xBF58476D1CE4E5B9ULL + 1;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return static_cast<uint8_t>((z ^ (z >> 31)) >> (8 * (i % 8)));
-}
-
-__global__ void FillKernel(uint8_t* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    p[i] = Byte(seed, i);
-}
-
-// Holds its stream for `ms` milliseconds of GPU time.
-__global__ void SleepKernel(int ms) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    __nanosleep(100000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < static_cast<uint64_t>(ms) * 1000000);
-}
+using spillfs::gpu_test::Byte;
+using spillfs::gpu_test::FillBytesKernel;
+using spillfs::gpu_test::HaveGpu;
+using spillfs::gpu_test::SleepKernel;
 
 std::string HostBytes(uint64_t seed, size_t n) {
   std::string out(n, '\0');
@@ -101,7 +74,7 @@ TEST_F(SegmentGpuTest, DeviceAndHostSegmentsRoundTrip) {
   ASSERT_CUDA(cudaMalloc(&dev, kDevice));
   ASSERT_CUDA(cudaMemset(dev, 0xee, kDevice));
   SleepKernel<<<1, 1, 0, stream_>>>(300);
-  FillKernel<<<256, 256, 0, stream_>>>(dev, kDevice, 5);
+  FillBytesKernel<<<256, 256, 0, stream_>>>(dev, kDevice, 5);
   ASSERT_CUDA(cudaGetLastError());
 
   const std::string host = HostBytes(6, 3 << 20);
@@ -219,7 +192,7 @@ TEST_F(SegmentGpuTest, DeviceUnitHashesEqualTheHosts) {
   uint8_t* dev = nullptr;
   ASSERT_CUDA(cudaMalloc(&dev, n));
   SleepKernel<<<1, 1, 0, stream_>>>(100);
-  FillKernel<<<256, 256, 0, stream_>>>(dev, n, 9);
+  FillBytesKernel<<<256, 256, 0, stream_>>>(dev, n, 9);
   const std::string host = HostBytes(9, n);
   std::vector<uint64_t> on_gpu(40, 1), on_cpu(40, 2);
   ASSERT_EQ(spill_hash_units(dev, n, 0, stream(), on_gpu.data()), 0) << spill_last_error();
