@@ -66,6 +66,56 @@ struct Layout {
   std::chrono::steady_clock::time_point taken;
 };
 
+// Walks [from, to) of a file by its extents (sorted, disjoint), in file
+// order: data(x, a, b) for each part [a, b) that extent x holds, b rounded up
+// to the block at the extent's end (its last block is read whole);
+// zeros(a, b) for each part that reads as zeros (a hole, an unwritten
+// extent). No part is empty.
+template <typename Zeros, typename Data>
+void WalkExtents(const std::vector<Extent>& xs, uint64_t from, uint64_t to, uint64_t block, Zeros zeros, Data data) {
+  uint64_t cursor = from;  // walked up to here
+  auto it = std::upper_bound(xs.begin(), xs.end(), from, [](uint64_t v, const Extent& x) { return v < x.end(); });
+  for (; it != xs.end() && it->file_offset < to; ++it) {
+    const Extent& x = *it;
+    const uint64_t a = std::max(from, x.file_offset);
+    const uint64_t b = std::min(to, RoundUp(x.end(), block));
+    if (a > cursor) zeros(cursor, a);  // a hole
+    cursor = b;
+    if (x.unwritten) {
+      zeros(a, b);
+    } else {
+      data(x, a, b);
+    }
+  }
+  if (cursor < to) zeros(cursor, to);
+}
+
+// A planned read of an extent's blocks: the extent, and the file offset
+// (block aligned) where the read starts.
+struct ExtentRead {
+  const Extent* x;
+  uint64_t file_at;
+};
+
+// Plans the reads of [from, to) of a file by its layout: one op of at most
+// max_op bytes (tag: its index in *reads) for each part an extent holds;
+// zeros(a, b) for each part that reads as zeros.
+template <typename Zeros>
+void PlanExtentReads(const Layout& layout, uint64_t from, uint64_t to, uint64_t max_op, Zeros zeros,
+                     std::vector<IoOp>* ops, std::vector<ExtentRead>* reads) {
+  WalkExtents(layout.extents, from, to, layout.block_size, zeros, [&](const Extent& x, uint64_t a, uint64_t b) {
+    for (uint64_t at = a; at < b; at += max_op) {
+      IoOp op;
+      op.fd = layout.data_fd;
+      op.offset = x.physical + (at - x.file_offset);
+      op.length = static_cast<uint32_t>(std::min(max_op, b - at));
+      op.tag = reads->size();
+      reads->push_back(ExtentRead{&x, at});
+      ops->push_back(op);
+    }
+  });
+}
+
 inline bool SameFile(const struct stat& a, const struct stat& b) {
   return a.st_ino == b.st_ino && a.st_size == b.st_size && a.st_mtim.tv_sec == b.st_mtim.tv_sec &&
          a.st_mtim.tv_nsec == b.st_mtim.tv_nsec && a.st_ctim.tv_sec == b.st_ctim.tv_sec &&

@@ -15,20 +15,16 @@
 #include "spillfs/common/block_checksum.h"
 
 using namespace spillfs::client;
+using spillfs::BlockChecksum;
 using spillfs::RoundDown;
 using spillfs::RoundUp;
-using spillfs::BlockChecksum;
 
 // Reads [offset, offset + n) (within the file) into out.
 int spill_client::ReadRange(const Layout& layout, char* out, uint64_t offset, uint64_t n) {
   const uint64_t bs = layout.block_size;
   const uint64_t end = offset + n;
   const uint64_t chunk = std::max<uint64_t>(bs, RoundDown(io_bytes.load(), bs));
-  struct Piece {
-    const Extent* x;
-    uint64_t file_at;  // block aligned
-  };
-  std::vector<Piece> pieces;
+  std::vector<ExtentRead> pieces;
   std::vector<IoOp> ops;
   uint64_t cursor = offset;  // zero-filled or planned up to here
   auto zero = [&](uint64_t from, uint64_t to) {
@@ -55,13 +51,13 @@ int spill_client::ReadRange(const Layout& layout, char* out, uint64_t offset, ui
       op.tag = pieces.size();
       char* dst = out + (at - offset);
       if (at >= offset && stop <= end && Aligned(dst)) op.buffer = dst;
-      pieces.push_back(Piece{&x, at});
+      pieces.push_back(ExtentRead{&x, at});
       ops.push_back(op);
     }
   }
   zero(cursor, end);
   IoDone done = [&](const IoOp& op, const char* data) -> int {
-    const Piece& p = pieces[op.tag];
+    const ExtentRead& p = pieces[op.tag];
     bytes_read.fetch_add(op.length, std::memory_order_relaxed);
     int rc = Verify(layout, *p.x, p.file_at, data, op.length);
     if (rc != 0) return rc;
@@ -151,40 +147,14 @@ int spill_client::ReadRowsWith(const Layout& layout, uint64_t row_bytes, const u
     });
   };
 
-  struct Piece {
-    const Extent* x;
-    uint64_t file_at;
-  };
-  std::vector<Piece> pieces;
+  std::vector<ExtentRead> pieces;
   std::vector<IoOp> ops;
-  const auto& xs = layout.extents;
   for (auto [ra, rb] : runs) {
-    uint64_t cursor = ra;
-    auto it = std::upper_bound(xs.begin(), xs.end(), ra, [](uint64_t v, const Extent& x) { return v < x.end(); });
-    for (; it != xs.end() && it->file_offset < rb; ++it) {
-      const Extent& x = *it;
-      uint64_t a = std::max(ra, x.file_offset);
-      uint64_t b = std::min(rb, RoundUp(x.end(), bs));
-      if (a > cursor) copy_rows(cursor, a, nullptr);  // a hole
-      cursor = b;
-      if (x.unwritten) {
-        copy_rows(a, b, nullptr);
-        continue;
-      }
-      for (uint64_t at = a; at < b; at += max_op) {
-        IoOp op;
-        op.fd = layout.data_fd;
-        op.offset = x.physical + (at - x.file_offset);
-        op.length = static_cast<uint32_t>(std::min(max_op, b - at));
-        op.tag = pieces.size();
-        pieces.push_back(Piece{&x, at});
-        ops.push_back(op);
-      }
-    }
-    if (cursor < rb) copy_rows(cursor, rb, nullptr);
+    PlanExtentReads(
+        layout, ra, rb, max_op, [&](uint64_t a, uint64_t b) { copy_rows(a, b, nullptr); }, &ops, &pieces);
   }
   IoDone done = [&](const IoOp& op, const char* data) -> int {
-    const Piece& p = pieces[op.tag];
+    const ExtentRead& p = pieces[op.tag];
     bytes_read.fetch_add(op.length, std::memory_order_relaxed);
     int rc = Verify(layout, *p.x, p.file_at, data, op.length);
     if (rc != 0) return rc;

@@ -192,28 +192,14 @@ int ReadJob::ReadDirect() {
   if (int rc = TakeLayout(); rc != 0) return rc;
   if (int rc = CheckSize(layout_->size); rc != 0) return rc;
   const bool verify = Settings().verify.load();
-  const auto& xs = layout_->extents;
   parts_.resize(plan_.pieces.size());
   for (size_t i = 0; i < plan_.pieces.size() && error() == 0; ++i) {
     const Piece& p = piece(i);
     char* data = p.direct ? p.direct : Acquire(i);
     if (data == nullptr) break;
-    uint64_t cursor = p.start;  // zeroed or planned up to here
-    auto zero = [&](uint64_t from, uint64_t to) {
-      if (to > from) std::memset(data + (from - p.start), 0, to - from);
-    };
+    auto zero = [&](uint64_t from, uint64_t to) { std::memset(data + (from - p.start), 0, to - from); };
     std::vector<AsyncIo::Op> ops;
-    auto it = std::upper_bound(xs.begin(), xs.end(), p.start, [](uint64_t v, const Extent& x) { return v < x.end(); });
-    for (; it != xs.end() && it->file_offset < p.end; ++it) {
-      const Extent& x = *it;
-      const uint64_t a = std::max(p.start, x.file_offset);
-      const uint64_t b = std::min(p.end, RoundUp(x.end(), kBlock));
-      zero(cursor, a);
-      cursor = b;
-      if (x.unwritten) {
-        zero(a, b);
-        continue;
-      }
+    WalkExtents(layout_->extents, p.start, p.end, kBlock, zero, [&](const Extent& x, uint64_t a, uint64_t b) {
       if (verify) parts_[i].push_back(Part{&x, a, b - a});
       for (uint64_t at = a; at < b; at += io_bytes_) {
         AsyncIo::Op op;
@@ -224,8 +210,7 @@ int ReadJob::ReadDirect() {
         op.tag = i;
         ops.push_back(op);
       }
-    }
-    zero(cursor, p.end);
+    });
     BeginPiece(i);  // a piece of holes only is done here
     for (const AsyncIo::Op& op : ops) {
       if (error() != 0) break;

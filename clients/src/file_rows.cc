@@ -104,42 +104,16 @@ int CheckRows(const spill_file* file, uint64_t size, uint64_t data_offset, uint6
 // Direct path: the runs through the layout, verified. Returns 0, -errno or
 // -kChecksumMismatch.
 int ReadDirect(spill_client* client, const Layout& layout, const RowPlan& p, spill_io_stats* stats) {
-  struct Piece {
-    const Extent* x;
-    uint64_t file_at;
-  };
-  std::vector<Piece> pieces;
+  std::vector<ExtentRead> pieces;
   std::vector<IoOp> ops;
-  const auto& xs = layout.extents;
   const uint64_t bs = layout.block_size;
   const uint64_t max_op = std::max<uint64_t>(bs, RoundDown(client->rows_io_bytes.load(), bs));
   for (auto [ra, rb] : p.runs) {
-    uint64_t cursor = ra;
-    auto it = std::upper_bound(xs.begin(), xs.end(), ra, [](uint64_t v, const Extent& x) { return v < x.end(); });
-    for (; it != xs.end() && it->file_offset < rb; ++it) {
-      const Extent& x = *it;
-      const uint64_t a = std::max(ra, x.file_offset);
-      const uint64_t b = std::min(rb, RoundUp(x.end(), bs));
-      if (a > cursor) p.Copy(cursor, a, nullptr);  // a hole
-      cursor = b;
-      if (x.unwritten) {
-        p.Copy(a, b, nullptr);
-        continue;
-      }
-      for (uint64_t at = a; at < b; at += max_op) {
-        IoOp op;
-        op.fd = layout.data_fd;
-        op.offset = x.physical + (at - x.file_offset);
-        op.length = static_cast<uint32_t>(std::min(max_op, b - at));
-        op.tag = pieces.size();
-        pieces.push_back(Piece{&x, at});
-        ops.push_back(op);
-      }
-    }
-    if (cursor < rb) p.Copy(cursor, rb, nullptr);
+    PlanExtentReads(
+        layout, ra, rb, max_op, [&](uint64_t a, uint64_t b) { p.Copy(a, b, nullptr); }, &ops, &pieces);
   }
   IoDone done = [&](const IoOp& op, const char* data) -> int {
-    const Piece& piece = pieces[op.tag];
+    const ExtentRead& piece = pieces[op.tag];
     int rc = client->Verify(layout, *piece.x, piece.file_at, data, op.length);
     if (rc != 0) return rc;
     p.Copy(piece.file_at, piece.file_at + op.length, data);
