@@ -68,6 +68,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -75,6 +76,7 @@ import torch.nn.functional as F  # noqa: E402
 import torch.utils.checkpoint  # noqa: E402
 
 import spillfs.torch as st  # noqa: E402
+from volume import Volume  # noqa: E402
 
 GIB = 1 << 30
 
@@ -128,21 +130,6 @@ class GPT(nn.Module):
             else:
                 x = blk(x)
         return self.head(self.ln(x))
-
-
-def sh(*args):
-    return subprocess.run(list(args), check=True, capture_output=True, text=True).stdout
-
-
-class Volume:
-    def __init__(self, spillfs_bin, work, size):
-        self.bin, self.image, self.mnt = spillfs_bin, os.path.join(work, "vol"), os.path.join(work, "mnt")
-        os.makedirs(self.mnt, exist_ok=True)
-        sh(self.bin, "mkfs", self.image, "--size", size)
-        sh(self.bin, "mount", self.image, self.mnt)
-
-    def close(self):
-        subprocess.run([self.bin, "umount", self.mnt], capture_output=True)
 
 
 def _cuda(dev):
@@ -623,9 +610,10 @@ def main():
                 with open(args.json_out, "w") as f:
                     json.dump({"meta": meta, "rows": rows}, f, indent=1)
     finally:
-        if volume is not None:
-            volume.close()
-        subprocess.run(["rm", "-rf", work])
+        if volume is not None and not volume.close():
+            print(f"left {work}: {volume.mnt} is still mounted", file=sys.stderr)
+        else:
+            subprocess.run(["rm", "-rf", work])
     if args.png_out and rows:
         plot(rows, args.png_out)
 

@@ -19,7 +19,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spillfs  # noqa: E402
 from spillfs import _io  # noqa: E402
-from save_load_bench import Volume, model_state_dict  # noqa: E402
+from save_load_bench import model_state_dict  # noqa: E402
+from volume import Volume  # noqa: E402
 
 
 def main():

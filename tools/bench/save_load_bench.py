@@ -45,31 +45,9 @@ import torch  # noqa: E402
 import spillfs  # noqa: E402
 from spillfs import _native  # noqa: E402
 from sizes import parse_size  # noqa: E402
+from volume import Volume  # noqa: E402
 
 MIB = 1 << 20
-
-
-def sh(*args):
-    return subprocess.run(list(args), check=True, capture_output=True, text=True).stdout
-
-
-class Volume:
-    def __init__(self, spillfs_bin, work, size):
-        self.bin, self.image, self.mnt = spillfs_bin, os.path.join(work, "vol"), os.path.join(work, "mnt")
-        os.makedirs(self.mnt, exist_ok=True)
-        sh(self.bin, "mkfs", self.image, "--size", size)
-        self.mount()
-
-    def mount(self):
-        sh(self.bin, "mount", self.image, self.mnt)
-
-    def umount(self, check=True):
-        done = subprocess.run([self.bin, "umount", self.mnt], capture_output=True, text=True)
-        if check and done.returncode != 0:  # a mount over a mounted volume would wait for its lock, then fail
-            raise RuntimeError(f"spillfs umount {self.mnt}: {done.stderr.strip() or done.stdout.strip()}")
-
-    def stat(self):
-        return json.loads(sh(self.bin, "stat", "--json", self.mnt))
 
 
 class Bench:
@@ -296,8 +274,7 @@ class Bench:
 
     def close(self):
         if self.volume is not None:
-            self.volume.umount(check=False)
-            if os.path.ismount(self.volume.mnt):  # never rm -rf through a live mount
+            if not self.volume.close():
                 print(f"left {self.work}: {self.volume.mnt} is still mounted", file=sys.stderr)
                 return
         subprocess.run(["rm", "-rf", self.work])
