@@ -218,13 +218,7 @@ class _HostTiers:
         st.storage_rows += int(m.sum() - vm.sum())
         # Into the cache; victims the window reuses into the victim buffer.
         slots, ev_lines, ev_slots, ev_reuse = self.directory.admit(missing, store.stamp, store.window)
-        st.evictions += len(ev_lines)
-        if len(ev_lines):
-            keep = self.victims.place(ev_lines, ev_reuse)
-            k = keep >= 0
-            if k.any():
-                self.victim_data[keep[k]] = self.cache[ev_slots[k]]
-                st.victims_stored += int(k.sum())
+        self._store_victims(ev_lines, ev_slots, ev_reuse, st)
         admitted = slots >= 0
         if admitted.any():
             self.cache[slots[admitted]] = staged[admitted]
@@ -239,19 +233,25 @@ class _HostTiers:
             return
         vslots = self.victims.take(lines)
         slots, ev_lines, ev_slots, ev_reuse = self.directory.admit(lines, store.stamp, store.window)
-        st.evictions += len(ev_lines)
         admitted = slots >= 0
         data = self.victim_data[vslots[admitted]]  # before evictions may reuse the freed slots
         self.victims.release(vslots[admitted])
         self.victims.put_back(lines[~admitted], vslots[~admitted])
-        if len(ev_lines):
-            keep = self.victims.place(ev_lines, ev_reuse)
-            k = keep >= 0
-            if k.any():
-                self.victim_data[keep[k]] = self.cache[ev_slots[k]]
-                st.victims_stored += int(k.sum())
+        self._store_victims(ev_lines, ev_slots, ev_reuse, st)
         self.cache[slots[admitted]] = data
         st.victims_restored += int(admitted.sum())
+
+    def _store_victims(self, ev_lines, ev_slots, ev_reuse, st):
+        """Lines just evicted (from cache slots ev_slots) that the window
+        reuses go into the victim buffer, while it has room."""
+        st.evictions += len(ev_lines)
+        if len(ev_lines) == 0:
+            return
+        keep = self.victims.place(ev_lines, ev_reuse)
+        k = keep >= 0
+        if k.any():
+            self.victim_data[keep[k]] = self.cache[ev_slots[k]]
+            st.victims_stored += int(k.sum())
 
 
 def _rows_by_index(gather, index):
