@@ -260,6 +260,8 @@ class Bench:
               f"{sd_bytes / 2**30:.2f} GiB bf16", flush=True)
         methods = ["torch.save"] + (["torch.save pinned d2h"] if self.has_pinned_d2h() else []) + \
             ["spillfs", "spillfs posix"]
+        if a.methods:  # a short run: these writers only
+            methods = [m for m in methods if m in a.methods.split(",")]
         targets = [("host", self.host)] + ([("mount", self.volume.mnt)] if self.volume else [])
         parts = set(a.parts.split(","))
         for name, obj, nbytes in (("tensor", tensor, tensor.numel() * 4), ("state_dict", sd, sd_bytes)):
@@ -332,6 +334,8 @@ def main():
     ap.add_argument("--skip-cross-checks", action="store_true")
     ap.add_argument("--parts", default="tensor,state_dict,dedup",
                     help="what to run, comma-separated: tensor, state_dict, dedup (the second save of the state_dict)")
+    ap.add_argument("--methods", help="only these writers, comma-separated (torch.save, torch.save pinned d2h, "
+                    "spillfs, spillfs posix); default all")
     ap.add_argument("--json-out")
     ap.add_argument("--stall-seconds", type=float, default=90,
                     help="dump every thread's stack when no row comes for this long (0: never)")
