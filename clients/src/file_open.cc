@@ -84,9 +84,9 @@ int spill_file::EndWrite(bool ok, uint64_t end, uint64_t padded) {
   if (ok) size = std::max(size, end);
   padded_end = std::max(padded_end, padded);
   if (writes_in_flight > 0 || padded_end <= size) return 0;
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0 && ok) {
-    int e = errno;
-    return Fail(e, WithErrno("cannot set the size of " + path, e));  // the padding stays: the next end tries again
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    int e = errno;  // the padding stays: the next write's end tries again
+    return ok ? Fail(e, WithErrno("cannot set the size of " + path, e)) : 0;
   }
   padded_end = 0;
   return 0;
