@@ -26,24 +26,10 @@ int spill_client::ReadRange(const Layout& layout, char* out, uint64_t offset, ui
   const uint64_t chunk = std::max<uint64_t>(bs, RoundDown(io_bytes.load(), bs));
   std::vector<ExtentRead> pieces;
   std::vector<IoOp> ops;
-  uint64_t cursor = offset;  // zero-filled or planned up to here
-  auto zero = [&](uint64_t from, uint64_t to) {
-    if (to > from) std::memset(out + (from - offset), 0, to - from);
-  };
-  auto it = std::upper_bound(layout.extents.begin(), layout.extents.end(), offset,
-                             [](uint64_t v, const Extent& x) { return v < x.end(); });
-  for (; it != layout.extents.end() && it->file_offset < end; ++it) {
-    const Extent& x = *it;
-    uint64_t a = std::max(offset, x.file_offset);
-    uint64_t b = std::min(end, x.end());
-    zero(cursor, a);
-    cursor = b;
-    if (x.unwritten) {
-      zero(a, b);
-      continue;
-    }
+  auto zero = [&](uint64_t from, uint64_t to) { std::memset(out + (from - offset), 0, to - from); };
+  WalkExtents(layout.extents, offset, end, bs, zero, [&](const Extent& x, uint64_t a, uint64_t b) {
     for (uint64_t at = RoundDown(a, bs); at < b; at += chunk) {
-      uint64_t stop = std::min(at + chunk, RoundUp(b, bs));
+      const uint64_t stop = std::min(at + chunk, RoundUp(b, bs));
       IoOp op;
       op.fd = layout.data_fd;
       op.offset = x.physical + (at - x.file_offset);
@@ -54,8 +40,7 @@ int spill_client::ReadRange(const Layout& layout, char* out, uint64_t offset, ui
       pieces.push_back(ExtentRead{&x, at});
       ops.push_back(op);
     }
-  }
-  zero(cursor, end);
+  });
   IoDone done = [&](const IoOp& op, const char* data) -> int {
     const ExtentRead& p = pieces[op.tag];
     bytes_read.fetch_add(op.length, std::memory_order_relaxed);
