@@ -35,7 +35,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -45,6 +44,7 @@
 
 #include "support/env.h"
 #include "support/file_io.h"
+#include "support/killable_workload.h"
 #include "support/mounted_volume.h"
 #include "support/random_bytes.h"
 #include "support/run_fsck.h"
@@ -58,10 +58,9 @@ constexpr int kMinKillMs = 30;
 constexpr int kMaxKillMs = 1500;
 
 // The writer workload and its model.
-class Writer {
+class Writer : public KillableWorkload {
  public:
-  Writer(const MountedVolume& volume, uint64_t seed) : volume_(volume), rng_(seed) {
-    root_ = open(volume_.mountpoint().c_str(), O_RDONLY | O_DIRECTORY);
+  Writer(const MountedVolume& volume, uint64_t seed) : KillableWorkload(volume.mountpoint(), seed) {
     const char* skip = getenv("SPILLFS_CRASH_SKIP");
     std::string list = skip != nullptr ? std::string(",") + skip + "," : "";
     auto skipped = [&](const char* name) { return list.find(std::string(",") + name + ",") != std::string::npos; };
@@ -74,63 +73,9 @@ class Writer {
     skip_syncdir_ = skipped("syncdir");
   }
 
-  ~Writer() {
-    if (root_ >= 0) close(root_);
-  }
-
-  // Runs operations until one fails (the daemon was killed). Every path is
-  // resolved from a descriptor of the mounted root: once the daemon is
-  // killed and the mount detached, a path through the mountpoint would reach
-  // the directory underneath, where creates and fsyncs succeed on another
-  // filesystem; through the descriptor they fail as they should.
-  void Run(const std::atomic<bool>& killed) {
-    dirs_ = {""};
-    if (!Check(root_ >= 0, "open the mount root")) return;
-    while (!failed_) {
-      if (ops_ >= 100000) break;
-      Step();
-      if (failed_ && !killed.load()) {
-        // A failure before the kill is a bug of its own.
-        std::lock_guard lock(mu_);
-        early_failure_ = last_op_ + ": " + strerror(last_errno_);
-      }
-    }
-  }
-
   std::map<std::string, std::string> durable() const { return durable_; }
-  uint64_t ops() const { return ops_; }
-  uint64_t fsyncs() const { return fsyncs_; }
-  std::string early_failure() {
-    std::lock_guard lock(mu_);
-    return early_failure_;
-  }
-  const std::string& last_op() const { return last_op_; }
 
  private:
-  bool Check(bool ok, const std::string& what) {
-    if (!ok) {
-      last_errno_ = errno;
-      last_op_ = what;
-      failed_ = true;
-    }
-    return ok;
-  }
-  uint64_t Pick(uint64_t n) { return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng_); }
-  // Mostly small sizes, sometimes up to 2 MiB.
-  size_t WriteSize() {
-    switch (Pick(4)) {
-      case 0:
-        return Pick(512) + 1;
-      case 1:
-        return Pick(64 << 10) + 1;
-      case 2:
-        return Pick(256 << 10) + 1;
-      default:
-        return Pick(2 << 20) + 1;
-    }
-  }
-  std::string RandomDir() { return dirs_[Pick(dirs_.size())]; }
-  std::string Join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
   // Drops every expectation at or under `path`.
   void Forget(const std::string& path) {
     durable_.erase(path);
@@ -154,8 +99,7 @@ class Writer {
     for (auto& [path, content] : moved) files_[path] = std::move(content);
   }
 
-  void Step() {
-    ++ops_;
+  void Step() override {
     uint64_t dice = Pick(100);
     if (files_.size() < 4 || (dice < 30 && files_.size() < kMaxFiles)) return Create();
     if (dice < 50) return Modify();
@@ -297,22 +241,11 @@ class Writer {
     Check(ok, "fsync dir " + dir);
   }
 
-  const MountedVolume& volume_;
-  int root_ = -1;
-  std::mt19937_64 rng_;
   bool skip_truncate_ = false, skip_overwrite_ = false, skip_rename_ = false, skip_unlink_ = false;
   bool skip_mkdir_ = false, skip_renamedir_ = false, skip_syncdir_ = false;
-  std::vector<std::string> dirs_;
   std::map<std::string, std::string> files_;    // path -> content now
   std::map<std::string, std::string> durable_;  // path -> content at its last fsync
   uint64_t next_name_ = 0;
-  uint64_t ops_ = 0;
-  uint64_t fsyncs_ = 0;
-  bool failed_ = false;
-  int last_errno_ = 0;
-  std::string last_op_;
-  std::mutex mu_;
-  std::string early_failure_;
 };
 
 std::string Summary(const FsckResult& fsck) {

@@ -86,7 +86,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -97,6 +96,7 @@
 #include "spillfs/testing/powercut.h"
 #include "support/env.h"
 #include "support/file_io.h"
+#include "support/killable_workload.h"
 #include "support/mounted_volume.h"
 #include "support/random_bytes.h"
 #include "support/run_fsck.h"
@@ -157,79 +157,28 @@ struct Version {
 };
 
 // The writer workload and its model of what a power cut may leave.
-class Writer {
+class Writer : public KillableWorkload {
  public:
   // While `hold_unflushed` is set, the writer touches ephemeral files only
   // and never syncs (CutWhenUnflushed).
   Writer(const MountedVolume& volume, uint64_t seed, const std::atomic<bool>& hold_unflushed)
-      : hold_unflushed_(hold_unflushed), rng_(seed), mountpoint_(volume.mountpoint()) {
-    root_ = open(volume.mountpoint().c_str(), O_RDONLY | O_DIRECTORY);
-  }
-  ~Writer() {
-    if (root_ >= 0) close(root_);
-  }
-
-  // Runs operations until one fails (the daemon was killed). Paths are
-  // resolved from a descriptor of the mounted root, so nothing lands in the
-  // directory under the mountpoint once the mount is detached.
-  void Run(const std::atomic<bool>& killed) {
-    dirs_ = {"", kEphemeralDir};
-    ephemeral_dirs_ = {kEphemeralDir};
-    if (root_ < 0) {
-      early_failure_ = "cannot open the mount root";
-      return;
-    }
-    if (mkdirat(root_, kEphemeralDir, 0755) != 0 ||
-        setxattr(MountPath(kEphemeralDir).c_str(), "user.spillfs.ephemeral", "1", 1, 0) != 0) {
-      early_failure_ = std::string("cannot make the ephemeral directory: ") + strerror(errno);
-      return;
-    }
-    while (!failed_ && ops_ < 100000) {
-      Step();
-      if (failed_ && !killed.load()) {
-        std::lock_guard lock(mu_);
-        early_failure_ = last_op_ + ": " + strerror(last_errno_);
-      }
-    }
-  }
+      : KillableWorkload(volume.mountpoint(), seed), hold_unflushed_(hold_unflushed) {}
 
   // Every state each name had since the last fsync, oldest first (the
   // effect of the operation cut short by the kill included). A name that is
   // not here was absent throughout.
   const std::map<std::string, std::vector<Version>>& history() const { return history_; }
-  uint64_t ops() const { return ops_; }
-  uint64_t fsyncs() const { return fsyncs_; }
-  std::string early_failure() {
-    std::lock_guard lock(mu_);
-    return early_failure_;
-  }
-  const std::string& last_op() const { return last_op_; }
 
  private:
-  bool Check(bool ok, const std::string& what) {
-    if (!ok) {
-      last_errno_ = errno;
-      last_op_ = what;
-      failed_ = true;
+  std::string Prepare() override {
+    dirs_ = {"", kEphemeralDir};
+    ephemeral_dirs_ = {kEphemeralDir};
+    if (mkdirat(root_, kEphemeralDir, 0755) != 0 ||
+        setxattr(MountPath(kEphemeralDir).c_str(), "user.spillfs.ephemeral", "1", 1, 0) != 0) {
+      return std::string("cannot make the ephemeral directory: ") + strerror(errno);
     }
-    return ok;
+    return "";
   }
-  uint64_t Pick(uint64_t n) { return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng_); }
-  size_t WriteSize() {
-    switch (Pick(4)) {
-      case 0:
-        return Pick(512) + 1;
-      case 1:
-        return Pick(64 << 10) + 1;
-      case 2:
-        return Pick(256 << 10) + 1;
-      default:
-        return Pick(2 << 20) + 1;
-    }
-  }
-  std::string RandomDir() { return dirs_[Pick(dirs_.size())]; }
-  std::string MountPath(const std::string& path) const { return mountpoint_ + "/" + path; }
-  std::string Join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
   // In a phase without fsync, two picks in three go to files changed since
   // the last fsync (when there are any), so that a kill finds lost writes
   // next to durable files, and the third may unlink, overwrite or truncate a
@@ -281,8 +230,7 @@ class Writer {
     return Check(close(fd) == 0, "close " + path);  // close writes the RAM tier out
   }
 
-  void Step() {
-    ++ops_;
+  void Step() override {
     // The cut is due and the data area holds no write that is not durable:
     // an ephemeral phase without fsync until the kill (the countdown below
     // never reaches 0).
@@ -439,23 +387,12 @@ class Writer {
   }
 
   const std::atomic<bool>& hold_unflushed_;
-  int root_ = -1;
-  std::mt19937_64 rng_;
-  std::string mountpoint_;
-  std::vector<std::string> dirs_;
   std::set<std::string> ephemeral_dirs_;
   std::map<std::string, FileState> files_;  // path -> file now
   std::map<std::string, std::vector<Version>> history_;
   uint64_t next_name_ = 0;
   uint64_t unsynced_phase_ = 0;   // operations left in a phase without fsync
   bool ephemeral_phase_ = false;  // that phase touches ephemeral files only
-  uint64_t ops_ = 0;
-  uint64_t fsyncs_ = 0;
-  bool failed_ = false;
-  int last_errno_ = 0;
-  std::string last_op_;
-  std::mutex mu_;
-  std::string early_failure_;
 };
 
 // Every regular file under the mount (volume paths).
