@@ -30,8 +30,8 @@
 #include <string_view>
 #include <vector>
 
-#include "fuzz_util.h"
 #include "control/control_plane.h"
+#include "fuzz_util.h"
 #include "spillfs/fs/fsck.h"
 
 namespace {
@@ -70,18 +70,6 @@ void CheckVolume(const std::string& after) {
     problems += std::string("\n  ") + fsck::ProblemKindName(p.kind) + ": " + p.message;
   }
   FUZZ_CHECK(report->clean(), "fsck after " + after + ":" + problems);
-}
-
-nlohmann::json CheckReply(const std::string& reply) {
-  auto json = nlohmann::json::parse(reply, nullptr, /*allow_exceptions=*/false);
-  FUZZ_CHECK(json.is_object(), "reply is not a JSON object: " + reply.substr(0, 200));
-  FUZZ_CHECK(json.contains("ok") && json["ok"].is_boolean(), "reply without \"ok\": " + reply.substr(0, 200));
-  if (!json["ok"].get<bool>()) {
-    FUZZ_CHECK(json.contains("errno") && json["errno"].is_number_integer() && json["errno"].get<int>() > 0,
-               "refusal without errno: " + reply.substr(0, 200));
-    FUZZ_CHECK(json.contains("error") && json["error"].is_string(), "refusal without error: " + reply.substr(0, 200));
-  }
-  return json;
 }
 
 std::vector<std::string_view> Split(std::string_view input) {
@@ -130,7 +118,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     FUZZ_CHECK(std::string(control.Read(handle, 0, reply.size() + 1).bytes) == reply, "reply changes between reads");
     if (verbose) fprintf(stderr, "request: %s\nreply: %s\n", request.c_str(), reply.c_str());
-    nlohmann::json json = CheckReply(reply);
+    nlohmann::json json = fuzz::CheckControlReply(reply);
     if (json["ok"].get<bool>() && request.find("commit") != std::string::npos) committed = true;
     FUZZ_CHECK(world->fs->free_bytes() <= capacity, "free space exceeds the data area");
   }

@@ -90,4 +90,16 @@ void TempVolume::BuildTree(Filesystem* fs) {
   Must(fs->FlushAll(), "flush");
 }
 
+nlohmann::json CheckControlReply(const std::string& reply) {
+  auto json = nlohmann::json::parse(reply, nullptr, /*allow_exceptions=*/false);
+  FUZZ_CHECK(json.is_object(), "reply is not a JSON object: " + reply.substr(0, 200));
+  FUZZ_CHECK(json.contains("ok") && json["ok"].is_boolean(), "reply without \"ok\": " + reply.substr(0, 200));
+  if (!json["ok"].get<bool>()) {
+    FUZZ_CHECK(json.contains("errno") && json["errno"].is_number_integer() && json["errno"].get<int>() > 0,
+               "refusal without errno: " + reply.substr(0, 200));
+    FUZZ_CHECK(json.contains("error") && json["error"].is_string(), "refusal without error: " + reply.substr(0, 200));
+  }
+  return json;
+}
+
 }  // namespace spillfs::fuzz

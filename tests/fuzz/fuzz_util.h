@@ -1,11 +1,13 @@
 // Shared helpers of the libFuzzer targets (tests/fuzz): a property check that
-// aborts (so libFuzzer records a crash with the input), and a small real
-// volume in a temporary directory holding a fixed tree.
+// aborts (so libFuzzer records a crash with the input), a small real volume
+// in a temporary directory holding a fixed tree, and the properties of every
+// control reply.
 #pragma once
 
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/filesystem.h"
@@ -48,5 +50,10 @@ class TempVolume {
 
 // Opens the volume in `dir` read-write as a Filesystem (aborts on failure).
 std::unique_ptr<Filesystem> OpenFilesystem(const std::string& dir, uint64_t ram_tier_bytes);
+
+// What every reply of the control interface is, whatever the request: a JSON
+// object with a boolean "ok"; a refusal carries a positive "errno" and an
+// "error" message. Aborts otherwise; returns the parsed reply.
+nlohmann::json CheckControlReply(const std::string& reply);
 
 }  // namespace spillfs::fuzz
