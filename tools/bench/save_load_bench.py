@@ -50,6 +50,17 @@ from volume import Volume  # noqa: E402
 MIB = 1 << 20
 
 
+def torch_save_config():
+    """torch.save's settings (torch.utils.serialization.config.save), or None
+    where torch has none (torch 1.13). Imported by name, not looked up as an
+    attribute of torch.utils: nothing need have imported it yet."""
+    try:
+        import torch.utils.serialization.config as config
+    except ImportError:
+        return None
+    return getattr(config, "save", None)
+
+
 class Bench:
     def __init__(self, args):
         self.args = args
@@ -147,8 +158,8 @@ class Bench:
     # -- the peers --
 
     def torch_save(self, obj, path, pinned=False):
-        config = getattr(getattr(getattr(torch.utils, "serialization", None), "config", None), "save", None)
-        old = getattr(config, "use_pinned_memory_for_d2h", None) if config is not None else None
+        config = torch_save_config()
+        old = config.use_pinned_memory_for_d2h if pinned else None
         if pinned:
             config.use_pinned_memory_for_d2h = True
         try:
@@ -159,10 +170,6 @@ class Bench:
         finally:
             if pinned:
                 config.use_pinned_memory_for_d2h = old
-
-    def has_pinned_d2h(self):
-        config = getattr(getattr(getattr(torch.utils, "serialization", None), "config", None), "save", None)
-        return config is not None and hasattr(config, "use_pinned_memory_for_d2h")
 
     def one(self, name, obj, nbytes, target, directory, method):
         path = os.path.join(directory, f"{name}.pt")
@@ -258,8 +265,8 @@ class Bench:
         print(f"torch {torch.__version__}, device {dev}, spillfs {spillfs.__version__}, native segment I/O: "
               f"{_native.segment_io() is not None} ({_native.library_path()}); state_dict: {len(sd)} tensors, "
               f"{sd_bytes / 2**30:.2f} GiB bf16", flush=True)
-        methods = ["torch.save"] + (["torch.save pinned d2h"] if self.has_pinned_d2h() else []) + \
-            ["spillfs", "spillfs posix"]
+        pinned_d2h = dev.type == "cuda" and hasattr(torch_save_config(), "use_pinned_memory_for_d2h")
+        methods = ["torch.save"] + (["torch.save pinned d2h"] if pinned_d2h else []) + ["spillfs", "spillfs posix"]
         if a.methods:  # a short run: these writers only
             methods = [m for m in methods if m in a.methods.split(",")]
         targets = [("host", self.host)] + ([("mount", self.volume.mnt)] if self.volume else [])
