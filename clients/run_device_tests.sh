@@ -2,7 +2,7 @@
 # libspillfs_client's segment files with CUDA device segments on the GPU
 # machine (tests/cuda/segment_gpu_test.cu), from binaries built on the
 # development machine with CUDA for sm_90 and carried with the tree
-# (../shared/device/README.md: bundle the libraries into DEVRUN/devlibs).
+# (tools/bench/device.md: bundle the libraries into DEVRUN/devlibs).
 # From the repo root:
 #   clients/run_device_tests.sh        # logs under $OUT/clients (or ./clients-device-run)
 # Environment: DEVRUN (default build: its bin/, lib/ and devlibs/).

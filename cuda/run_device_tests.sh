@@ -2,7 +2,7 @@
 # cuda/ on the GPU machine: the CPU and GPU test binaries and the bench, from
 # binaries built on the development machine (Release, CUDA for sm_90) and
 # carried in .devrun/ (bin/ and the bundled libraries in devlibs/, see
-# ../shared/device/README.md). From the repo root:
+# tools/bench/device.md). From the repo root:
 #   cuda/run_device_tests.sh            # logs and results under $OUT/cuda (or ./cuda-device-run)
 # Environment: DEVRUN (default .devrun), BENCH_ARGS (e.g. "--bytes 268435456").
 # Exit status: non-zero when a test binary failed or a GPU test was skipped

@@ -3,7 +3,7 @@
 # Python tests (CUDA and PyG cases run there; a skip of them is a failure),
 # then the feature benchmark (tools/bench/feature_bench.py), from binaries
 # built on the development machine (Release, CUDA for sm_90) and carried in
-# $DEVRUN (bin/, lib/, devlibs/: ../shared/device/README.md). From the repo root:
+# $DEVRUN (bin/, lib/, devlibs/: tools/bench/device.md). From the repo root:
 #   tools/bench/feature_device_run.sh       # results under $OUT/feature (or ./feature-device-run)
 # Environment: DEVRUN (default .devrun), TESTS (0: no tests), BENCH (0: no
 # benchmark), BENCH_DIR (default /root/featbench: the generated graph and table

@@ -1,7 +1,11 @@
 // FeatureCache: the GPU software cache of a feature table (GIDS's programming
-// model without its driver; ../../../../../shared/DESIGN.md, "GPU-initiated
-// feature access"). The mechanism only: which lines to keep, evict and park
-// is decided by the caller (spillfs.gnn's policies) on the host.
+// model without its driver: BaM/GIDS drive NVMe queues from GPU threads,
+// which needs the SSD unbound from the kernel, impossible for a filesystem
+// that shares the drive; here a gather kernel serves rows from HBM and
+// pinned host buffers and posts the rest to a ring that host threads turn
+// into io_uring reads; docs/design.md, "GNN feature tables"). The mechanism
+// only: which lines to keep, evict and park is decided by the caller
+// (spillfs.gnn's policies) on the host.
 //
 // Memory:
 //  - lines in HBM: `cache_lines` slots of one line each (rows_per_line
