@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The main job on a mounted volume: what a trainer gets from spillfs.
 
 Run by tools/demo.sh (which mounts the default volume); by hand:
 
     PYTHONPATH=clients/python SPILLFS_CLIENT_LIB=build/lib/libspillfs_client.so \
-        /usr/bin/python3 tools/demo.py /mnt/spill --spillfs build/bin/spillfs
+        .venv/bin/python tools/demo.py /mnt/spill --spillfs build/bin/spillfs
 
 1. Checkpoints: a model's state_dict and optimizer state saved with
    spillfs.save into the mount, read back by plain torch.load (bit for bit),

@@ -20,9 +20,10 @@ fi
 mkdir -p "$MOUNTPOINT"
 mounted || $spillfs mount "$VOLUME" "$MOUNTPOINT"
 # The trainer's side: checkpoints saved with spillfs.save into the mount,
-# read back by torch.load, and what the volume shared (tools/demo.py).
-PYTHONPATH=clients/python SPILLFS_CLIENT_LIB=build/lib/libspillfs_client.so \
-  /usr/bin/python3 tools/demo.py "$MOUNTPOINT" --spillfs "$spillfs"
+# read back by torch.load, and what the volume shared (tools/demo.py), under
+# the environment tools/install-deps.sh made (.venv: torch 2.x, spillfs installed).
+SPILLFS_CLIENT_LIB=build/lib/libspillfs_client.so \
+  "${SPILLFS_VENV:-.venv}/bin/python" tools/demo.py "$MOUNTPOINT" --spillfs "$spillfs"
 echo
 $spillfs stat "$MOUNTPOINT"
 echo "spillfs is mounted on $MOUNTPOINT; unmount with: $spillfs umount $MOUNTPOINT"

@@ -1,6 +1,6 @@
 """The Python client (clients/python/spillfs) against a real spillfs mount.
 
-Run: /usr/bin/python3 -m pytest -q tests/python/test_client.py
+Run: .venv/bin/python -m pytest -q tests/python/test_client.py
 Environment: SPILLFS_BIN and SPILLFS_CLIENT_LIB (see conftest.py, which holds
 the `mount` fixture). Needs root and /dev/fuse, like the mounted GoogleTest
 suites.

@@ -1,6 +1,6 @@
 """spillfs.save / spillfs.load against torch.save / torch.load (CPU torch).
 
-Run: /usr/bin/python3 -m pytest -q tests/python/test_serialization.py
+Run: .venv/bin/python -m pytest -q tests/python/test_serialization.py
 Most tests run anywhere (a temporary directory, Python I/O or the library);
 those on a spillfs mount use conftest.py's `mount` fixture (root, /dev/fuse,
 SPILLFS_BIN) and skip without it; ENOSPC needs root to mount a small tmpfs.
@@ -15,6 +15,7 @@ import os
 import pickle
 import struct
 import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -339,6 +340,36 @@ def test_weights_only(tmp_path, monkeypatch):
         spillfs.load(tmp_path / "ok.pt", pickle_module=pickle, weights_only=True)
 
 
+
+def test_torch_load_of_a_save_under_the_weights_only_default(tmp_path):
+    """torch 2.6 made weights_only=True the default: a state_dict from spillfs.save loads with it."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 300), torch.nn.LayerNorm(300), torch.nn.Linear(300, 2))
+    state = {"model": model.state_dict(), "step": 7, "lr": 1e-3, "names": ["a", "b"]}
+    spillfs.save(state, tmp_path / "sd.pt")
+    assert_same(state, torch.load(tmp_path / "sd.pt", weights_only=True))
+    default = __import__("inspect").signature(torch.load).parameters["weights_only"].default
+    if default is None:  # torch >= 2.6: None means True unless an env var says otherwise
+        assert_same(state, torch.load(tmp_path / "sd.pt"))
+
+
+@pytest.mark.skipif("mmap" not in __import__("inspect").signature(torch.load).parameters,
+                    reason=f"torch.load(mmap=True) needs torch >= 2.1 (this is {torch.__version__})")
+@pytest.mark.parametrize("loader", ["torch", "spillfs"])
+def test_mmap_load_of_a_save_maps_the_file(tmp_path, loader):
+    """torch.load(mmap=True) (torch >= 2.1) maps the file and takes each storage where its record
+    lies; spillfs.save places big storages' records on page boundaries, which mapping wants."""
+    obj = {"big": torch.randn(300_000), "small": torch.arange(5), "half": torch.randn(1000).half()}
+    path = tmp_path / "m.pt"
+    spillfs.save(obj, path)
+    load = torch.load if loader == "torch" else spillfs.load
+    got = load(path, mmap=True, weights_only=True)
+    assert_same(obj, got)
+    with open(path, "rb") as f:
+        raw = f.read()
+    at = raw.find(obj["big"].numpy().tobytes())  # the big storage's record starts on a page
+    assert at > 0 and at % 4096 == 0, at
+
+
 # -- bad input: clear errors, nothing lost ---------------------------------------
 
 def test_truncated_and_non_torch_files_are_clear_errors(tmp_path):
@@ -532,7 +563,7 @@ def test_a_library_of_another_version_is_refused(tmp_path):
             "    print(e); sys.exit(3)\n")
     env = dict(os.environ, SPILLFS_CLIENT_LIB=str(lib),
                PYTHONPATH=os.path.dirname(os.path.dirname(spillfs.__file__)))
-    r = subprocess.run(["/usr/bin/python3", "-c", code], env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 3, r.stderr
     assert "9.9.9" in r.stdout and spillfs.__version__ in r.stdout
 

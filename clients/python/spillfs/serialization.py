@@ -398,6 +398,7 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=No
     weights_only = _resolve_weights_only(weights_only, pickle_module)
     if pickle_module is None:
         pickle_module = pickle
+    torch_load_args = dict(pickle_load_args)  # as the caller gave them: torch.load warns of any under weights_only
     pickle_load_args.setdefault("encoding", "utf-8")
     path = os.fspath(f) if _is_path(f) else None
     name = path if path is not None else repr(f)
@@ -408,7 +409,7 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=No
         report.backend = "torch"
         if not _is_path(f):
             f.seek(start)
-        kwargs = dict(pickle_load_args)
+        kwargs = dict(torch_load_args)
         if mmap is not None:
             kwargs["mmap"] = mmap
         return torch.load(f, map_location, None if weights_only else pickle_module, weights_only=weights_only,
