@@ -1,6 +1,6 @@
 """An emulation of libspillfs_client's GPU feature cache (spill_gpu_cache_*, as
 clients/include/spillfs/client.h states it) in numpy over host memory, so the
-orchestration of spillfs._gpu_cache.GpuTiers (ring -> lines -> victim buffer or
+orchestration of spillfs.gnn._store.gpu_cache.GpuTiers (ring -> lines -> victim buffer or
 storage -> staging -> fill) runs in CI without a GPU. The kernels' semantics:
 gather refuses a batch with an index outside [-rows, rows) (-ERANGE), else
 serves HBM lines then hot lines, posts the rest to the ring and raises the

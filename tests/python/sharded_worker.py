@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from spillfs import _line_cache  # noqa: E402
+from spillfs.gnn._store import line_cache as _line_cache  # noqa: E402
 from spillfs.gnn import FeatureStore, PeerError, ShardedFeatureStore  # noqa: E402
 
 RANK, WORLD, DATA, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -202,11 +202,11 @@ def t_eviction_invariants_per_shard():
 
 
 def t_emulated_gpu_shards():
-    """Shards whose tiers are the CUDA path's (spillfs._gpu_cache.GpuTiers) over
+    """Shards whose tiers are the CUDA path's (spillfs.gnn._store.gpu_cache.GpuTiers) over
     fake_gpu_cache's numpy emulation of spill_gpu_cache_*."""
     import fake_gpu_cache
-    from spillfs import _gpu_cache
-    from spillfs.gnn import _Stats
+    from spillfs.gnn._store import gpu_cache as _gpu_cache
+    from spillfs.gnn._store.feature_store import _Stats
     fake = fake_gpu_cache.FakeGpuCacheLibrary()
     _gpu_cache._library = lambda: fake
     path = os.path.join(DATA, "i16.npy")

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import spillfs.torch as st
-from spillfs._offload import tiers as _tiers
+from spillfs.torch._offload import tiers as _tiers
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (GPU machine)")

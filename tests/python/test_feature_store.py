@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from spillfs import _line_cache
-from spillfs._table import open_table
+from spillfs.gnn._store import line_cache as _line_cache
+from spillfs.gnn._store.table import open_table
 from spillfs.gnn import FeatureStore, degree_score, reverse_pagerank
 
 HAVE_CUDA = torch.cuda.is_available()
@@ -403,10 +403,10 @@ def test_hybrid_hits_more_than_lru_and_static_on_sampled_batches(tmp_path):
 
 @pytest.mark.parametrize("policy", _line_cache.POLICIES)
 def test_gpu_tiers_on_an_emulated_cache(tmp_path, monkeypatch, policy):
-    """The CUDA path's orchestration (spillfs._gpu_cache) over fake_gpu_cache's
+    """The CUDA path's orchestration (spillfs.gnn._store.gpu_cache) over fake_gpu_cache's
     numpy emulation of spill_gpu_cache_*: CI checks it without a GPU."""
-    from spillfs import _gpu_cache
-    from spillfs.gnn import _Stats
+    from spillfs.gnn._store import gpu_cache as _gpu_cache
+    from spillfs.gnn._store.feature_store import _Stats
     import fake_gpu_cache
     fake = fake_gpu_cache.FakeGpuCacheLibrary()
     monkeypatch.setattr(_gpu_cache, "_library", lambda: fake)

@@ -124,7 +124,7 @@ def test_needs_a_group(tmp_path, monkeypatch):
 
 def test_layouts():
     """Every row has exactly one owner; a rank's lines keep their order in its shard."""
-    from spillfs._sharded import _Layout
+    from spillfs.gnn._store.sharded import _Layout
     lay = _Layout(1000, 7, 3, "range")
     assert lay.n_lines == 143 and lay.lines_per_rank == 48
     assert sorted(np.concatenate([lay.owned_rows(r) for r in range(3)]).tolist()) == list(range(1000))

@@ -12,8 +12,8 @@ generator seed 7, gnn_graph.sample with --fanouts, each batch once, never
 cycled), the static score (spillfs.gnn.reverse_pagerank: 20 iterations,
 damping 0.85), a line's score (the highest of its rows', as FeatureStore
 computes it) and the hot lines (those of the top rows by score, best first, as
-FeatureStore._hot_lines), and the policy code itself: spillfs._line_cache's
-LineDirectory, Window and VictimBuffer driven the way spillfs._gpu_cache's
+FeatureStore._hot_lines), and the policy code itself: spillfs.gnn._store.line_cache's
+LineDirectory, Window and VictimBuffer driven the way spillfs.gnn._store.gpu_cache's
 GpuTiers drives them (hits stamped by the gather, the misses of a batch
 admitted per staging load, evicted lines the window reuses parked in the
 victim buffer, victims the next batch uses restored ahead of it, the victim
@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "clients", "python"))
 
 import gnn_graph  # noqa: E402
-from spillfs import _line_cache  # noqa: E402
+from spillfs.gnn._store import line_cache as _line_cache  # noqa: E402
 from spillfs.gnn import reverse_pagerank  # noqa: E402
 
 

@@ -485,7 +485,7 @@ def parent(a):
     pagerank_seconds = make_scores(a)
     if pagerank_seconds is not None:
         meta["pagerank_seconds"] = pagerank_seconds
-    from spillfs._table import open_table
+    from spillfs.gnn._store.table import open_table
     hot_rows(a, open_table(table).row_bytes)
     if parts == {"data"}:
         log("data only (--parts data)")
@@ -876,7 +876,7 @@ def sync(dev):
 
 
 def child_raw(a, out):
-    from spillfs._table import RowReader, open_table
+    from spillfs.gnn._store.table import RowReader, open_table
     reader = RowReader(open_table(a.table, shape=(-1, 1024), dtype=np.float32, offset=4096, raw=True))
     n_blocks = (os.path.getsize(a.table) - 4096) // 4096
     rng = np.random.default_rng(3)
@@ -1067,7 +1067,7 @@ def child_hbm(a, out, info, dev, batches):
     out.update(copy_bytes=copy_bytes, copy_gb_s=2 * copy_bytes / secs / 1e9)
     del src, dst
     table_rows = int(max(1, min(info.rows, cache_bytes // rb)))
-    from spillfs._table import torch_dtype
+    from spillfs.gnn._store.table import torch_dtype
     table = torch.zeros((table_rows, info.width), dtype=torch_dtype(info), device=dev)
     isel = []
     for b in sizes:
@@ -1085,7 +1085,7 @@ def child_hbm(a, out, info, dev, batches):
 
 def child(a):
     join_cgroup()
-    from spillfs._table import open_table
+    from spillfs.gnn._store.table import open_table
     dev = torch.device(a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     info = open_table(a.table)
     c = a.child

@@ -1,44 +1,8 @@
-"""GNN feature tables served from storage: :class:`FeatureStore`.
-
-    from spillfs.gnn import FeatureStore, reverse_pagerank
-    score = reverse_pagerank(indptr, indices)              # 20 iterations, damping 0.85
-    feats = FeatureStore("/mnt/spill/feat.npy", device="cuda", gpu_cache_bytes=4 << 30,
-                         host_bytes=8 << 30, hot=1_000_000, score=score, window=4)
-    feats.prefetch(next_batch_nodes)                       # batches already sampled
-    x = feats.gather(batch_nodes)                          # (len, width) on the device
-    x = feats[batch_nodes]                                 # the same, tensor-like
-    print(feats.stats())                                   # hits per tier, SSD reads...
-
-The table is an ordinary file: a 2-D C-order ``.npy`` (header parsed) or a raw
-row-major file (``shape=``, ``dtype=``), on a spillfs mount (the direct path,
-block checksums verified) or any other file system (io_uring ``O_DIRECT``).
-``np.load(path, mmap_mode="r")`` keeps working on it.
-
-Tiers, searched in order for each row of a batch:
-
-- ``device="cuda"``: the GPU software cache (lines in HBM, looked up by a
-  gather kernel, up to 32 rows a warp), the hot-node buffer (pinned host memory
-  the kernel reads over PCIe), the victim buffer, then storage: the kernel
-  posts what is left to a request ring the host turns into batched row reads
-  (``spill_file_read_rows``) into pinned staging. ``gpu_cache_bytes`` bounds
-  HBM; ``host_bytes`` the pinned hot and victim buffers.
-- ``device="cpu"``: a host cache of lines within ``host_bytes`` (its hot part
-  holding the hot rows, never evicted; a victim part when ``window`` > 0),
-  then storage.
-
-Hot rows (``hot``): a count (the top rows by ``score``: an array of one score
-per row, ``"degree"`` or ``"pagerank"`` with ``graph=(indptr, indices)``), or
-the row ids themselves. Eviction (``policy``): ``"hybrid"`` (static score plus
-next reuse from the ``window`` batches given to :meth:`prefetch`), ``"lru"``
-or ``"static"``: see :mod:`spillfs._line_cache`.
-
-Errors: an index out of range raises ``IndexError`` naming it; a float index
-``IndexError`` (as torch); a malformed file ``ValueError`` naming the file.
-Threading: a FeatureStore may be shared by threads; its calls run one at a time.
-
-Several GPUs or hosts: :class:`ShardedFeatureStore` (one process per GPU under
-``torch.distributed``; each rank caches the lines it owns, a gather asks the
-owners in one batched exchange): see :mod:`spillfs._sharded`.
+"""The single-process store of :mod:`spillfs.gnn`: :class:`FeatureStore` over
+its tiers (:class:`_HostTiers` here for ``device="cpu"``; :mod:`.gpu_cache`'s
+``GpuTiers`` for CUDA), with the hot-row scores :func:`degree_score` and
+:func:`reverse_pagerank`. The user's view (tiers, hot rows, eviction, errors,
+threading) is :mod:`spillfs.gnn`'s docstring.
 """
 
 import os
@@ -47,12 +11,12 @@ import time
 
 import numpy as np
 
-from . import _line_cache
-from ._table import RowReader, open_table, torch_dtype
+from . import line_cache
+from .gpu_cache import GpuTiers
+from .index import as_index, rows_by_index
+from .table import RowReader, open_table, torch_dtype
 
-__all__ = ["FeatureStore", "ShardedFeatureStore", "PeerError", "write_shards", "degree_score", "reverse_pagerank"]
-
-_FAR = _line_cache._FAR
+__all__ = ["FeatureStore", "degree_score", "reverse_pagerank"]
 
 
 def _torch():
@@ -94,40 +58,6 @@ def reverse_pagerank(indptr, indices, iterations=20, damping=0.85, device=None):
     return x.cpu().numpy()
 
 
-def _as_index(index, rows, what="index"):
-    """A 1-D int64 numpy array of rows in [0, rows) from ``index`` (int, slice,
-    list, numpy, torch on any device, any integer dtype; negatives count from
-    the end; a bool mask of length ``rows``). IndexError naming the first
-    index out of range."""
-    torch = _torch()
-    if isinstance(index, slice):
-        return np.arange(rows, dtype=np.int64)[index]
-    if isinstance(index, torch.Tensor):
-        if index.dtype == torch.bool:
-            index = index.nonzero().flatten()
-        elif index.is_floating_point() or index.is_complex():
-            raise IndexError(f"tensors used as {what} must be integer tensors, not {index.dtype}")
-        index = index.detach().to("cpu").numpy()
-    arr = np.asarray(index)
-    if arr.dtype == np.bool_:
-        if arr.shape != (rows,):
-            raise IndexError(f"a boolean {what} must have shape ({rows},), not {arr.shape}")
-        return np.flatnonzero(arr).astype(np.int64)
-    if arr.size == 0:
-        arr = arr.astype(np.int64)
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise IndexError(f"{what} must hold integers, not {arr.dtype}")
-    arr = arr.reshape(-1)
-    if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
-        bad = int(arr[arr > np.iinfo(np.int64).max][0])
-        raise IndexError(f"{what} {bad} is out of bounds for dimension 0 with size {rows}")
-    arr = arr.astype(np.int64, copy=False)
-    bad = (arr < -rows) | (arr >= rows)
-    if bad.any():
-        raise IndexError(f"{what} {int(arr[bad][0])} is out of bounds for dimension 0 with size {rows}")
-    return np.where(arr < 0, arr + rows, arr)
-
-
 class _Stats:
     FIELDS = ("gathers", "requests", "gpu_hits", "cache_hits", "hot_hits", "victim_hits", "storage_rows",
               "ssd_reads", "ssd_bytes", "stalls", "stall_seconds", "gather_seconds", "evictions",
@@ -160,8 +90,8 @@ class _HostTiers:
         self.hot_slot[self.hot_lines] = np.arange(n_hot)
         if n_hot:
             store._read_lines(self.hot_lines, self.hot)
-        self.directory = _line_cache.LineDirectory(store.n_lines, n_cache, store.policy, store.line_score)
-        self.victims = _line_cache.VictimBuffer(n_victim)
+        self.directory = line_cache.LineDirectory(store.n_lines, n_cache, store.policy, store.line_score)
+        self.victims = line_cache.VictimBuffer(n_victim)
 
     def gather(self, store, idx, st):
         n = len(idx)
@@ -254,20 +184,6 @@ class _HostTiers:
             st.victims_stored += int(k.sum())
 
 
-def _rows_by_index(gather, index):
-    """``store[index]`` of a store whose rows come from ``gather``: an int (or a 0-d
-    tensor) gives one row, a tuple indexes the gathered rows' columns too."""
-    torch = _torch()
-    if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
-        return gather(np.array([index], dtype=np.int64))[0]
-    if isinstance(index, tuple):
-        rows = gather(index[0])
-        return rows[(slice(None),) + tuple(index[1:])]
-    if isinstance(index, torch.Tensor) and index.dim() == 0:
-        return gather(index.reshape(1))[0]
-    return gather(index)
-
-
 class FeatureStore:
     """A feature table (rows = nodes) gathered by index on ``device`` through a
     cache. See the module's documentation.
@@ -283,8 +199,8 @@ class FeatureStore:
                  policy="hybrid", *, shape=None, dtype=None, offset=0, score=None, graph=None, victim_bytes=None,
                  line_bytes=4096, posix=None):
         torch = _torch()
-        if policy not in _line_cache.POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(_line_cache.POLICIES)}, not {policy!r}")
+        if policy not in line_cache.POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(line_cache.POLICIES)}, not {policy!r}")
         self.path = os.fspath(path)
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
@@ -293,7 +209,7 @@ class FeatureStore:
         self.dtype = torch_dtype(self.info)
         self.policy = policy
         self.window_size = max(0, int(window or 0))
-        self.window = _line_cache.Window(self.window_size)
+        self.window = line_cache.Window(self.window_size)
         info = self.info
         self.rows_per_line = max(1, int(line_bytes) // max(1, info.row_bytes))
         self.line_bytes = self.rows_per_line * info.row_bytes
@@ -312,7 +228,6 @@ class FeatureStore:
         if self.device.type == "cpu":
             self._tiers = _HostTiers(self, host_bytes, victim_bytes, hot_lines)
         else:
-            from ._gpu_cache import GpuTiers
             if gpu_cache_bytes is None:
                 gpu_cache_bytes = min(1 << 30, max(table_bytes // 4, self.line_bytes))
             self._tiers = GpuTiers(self, gpu_cache_bytes, host_bytes, victim_bytes, hot_lines)
@@ -373,7 +288,7 @@ class FeatureStore:
             k = min(int(hot), self.info.rows)
             rows = np.argsort(-row_score, kind="stable")[:k]
         else:
-            rows = _as_index(hot, self.info.rows, "hot row")
+            rows = as_index(hot, self.info.rows, "hot row")
             if row_score is not None:
                 rows = rows[np.argsort(-row_score[rows], kind="stable")]
         lines = rows // self.rows_per_line
@@ -424,7 +339,7 @@ class FeatureStore:
             if not isinstance(self._tiers, _HostTiers):
                 out = self._tiers.gather(self, index, st)
             else:
-                idx = _as_index(index, self.info.rows)
+                idx = as_index(index, self.info.rows)
                 out = self._to_tensor(self._tiers.gather(self, idx, st))
                 st.requests += len(idx)
             self._tiers.restore_victims(self, st)  # ahead of the next batch
@@ -440,14 +355,14 @@ class FeatureStore:
         them): hybrid eviction keeps lines it needs, and lines evicted while
         it needs them go to the victim buffer."""
         with self._lock:
-            idx = _as_index(future_index, self.info.rows, "prefetch index")
+            idx = as_index(future_index, self.info.rows, "prefetch index")
             if self.window_size == 0:
                 return
             self.window.push(idx // self.rows_per_line)
             self._stats.prefetches += 1
 
     def __getitem__(self, index):
-        return _rows_by_index(self.gather, index)
+        return rows_by_index(self.gather, index)
 
     def stats(self):
         """Counters since the store was made: rows asked (``requests``) and
@@ -486,6 +401,3 @@ class FeatureStore:
     def __exit__(self, *exc):
         self.close()
 
-
-# One cache over several processes (torch.distributed): see spillfs._sharded.
-from ._sharded import PeerError, ShardedFeatureStore, write_shards  # noqa: E402

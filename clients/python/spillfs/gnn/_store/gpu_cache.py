@@ -1,7 +1,7 @@
 """The tiers of ``FeatureStore(device="cuda")``: the GPU software cache of
 libspillfs_client (``spill_gpu_cache_*``: lines in HBM, the hot-node and victim
 buffers in pinned GPU-mapped host memory, the request ring, pinned staging),
-driven by the policies of :mod:`spillfs._line_cache`.
+driven by the policies of :mod:`.line_cache`.
 
 One batch: the gather kernel serves what HBM and the hot buffer hold and posts
 the rest to the ring; the host reads the ring, takes the lines the victim
@@ -18,7 +18,9 @@ import errno
 
 import numpy as np
 
-from . import _line_cache, _native
+from ... import _native
+from . import line_cache
+from .index import as_index
 
 __all__ = ["GpuTiers"]
 
@@ -106,8 +108,8 @@ class GpuTiers:
             store._read_lines(self.hot_lines, out=self.hot)
             _native.check(lib.spill_gpu_cache_set_hot(self.cache, self.hot_lines.ctypes.data, n_hot),
                           "setting the hot lines", info.path)
-        self.directory = _line_cache.LineDirectory(store.n_lines, n_cache, store.policy, store.line_score)
-        self.victims = _line_cache.VictimBuffer(n_victim)
+        self.directory = line_cache.LineDirectory(store.n_lines, n_cache, store.policy, store.line_score)
+        self.victims = line_cache.VictimBuffer(n_victim)
         self.stamps = np.zeros(n_cache, dtype=np.uint32)
 
     def _index(self, store, index):
@@ -115,11 +117,10 @@ class GpuTiers:
         negatives and the range check are the gather kernel's (-ERANGE:
         :meth:`_refuse`), not torch ops here, which cost a wait a batch."""
         import torch
-        from .gnn import _as_index
         if isinstance(index, torch.Tensor) and index.dtype != torch.bool and not index.is_floating_point() \
                 and not index.is_complex():
             return index.reshape(-1).to(self.device, torch.int64).contiguous()
-        return torch.from_numpy(_as_index(index, store.info.rows)).to(self.device)
+        return torch.from_numpy(as_index(index, store.info.rows)).to(self.device)
 
     @staticmethod
     def _refuse(index, idx, rows):

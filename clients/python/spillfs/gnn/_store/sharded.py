@@ -68,8 +68,9 @@ import time
 
 import numpy as np
 
-from . import gnn as _gnn
-from ._table import open_table, torch_dtype
+from .feature_store import FeatureStore, degree_score, reverse_pagerank
+from .index import as_index, rows_by_index
+from .table import open_table, torch_dtype
 
 __all__ = ["ShardedFeatureStore", "PeerError", "write_shards", "PARTITIONS"]
 
@@ -176,7 +177,7 @@ def write_shards(path, out_dir, world_size, partition="hash", line_bytes=4096, *
 class ShardedFeatureStore:
     """A feature table gathered through the caches of every rank of a
     ``torch.distributed`` process group, each rank caching the lines it owns.
-    See the module's documentation (:mod:`spillfs._sharded`).
+    See the module's documentation (:mod:`spillfs.gnn._store.sharded`).
 
     Arguments as :class:`spillfs.gnn.FeatureStore`'s (budgets per rank), and:
     ``group`` (a process group; default the default group, made from the
@@ -257,20 +258,20 @@ class ShardedFeatureStore:
             top = owned[np.argsort(-row_score[owned], kind="stable")[:k]] if k else np.empty(0, np.int64)
             local_hot = self._to_local(top) if k else None
         elif hot is not None:
-            rows = _gnn._as_index(hot, self.rows, "hot row")
+            rows = as_index(hot, self.rows, "hot row")
             rows = rows[self.layout.owner_of_rows(rows) == self.rank]
             local_hot = self._to_local(rows) if len(rows) else None
         kw = dict(score=local_score, victim_bytes=victim_bytes, line_bytes=line_bytes, posix=posix)
         if shard_path is not None:
             if meta["numpy_dtype"] is None:
                 kw.update(shape=(len(owned), self.width), dtype=self.dtype)
-            self.local = _gnn.FeatureStore(shard_path, device=self.device, gpu_cache_bytes=gpu_cache_bytes,
+            self.local = FeatureStore(shard_path, device=self.device, gpu_cache_bytes=gpu_cache_bytes,
                                            host_bytes=host_bytes, hot=local_hot, window=window, policy=policy, **kw)
             if self.local.info.rows != len(owned) or self.local.info.width != self.width:
                 raise ValueError(f"{shard_path}: shape {self.local.info.shape}, but rank {self.rank} owns "
                                  f"{(len(owned), self.width)} of {SHARDS_JSON}")
         else:
-            self.local = _gnn.FeatureStore(path, device=self.device, gpu_cache_bytes=gpu_cache_bytes,
+            self.local = FeatureStore(path, device=self.device, gpu_cache_bytes=gpu_cache_bytes,
                                            host_bytes=host_bytes, hot=local_hot, window=window, policy=policy,
                                            shape=shape, dtype=dtype, offset=offset, **kw)
         self.device = self.local.device
@@ -358,7 +359,7 @@ class ShardedFeatureStore:
     def _index(self, index, what="index"):
         """(idx, None) or (None, (exception, bad value or None))."""
         try:
-            return _gnn._as_index(index, self.rows, what), None
+            return as_index(index, self.rows, what), None
         except Exception as e:  # noqa: BLE001 (sent to the peers, raised here after)
             bad = None
             if isinstance(e, IndexError):
@@ -371,7 +372,7 @@ class ShardedFeatureStore:
     # -- rows and their owners ---------------------------------------------------------
     def owner(self, index):
         """The rank owning each row of ``index`` (int64 numpy)."""
-        return self.layout.owner_of_rows(_gnn._as_index(index, self.rows))
+        return self.layout.owner_of_rows(as_index(index, self.rows))
 
     def _to_local(self, rows):
         """Rows this rank owns, in its shard's numbering."""
@@ -383,14 +384,14 @@ class ShardedFeatureStore:
 
     def _row_score(self, score, graph):
         if score is None:
-            return _gnn.degree_score(graph[0])[:self.rows] if graph is not None else None
+            return degree_score(graph[0])[:self.rows] if graph is not None else None
         if isinstance(score, str):
             if graph is None:
                 raise ValueError(f"score={score!r} needs graph=(indptr, indices)")
             if score == "degree":
-                s = _gnn.degree_score(graph[0])
+                s = degree_score(graph[0])
             elif score == "pagerank":
-                s = _gnn.reverse_pagerank(graph[0], graph[1],
+                s = reverse_pagerank(graph[0], graph[1],
                                           device=self.device if self.device.type == "cuda" else None)
             else:
                 raise ValueError(f"score must be an array, 'degree' or 'pagerank', not {score!r}")
@@ -530,7 +531,7 @@ class ShardedFeatureStore:
             self._st["prefetches"] += 1
 
     def __getitem__(self, index):
-        return _gnn._rows_by_index(self.gather, index)
+        return rows_by_index(self.gather, index)
 
     def stats(self, aggregate=False):
         """This rank's counters: as requester, ``requests`` = ``local_rows``

@@ -24,7 +24,7 @@ import threading
 
 import numpy as np
 
-from . import _native
+from ... import _native
 
 __all__ = ["TableInfo", "open_table", "RowReader", "torch_dtype"]
 

@@ -26,7 +26,7 @@ import os
 import shutil
 import threading
 
-from .. import _io, _native
+from ... import _io, _native
 
 __all__ = ["HostTier", "FileTier", "LayerFile", "Region", "ALIGN"]
 
