@@ -23,7 +23,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import spillfs  # noqa: E402  (conftest.py puts clients/python on sys.path)
-from spillfs import _io, _native, _zipfile  # noqa: E402
+from spillfs import _io, _native  # noqa: E402
+from spillfs.checkpoint import _zipfile  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 

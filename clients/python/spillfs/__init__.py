@@ -10,18 +10,21 @@
     with spillfs.Client("/mnt/spill") as c:                        # raw bytes, row tables
         rows = c.read_rows("feat.bin", 4096, [7, 3, 7])
 
-Modules: :mod:`spillfs.serialization` (save, load), :mod:`spillfs.client`
-(Client), :mod:`spillfs._native` (finding libspillfs_client.so: see there
-for $SPILLFS_CLIENT_LIB and $SPILLFS_IO), :mod:`spillfs.gnn` (FeatureStore:
-GNN feature tables gathered through GPU and host caches; imported on its
-own, it needs torch) and :mod:`spillfs.pyg` (its PyTorch Geometric stores).
+By product: :mod:`spillfs.checkpoint` (save, load), :mod:`spillfs.gnn`
+(FeatureStore: GNN feature tables gathered through GPU and host caches;
+imported on its own, it needs torch), :mod:`spillfs.pyg` (its PyTorch
+Geometric stores) and :mod:`spillfs.torch` (activation offload; imported on
+its own). Below them the native layer: :mod:`spillfs.client` (Client),
+:mod:`spillfs._native` (finding libspillfs_client.so: see there for
+$SPILLFS_CLIENT_LIB and $SPILLFS_IO), :mod:`spillfs._io` (file I/O through
+it, or Python's), :mod:`spillfs._report` (IOReport).
 """
 
 from ._native import LibraryVersionError, SpillError, load_library
 from ._report import IOReport, last_report
 from ._version import __version__
+from .checkpoint import load, save
 from .client import Client
-from .serialization import load, save
 
 __all__ = ["save", "load", "IOReport", "last_report", "Client", "SpillError", "LibraryVersionError",
            "load_library", "__version__"]

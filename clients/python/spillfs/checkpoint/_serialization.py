@@ -12,8 +12,9 @@ import pickle
 import sys
 import tempfile
 
-from . import _io, _reader, _writer, _zipfile
-from ._report import IOReport, _publish
+from .. import _io
+from .._report import IOReport, _publish
+from . import _reader, _writer, _zipfile
 
 __all__ = ["save", "load", "DEFAULT_PROTOCOL"]
 

@@ -16,7 +16,8 @@ import io
 import os
 import struct
 
-from . import _io, _zipfile
+from .. import _io
+from . import _zipfile
 from ._zipfile import FormatError
 
 

@@ -22,7 +22,8 @@ import array
 import operator
 import zlib
 
-from . import _io, _zipfile
+from .. import _io
+from . import _zipfile
 from ._zipfile import BIG_ALIGN
 
 _HASH_GROUP_MIN = 4 << 20  # bytes of host storages one hashing task takes at least

@@ -23,7 +23,8 @@ whole number of 4 KiB blocks long, except the one that ends the file.
 import bisect
 import zlib
 
-from . import _dedup, _io, _zipfile
+from .. import _io
+from . import _dedup, _zipfile
 from ._zipfile import BIG_ALIGN
 
 BLOCK = 4096
