@@ -6,7 +6,7 @@ By offsets, the file is written in two phases:
 1. the big storages (256 KiB or more, at 256 KiB-aligned offsets), each from
    its start to its last whole 4 KiB block: host memory as it is, CUDA memory
    through the library's pinned pool (native) or through pinned staging
-   buffers here (Python I/O, or ``crc32=True``); with dedup (_dedup.py),
+   buffers here (Python I/O, or ``crc32=True``); with dedup (:mod:`._dedup`),
    only the 256 KiB units the volume does not hold: those changed in place
    since this process last saved them at once, the others once the volume
    has answered about them; CRC-32s are computed meanwhile on threads;
