@@ -10,8 +10,8 @@ where no GPU is present. The mount test uses the `mount` fixture (root,
 import contextlib
 import errno
 import gc
-import math
 import os
+import sys
 import time
 import warnings
 
@@ -23,6 +23,10 @@ import torch.nn.functional as F
 import spillfs.torch as st
 from spillfs.torch._offload import tiers as _tiers
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "tools", "bench"))
+from toy_gpt import GPT  # noqa: E402  (the bench's model, tiny here)
+
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (GPU machine)")
 
@@ -32,45 +36,6 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (GPU machi
 def mlp(width=96, depth=4):
     blocks = [nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(depth)]
     return nn.Sequential(*blocks, nn.Linear(width, 8))
-
-
-class Block(nn.Module):
-    """A pre-LN decoder block (attention by matmuls: torch 1.13 has no SDPA)."""
-
-    def __init__(self, h, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
-        self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
-        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
-
-    def forward(self, x):
-        b, t, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)  # views with gaps: stored apart, strides kept
-        q, k, v = (z.view(b, t, self.heads, h // self.heads).transpose(1, 2) for z in (q, k, v))
-        if hasattr(F, "scaled_dot_product_attention"):
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-            s = (q @ k.transpose(-1, -2)) / math.sqrt(h // self.heads)
-            a = s.masked_fill(mask, float("-inf")).softmax(-1) @ v
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab=64, h=32, heads=4, depth=3, ctx=16):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(vocab, h), nn.Embedding(ctx, h)
-        self.blocks = nn.ModuleList(Block(h, heads) for _ in range(depth))
-        self.ln = nn.LayerNorm(h)
-        self.head = nn.Linear(h, vocab, bias=False)
-
-    def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(self.ln(x))
 
 
 def train(make_model, make_batch, loss_fn, offload=None, steps=3, device="cpu", dtype=torch.float32,

@@ -59,7 +59,6 @@ import argparse
 import contextlib
 import gc
 import json
-import math
 import os
 import subprocess
 import sys
@@ -73,9 +72,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-import torch.utils.checkpoint  # noqa: E402
 
 import spillfs.torch as st  # noqa: E402
+from spillfs.torch._offload.policy import pinned_copy_seconds  # noqa: E402
+from toy_gpt import GPT  # noqa: E402
 from volume import Volume  # noqa: E402
 
 GIB = 1 << 30
@@ -90,46 +90,6 @@ SIZES = {
     "h16384": (4, 16384, 128, 2048, 2),
     "tiny": (4, 256, 4, 128, 2),  # a smoke run (also on the CPU: --device cpu)
 }
-
-
-class Block(nn.Module):
-    def __init__(self, h, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
-        self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
-        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
-
-    def forward(self, x):
-        b, t, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        if hasattr(F, "scaled_dot_product_attention"):
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # torch 1.x (the CPU smoke run: --device cpu)
-            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-            s = (q @ k.transpose(-1, -2)) / math.sqrt(h // self.heads)
-            a = s.masked_fill(mask, float("-inf")).softmax(-1) @ v
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
-
-
-class GPT(nn.Module):
-    def __init__(self, layers, h, heads, seq, vocab):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(vocab, h), nn.Embedding(seq, h)
-        self.blocks = nn.ModuleList(Block(h, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(h)
-        self.head = nn.Linear(h, vocab, bias=False)
-        self.recompute = False
-
-    def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for blk in self.blocks:
-            if self.recompute:
-                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
-            else:
-                x = blk(x)
-        return self.head(self.ln(x))
 
 
 def _cuda(dev):
@@ -319,18 +279,8 @@ def raw_copy_rates(dev, nbytes):
     src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     s = torch.cuda.Stream(dev)
-    out = {}
-    for _ in range(2):
-        a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-        s.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(s):
-            a.record()
-            host.copy_(src, non_blocking=True)
-            b.record()
-            src.copy_(host, non_blocking=True)
-            c.record()
-        c.synchronize()
-        out = {"d2h_gbps": round(nbytes / a.elapsed_time(b) / 1e6, 2), "h2d_gbps": round(nbytes / b.elapsed_time(c) / 1e6, 2)}
+    d2h, h2d = pinned_copy_seconds(src, host, s)
+    out = {"d2h_gbps": round(nbytes / d2h / 1e9, 2), "h2d_gbps": round(nbytes / h2d / 1e9, 2)}
     # both ways at once (forward's copies out overlapping backward's copies in, across layers)
     s2 = torch.cuda.Stream(dev)
     src2 = torch.empty_like(src)
@@ -432,11 +382,11 @@ def bench_size(name, args, files_dir, rows):
             pass
         try:
             with torch.device(dev):
-                model = GPT(layers, h, heads, seq, args.vocab)
+                model = GPT(args.vocab, h, heads, layers, seq, qkv="packed", gelu="tanh")
         finally:
             torch.set_default_dtype(default)
     else:
-        model = GPT(layers, h, heads, seq, args.vocab)
+        model = GPT(args.vocab, h, heads, layers, seq, qkv="packed", gelu="tanh")
     model = model.to(dev, torch.bfloat16 if _cuda(dev) else torch.float32)
     g = torch.Generator(device="cpu").manual_seed(1)
     idx = torch.randint(0, args.vocab, (batch, seq), generator=g).to(dev)

@@ -29,9 +29,32 @@ waits.
 
 import time
 
-__all__ = ["make_policy", "Policy", "AdaptivePolicy"]
+__all__ = ["make_policy", "Policy", "AdaptivePolicy", "pinned_copy_seconds"]
 
 _MiB = 1 << 20
+
+
+def pinned_copy_seconds(device_buffer, host_buffer, stream=None):
+    """Seconds of one copy of ``device_buffer`` (CUDA) into ``host_buffer``
+    (pinned, as large) and of one back, timed by CUDA events on ``stream``
+    (default: the current one; a side stream first waits for the current
+    one). The second of two runs: the first warms the path. The adaptive
+    policy's probe of the host tier and activation_bench.py's raw copy rates."""
+    import torch
+    current = torch.cuda.current_stream(device_buffer.device)
+    stream = current if stream is None else stream
+    for _ in range(2):
+        d2h, h2d, done = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        if stream != current:
+            stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            d2h.record()
+            host_buffer.copy_(device_buffer, non_blocking=True)
+            h2d.record()
+            device_buffer.copy_(host_buffer, non_blocking=True)
+            done.record()
+        done.synchronize()
+    return d2h.elapsed_time(h2d) / 1e3, h2d.elapsed_time(done) / 1e3
 
 
 class Policy:
@@ -231,17 +254,9 @@ class AdaptivePolicy:
         bw = {}
         if cuda:
             dev = torch.empty(n, dtype=torch.uint8, device="cuda")
-            host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-            for _ in range(2):
-                a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-                a.record()
-                host.copy_(dev, non_blocking=True)
-                b.record()
-                dev.copy_(host, non_blocking=True)
-                c.record()
-                c.synchronize()
-            bw["host_write"] = n / max(a.elapsed_time(b) / 1e3, 1e-9)
-            bw["host_read"] = n / max(b.elapsed_time(c) / 1e3, 1e-9)
+            write, read = pinned_copy_seconds(dev, torch.empty(n, dtype=torch.uint8, pin_memory=True))
+            bw["host_write"] = n / max(write, 1e-9)
+            bw["host_read"] = n / max(read, 1e-9)
         else:
             src, dst = torch.ones(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
             t0 = time.perf_counter()
