@@ -1,15 +1,51 @@
-"""What one spillfs.save or spillfs.load did: :class:`IOReport`, :func:`last_report`."""
+"""What one spillfs.save or spillfs.load did: :class:`IOReport`, :func:`last_report`;
+and :class:`Report`, the fields-and-seconds base it shares with
+:class:`spillfs.torch.OffloadReport`."""
 
+import copy
 import threading
 import time
 from contextlib import contextmanager
 
-__all__ = ["IOReport", "last_report"]
+__all__ = ["IOReport", "last_report", "Report"]
 
 _local = threading.local()
 
 
-class IOReport:
+class Report:
+    """A record of what one call or step did: named fields with their
+    defaults, declared once in ``_DEFAULTS`` (in the order :meth:`as_dict`
+    gives them; a mutable default is copied for each report), and
+    ``seconds``, seconds by stage."""
+
+    _DEFAULTS = {"seconds": {}}
+
+    def __init__(self, **values):
+        for name, default in self._DEFAULTS.items():
+            setattr(self, name, copy.copy(default))
+        for name, value in values.items():
+            setattr(self, name, value)
+
+    def add_seconds(self, name, seconds):
+        """Adds ``seconds`` to ``seconds[name]``."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    @contextmanager
+    def stage(self, name):
+        """Adds the seconds of the ``with`` body to ``seconds[name]``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add_seconds(name, time.perf_counter() - start)
+
+    def as_dict(self):
+        """The fields as a plain dict (for ``json.dumps``); dicts copied."""
+        fields = {name: getattr(self, name) for name in self._DEFAULTS}
+        return {name: (dict(value) if isinstance(value, dict) else value) for name, value in fields.items()}
+
+
+class IOReport(Report):
     r"""What one :func:`spillfs.save` or :func:`spillfs.load` did.
 
     :func:`spillfs.save` returns one; :func:`spillfs.load` fills the one passed
@@ -63,46 +99,18 @@ class IOReport:
         >>> r2.gbps()
     """
 
-    _FIELDS = ("op", "path", "backend", "io_path", "io_stats", "file_bytes", "storages", "storage_bytes", "bytes_written",
-               "bytes_shared", "bytes_read", "device_bytes", "crc32_skipped", "dedup", "dedup_requests",
-               "units_changed_in_place", "seconds")
+    _DEFAULTS = {"op": None, "path": None, "backend": None, "io_path": None, "io_stats": {}, "file_bytes": 0,
+                 "storages": 0, "storage_bytes": 0, "bytes_written": 0, "bytes_shared": 0, "bytes_read": 0,
+                 "device_bytes": 0, "crc32_skipped": 0, "dedup": False, "dedup_requests": 0,
+                 "units_changed_in_place": 0, "seconds": {}}
 
     def __init__(self, op=None, path=None):
-        self.op = op
-        self.path = path
-        self.backend = None
-        self.io_path = None
-        self.io_stats = {}
-        self.file_bytes = 0
-        self.storages = 0
-        self.storage_bytes = 0
-        self.bytes_written = 0
-        self.bytes_shared = 0
-        self.bytes_read = 0
-        self.device_bytes = 0
-        self.crc32_skipped = 0
-        self.dedup = False
-        self.dedup_requests = 0
-        self.units_changed_in_place = 0
-        self.seconds = {}
-
-    @contextmanager
-    def stage(self, name):
-        """Adds the seconds of the ``with`` body to ``seconds[name]``."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+        super().__init__(op=op, path=path)
 
     def gbps(self):
         """Storage bytes per second of the whole call, in GB/s."""
         total = self.seconds.get("total")
         return self.storage_bytes / total / 1e9 if total else 0.0
-
-    def as_dict(self):
-        """The attributes as a plain dict (for json.dumps)."""
-        return {name: (dict(self.seconds) if name == "seconds" else getattr(self, name)) for name in self._FIELDS}
 
     def __repr__(self):
         stages = ", ".join(f"{k}={v:.3f}s" for k, v in self.seconds.items())

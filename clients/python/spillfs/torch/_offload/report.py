@@ -1,9 +1,13 @@
 """What one step of :func:`spillfs.torch.offload_activations` did."""
 
+from ..._report import Report
+
 __all__ = ["OffloadReport"]
 
+_COUNTERS = ("packed", "kept", "host", "ssd", "deduped", "forwarded")
 
-class OffloadReport:
+
+class OffloadReport(Report):
     r"""What one step (one ``with`` block) of an activation offloader did.
 
     Counts are of saved tensors (``*_count``) and their bytes (``*_bytes``);
@@ -77,35 +81,16 @@ class OffloadReport:
         seconds (dict): host seconds in ``pack``, ``unpack``, ``prefetch``.
     """
 
-    _COUNTERS = ("packed", "kept", "host", "ssd", "deduped", "forwarded")
+    _DEFAULTS = {"step": 0, "policy": "all",
+                 **{f"{name}_{unit}": 0 for name in _COUNTERS for unit in ("count", "bytes")},
+                 "kept_reasons": {}, "read_host_bytes": 0, "read_ssd_bytes": 0, "read_staged_bytes": 0,
+                 "prefetch_hits": 0, "read_ahead_peak_bytes": 0, "read_beyond_freed_peak_bytes": 0,
+                 "inflight_peak_bytes": 0, "inflight_at_backward_bytes": 0, "diagnosis": {}, "stalls": 0,
+                 "stall_seconds": 0.0, "copy_waits": 0, "write_errors": 0, "decisions": {}, "layer_bytes": {},
+                 "predicted": {}, "measured": {}, "io_backend": None, "host_peak_bytes": 0, "seconds": {}}
 
     def __init__(self, step=0, policy="all"):
-        self.step = step
-        self.policy = policy
-        for name in self._COUNTERS:
-            setattr(self, name + "_count", 0)
-            setattr(self, name + "_bytes", 0)
-        self.kept_reasons = {}
-        self.read_host_bytes = 0
-        self.read_ssd_bytes = 0
-        self.read_staged_bytes = 0
-        self.prefetch_hits = 0
-        self.read_ahead_peak_bytes = 0
-        self.read_beyond_freed_peak_bytes = 0
-        self.inflight_peak_bytes = 0
-        self.inflight_at_backward_bytes = 0
-        self.diagnosis = {}
-        self.stalls = 0
-        self.stall_seconds = 0.0
-        self.copy_waits = 0
-        self.write_errors = 0
-        self.decisions = {}
-        self.layer_bytes = {}
-        self.predicted = {}
-        self.measured = {}
-        self.io_backend = None
-        self.host_peak_bytes = 0
-        self.seconds = {}
+        super().__init__(step=step, policy=policy)
 
     def count(self, what, nbytes):
         setattr(self, what + "_count", getattr(self, what + "_count") + 1)
@@ -115,17 +100,14 @@ class OffloadReport:
         self.count("kept", nbytes)
         self.kept_reasons[reason] = self.kept_reasons.get(reason, 0) + 1
 
-    def add_seconds(self, name, dt):
-        self.seconds[name] = self.seconds.get(name, 0.0) + dt
-
     @property
     def offloaded_bytes(self):
         """Bytes moved off the device (host tier and files)."""
         return self.host_bytes + self.ssd_bytes
 
     def as_dict(self):
-        """The attributes as a plain dict (for ``json.dumps``)."""
-        d = {k: (dict(v) if isinstance(v, dict) else v) for k, v in vars(self).items()}
+        """The attributes as a plain dict (for ``json.dumps``: layer keys as strings)."""
+        d = super().as_dict()
         d["decisions"] = {str(k): v for k, v in self.decisions.items()}
         d["layer_bytes"] = {str(k): v for k, v in self.layer_bytes.items()}
         return d
