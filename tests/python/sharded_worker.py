@@ -274,6 +274,22 @@ def t_out_of_range_raises_on_every_rank():
     np.testing.assert_array_equal(store.gather(b).numpy(), a[b])
 
 
+def gather_expecting_peer_error(name, store, index, *says):
+    """store.gather(index), which must raise PeerError saying each of `says`:
+    results[name] is "ok" or what happened instead, with the message and the
+    seconds it took beside it."""
+    t0 = time.perf_counter()
+    try:
+        store.gather(index)
+        results[name] = "gather returned"
+    except PeerError as e:
+        results[name] = "ok" if all(s in str(e) for s in says) else str(e)
+        results[name + "_message"] = str(e)
+    except Exception:  # noqa: BLE001
+        results[name] = traceback.format_exc()
+    results[name + "_seconds"] = time.perf_counter() - t0
+
+
 def scenario_dead_peer():
     """The last rank dies (os._exit) where the others gather: they raise PeerError."""
     path = os.path.join(DATA, "f32.npy")
@@ -284,16 +300,7 @@ def scenario_dead_peer():
         save()
         os._exit(17)
     time.sleep(0.3)
-    t0 = time.perf_counter()
-    try:
-        store.gather([0, 1, 2, 3, 4, 5, 6, 7] * 50)
-        results["dead_peer"] = "gather returned"
-    except PeerError as e:
-        results["dead_peer"] = "ok" if f"rank {RANK} of {WORLD}" in str(e) and "20 s" in str(e) else str(e)
-        results["dead_peer_message"] = str(e)
-    except Exception:  # noqa: BLE001
-        results["dead_peer"] = traceback.format_exc()
-    results["dead_peer_seconds"] = time.perf_counter() - t0
+    gather_expecting_peer_error("dead_peer", store, [0, 1, 2, 3, 4, 5, 6, 7] * 50, f"rank {RANK} of {WORLD}", "20 s")
     try:
         store.gather([0])
         results["dead_peer_after"] = "gather returned"
@@ -313,16 +320,7 @@ def scenario_stalled_peer():
         save()
         time.sleep(4.5)
         os._exit(0)
-    t0 = time.perf_counter()
-    try:
-        store.gather([1, 2, 3])
-        results["stalled_peer"] = "gather returned"
-    except PeerError as e:
-        results["stalled_peer"] = "ok" if "2 s" in str(e) else str(e)
-        results["stalled_peer_message"] = str(e)
-    except Exception:  # noqa: BLE001
-        results["stalled_peer"] = traceback.format_exc()
-    results["stalled_peer_seconds"] = time.perf_counter() - t0
+    gather_expecting_peer_error("stalled_peer", store, [1, 2, 3], "2 s")
     save()
 
 

@@ -306,22 +306,13 @@ def _crc32_combine_py(crc1, crc2, len2):
     """zlib's crc32_combine (x^(8 len2) applied to crc1, then xor), in Python."""
     if len2 <= 0:
         return crc1
-    odd = [0xEDB88320] + [1 << n for n in range(31)]  # the operator for one zero bit
-    even = _gf2_square(odd)   # two zero bits
-    odd = _gf2_square(even)   # four zero bits
-    while True:
-        even = _gf2_square(odd)
+    op = [0xEDB88320] + [1 << n for n in range(31)]  # the operator for one zero bit
+    op = _gf2_square(_gf2_square(op))  # four zero bits
+    while len2:  # zlib's loop, its two alternating halves folded into one
+        op = _gf2_square(op)  # 2^k zero bytes at the k-th bit of len2
         if len2 & 1:
-            crc1 = _gf2_times(even, crc1)
+            crc1 = _gf2_times(op, crc1)
         len2 >>= 1
-        if not len2:
-            break
-        odd = _gf2_square(even)
-        if len2 & 1:
-            crc1 = _gf2_times(odd, crc1)
-        len2 >>= 1
-        if not len2:
-            break
     return crc1 ^ crc2
 
 

@@ -16,7 +16,7 @@ from .gpu_cache import GpuTiers
 from .index import as_index, rows_by_index
 from .table import RowReader, open_table, torch_dtype
 
-__all__ = ["FeatureStore", "degree_score", "reverse_pagerank"]
+__all__ = ["FeatureStore", "degree_score", "reverse_pagerank", "score_rows"]
 
 
 def _torch():
@@ -57,6 +57,30 @@ def reverse_pagerank(indptr, indices, iterations=20, damping=0.85, device=None):
         x = (1.0 - damping) / n + damping * (nxt + lost / n)
     return x.cpu().numpy()
 
+
+
+def score_rows(score, graph, rows, device):
+    """The score of each of a table's ``rows`` (float64 numpy) from a store's
+    ``score=`` and ``graph=`` (see :mod:`spillfs.gnn`): an array, ``"degree"``
+    or ``"pagerank"`` (on ``device`` where it is CUDA), the degree where only
+    the graph is given, None where neither is."""
+    if score is None:
+        return degree_score(graph[0])[:rows] if graph is not None else None
+    if isinstance(score, str):
+        if graph is None:
+            raise ValueError(f"score={score!r} needs graph=(indptr, indices)")
+        if score == "degree":
+            s = degree_score(graph[0])
+        elif score == "pagerank":
+            s = reverse_pagerank(graph[0], graph[1], device=device if device.type == "cuda" else None)
+        else:
+            raise ValueError(f"score must be an array, 'degree' or 'pagerank', not {score!r}")
+    else:
+        s = score.detach().cpu().numpy() if hasattr(score, "detach") else score
+    s = np.asarray(s, dtype=np.float64).reshape(-1)
+    if len(s) != rows:
+        raise ValueError(f"score has {len(s)} values for a table of {rows} rows")
+    return s
 
 class _Stats:
     FIELDS = ("gathers", "requests", "gpu_hits", "cache_hits", "hot_hits", "victim_hits", "storage_rows",
@@ -218,7 +242,7 @@ class FeatureStore:
         self.stamp = 0
         self._lock = threading.RLock()
         self._stats = _Stats()
-        row_score = self._row_score(score, graph)
+        row_score = score_rows(score, graph, info.rows, self.device)
         self.row_score = row_score
         self.line_score = self._line_max(row_score) if row_score is not None else None
         hot_lines = self._hot_lines(hot, row_score)
@@ -250,27 +274,6 @@ class FeatureStore:
                 f"policy={self.policy!r}, backend={self.reader.backend!r})")
 
     # -- scores ---------------------------------------------------------
-    def _row_score(self, score, graph):
-        rows = self.info.rows
-        if score is None:
-            return degree_score(graph[0])[:rows] if graph is not None else None
-        if isinstance(score, str):
-            if graph is None:
-                raise ValueError(f"score={score!r} needs graph=(indptr, indices)")
-            if score == "degree":
-                s = degree_score(graph[0])
-            elif score == "pagerank":
-                s = reverse_pagerank(graph[0], graph[1],
-                                     device=self.device if self.device.type == "cuda" else None)
-            else:
-                raise ValueError(f"score must be an array, 'degree' or 'pagerank', not {score!r}")
-        else:
-            s = score.detach().cpu().numpy() if hasattr(score, "detach") else np.asarray(score)
-            s = s.astype(np.float64).reshape(-1)
-        if len(s) != rows:
-            raise ValueError(f"score has {len(s)} values for a table of {rows} rows")
-        return s
-
     def _line_max(self, row_score):
         rpl = self.rows_per_line
         padded = np.full(self.n_lines * rpl, -np.inf)

@@ -65,10 +65,11 @@ import json
 import os
 import threading
 import time
+from collections import namedtuple
 
 import numpy as np
 
-from .feature_store import FeatureStore, degree_score, reverse_pagerank
+from .feature_store import FeatureStore, score_rows
 from .index import as_index, rows_by_index
 from .table import open_table, torch_dtype
 
@@ -86,6 +87,12 @@ def _torch():
 class PeerError(RuntimeError):
     """A collective of the sharded store failed: a peer died, or did not make the
     same call within the process group's timeout."""
+
+
+# What _send_to_owners returns: the items grouped by owner (items[order], rank
+# r's at starts[r]:starts[r + 1]), this rank's own (never sent), the counts sent
+# to and asked of each rank, and the items the others asked of this one.
+_Routed = namedtuple("_Routed", "order starts mine sent asked received")
 
 
 class _Layout:
@@ -241,7 +248,7 @@ class ShardedFeatureStore:
         self.owned_rows = self.layout.owned_rows(self.rank)
 
         # Scores and hot rows: this rank's share, in the shard's row numbers.
-        row_score = self._row_score(score, graph)
+        row_score = score_rows(score, graph, self.rows, self.device)
         local_score, local_hot = None, hot
         owned = self.owned_rows
         if row_score is not None:
@@ -356,6 +363,25 @@ class ShardedFeatureStore:
             raise IndexError(f"rank {k} gave an index that was refused; every rank skips this {what.split()[0]}")
         return got[:, 0]
 
+    def _send_to_owners(self, items, owners, error, counts_what, items_what):
+        """Sends each rank the ``items`` it owns (``owners``: the rank of each;
+        both None with ``error``) in two exchanges: the counts, named
+        ``counts_what``, with this rank's ``error`` (every rank raises where
+        one had one), then the items, ``items_what``. A :data:`_Routed`."""
+        torch = _torch()
+        w, me = self.world_size, self.rank
+        counts = np.bincount(owners, minlength=w).astype(np.int64) if error is None else np.zeros(w, np.int64)
+        sent = counts.copy()
+        sent[me] = 0
+        asked = self._header(counts_what, sent, error)  # raises on every rank where one had an error
+        order = np.argsort(owners, kind="stable")
+        grouped = items[order]
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        mine = grouped[starts[me]:starts[me + 1]]
+        others = np.concatenate([grouped[:starts[me]], grouped[starts[me + 1]:]])
+        received = self._a2a(items_what, torch.from_numpy(others), sent, asked, torch.int64)
+        return _Routed(order, starts, mine, sent, asked, received)
+
     def _index(self, index, what="index"):
         """(idx, None) or (None, (exception, bad value or None))."""
         try:
@@ -381,26 +407,6 @@ class ShardedFeatureStore:
             return rows
         lines = rows // self.rows_per_line
         return self.layout.local_lines(lines) * self.rows_per_line + (rows - lines * self.rows_per_line)
-
-    def _row_score(self, score, graph):
-        if score is None:
-            return degree_score(graph[0])[:self.rows] if graph is not None else None
-        if isinstance(score, str):
-            if graph is None:
-                raise ValueError(f"score={score!r} needs graph=(indptr, indices)")
-            if score == "degree":
-                s = degree_score(graph[0])
-            elif score == "pagerank":
-                s = reverse_pagerank(graph[0], graph[1],
-                                          device=self.device if self.device.type == "cuda" else None)
-            else:
-                raise ValueError(f"score must be an array, 'degree' or 'pagerank', not {score!r}")
-        else:
-            s = score.detach().cpu().numpy() if hasattr(score, "detach") else np.asarray(score)
-        s = np.asarray(s, dtype=np.float64).reshape(-1)
-        if len(s) != self.rows:
-            raise ValueError(f"score has {len(s)} values for a table of {self.rows} rows")
-        return s
 
     def _tier_hits(self, local_rows):
         """Whether each row's line is in a cache tier of the shard now (before its gather)."""
@@ -439,24 +445,12 @@ class ShardedFeatureStore:
         with self._lock:
             self._check()
             t0 = time.perf_counter()
-            st, w, me, rb = self._st, self.world_size, self.rank, self.row_bytes
+            st, me, rb = self._st, self.rank, self.row_bytes
             idx, error = self._index(index)
-            if error is None:
-                u, inv = np.unique(idx, return_inverse=True)
-                own = self.layout.owner_of_rows(u)
-                order = np.argsort(own, kind="stable")
-                u_sorted = u[order]
-                counts = np.bincount(own, minlength=w).astype(np.int64)
-            else:
-                counts = np.zeros(w, dtype=np.int64)
-            send_counts = counts.copy()
-            send_counts[me] = 0
-            asked = self._header("gather request counts", send_counts, error)
-            starts = np.concatenate([[0], np.cumsum(counts)])
-            mine = u_sorted[starts[me]:starts[me + 1]]
-            others = np.concatenate([u_sorted[:starts[me]], u_sorted[starts[me + 1]:]])
-            recv_ids = self._a2a("gather request ids", torch.from_numpy(others), send_counts, asked,
-                                 torch.int64).cpu().numpy()
+            u, inv = np.unique(idx, return_inverse=True) if error is None else (None, None)
+            routed = self._send_to_owners(u, self.layout.owner_of_rows(u) if error is None else None, error,
+                                          "gather request counts", "gather request ids")
+            mine, recv_ids = routed.mine, routed.received.cpu().numpy()
             # One gather of the shard for the union of what every rank asked of it.
             want = np.concatenate([mine, recv_ids])
             uu, uinv = np.unique(want, return_inverse=True)
@@ -471,18 +465,18 @@ class ShardedFeatureStore:
             resp = served[len(mine):].contiguous()
             resp_bytes = resp.view(torch.uint8).reshape(-1) if resp.numel() else \
                 torch.empty(0, dtype=torch.uint8, device=dev)
-            recv = self._a2a("gather responses", resp_bytes, asked * rb, send_counts * rb, torch.uint8)
+            recv = self._a2a("gather responses", resp_bytes, routed.asked * rb, routed.sent * rb, torch.uint8)
             recv = recv.to(dev).reshape(-1, rb).view(self.dtype).reshape(-1, self.width) if recv.numel() else \
                 torch.empty((0, self.width), dtype=self.dtype, device=dev)
             # Back into the caller's order.
             if error is None and len(u):
                 rows_sorted = torch.empty((len(u), self.width), dtype=self.dtype, device=dev)
-                a, b = int(starts[me]), int(starts[me + 1])
+                a, b = int(routed.starts[me]), int(routed.starts[me + 1])
                 rows_sorted[a:b] = served[:len(mine)]
                 rows_sorted[:a] = recv[:a]
                 rows_sorted[b:] = recv[a:]
                 out_u = torch.empty_like(rows_sorted)
-                out_u[torch.from_numpy(order).to(dev)] = rows_sorted
+                out_u[torch.from_numpy(routed.order).to(dev)] = rows_sorted
                 out = out_u[torch.from_numpy(inv.reshape(-1)).to(dev)]
             else:
                 out = torch.empty((0, self.width), dtype=self.dtype, device=dev)
@@ -491,7 +485,7 @@ class ShardedFeatureStore:
             n_local = int((self.layout.owner_of_rows(idx) == me).sum()) if len(idx) else 0
             st["local_rows"] += n_local
             st["remote_rows"] += len(idx) - n_local
-            st["remote_unique_rows"] += len(others)
+            st["remote_unique_rows"] += int(routed.sent.sum())
             st["served_rows"] += len(recv_ids)
             st["gather_seconds"] += time.perf_counter() - t0
             return out
@@ -502,7 +496,6 @@ class ShardedFeatureStore:
         lines go to their owners, whose windows hold the union of every
         rank's. Collective when ``window`` > 0 (every rank calls it, an empty
         index where it has nothing to announce)."""
-        torch = _torch()
         with self._lock:
             self._check()
             idx, error = self._index(future_index, "prefetch index")
@@ -510,23 +503,11 @@ class ShardedFeatureStore:
                 if error is not None:
                     raise error[0]
                 return
-            w, me, rpl = self.world_size, self.rank, self.rows_per_line
-            if error is None:
-                lines = np.unique(idx // rpl)
-                own = self.layout.owner_of_lines(lines)
-                order = np.argsort(own, kind="stable")
-                lines = lines[order]
-                counts = np.bincount(own, minlength=w).astype(np.int64)
-            else:
-                lines, counts = np.empty(0, np.int64), np.zeros(w, dtype=np.int64)
-            send_counts = counts.copy()
-            send_counts[me] = 0
-            asked = self._header("prefetch line counts", send_counts, error)
-            starts = np.concatenate([[0], np.cumsum(counts)])
-            mine = lines[starts[me]:starts[me + 1]]
-            others = np.concatenate([lines[:starts[me]], lines[starts[me + 1]:]])
-            recv = self._a2a("prefetch lines", torch.from_numpy(others), send_counts, asked, torch.int64)
-            union = np.unique(np.concatenate([mine, recv.cpu().numpy()]))
+            rpl = self.rows_per_line
+            lines = np.unique(idx // rpl) if error is None else None
+            routed = self._send_to_owners(lines, self.layout.owner_of_lines(lines) if error is None else None, error,
+                                          "prefetch line counts", "prefetch lines")
+            union = np.unique(np.concatenate([routed.mine, routed.received.cpu().numpy()]))
             self.local.prefetch(self._to_local(union * rpl))  # a line by its first row
             self._st["prefetches"] += 1
 

@@ -226,17 +226,17 @@ class LayerFile:
         return off
 
     def write(self, ptr, nbytes, offset, device, stream=0):
-        self.inflight += 1
-        try:
-            return self.io.write([_io.Segment(ptr, nbytes, offset, device)], stream)
-        except BaseException:
-            self.inflight -= 1
-            raise
+        return self._submit(self.io.write, ptr, nbytes, offset, device, stream)
 
     def read(self, ptr, nbytes, offset, device, stream=0):
+        return self._submit(self.io.read, ptr, nbytes, offset, device, stream)
+
+    def _submit(self, submit, ptr, nbytes, offset, device, stream):
+        """One request by ``submit`` (the file's write or read), in flight
+        until :meth:`done` (or its submission failed)."""
         self.inflight += 1
         try:
-            return self.io.read([_io.Segment(ptr, nbytes, offset, device)], stream)
+            return submit([_io.Segment(ptr, nbytes, offset, device)], stream)
         except BaseException:
             self.inflight -= 1
             raise
