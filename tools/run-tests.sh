@@ -16,7 +16,7 @@ log=build/ctest-output.log
 status=0
 ctest --test-dir build --output-on-failure -j"$(nproc)" "$@" 2>&1 | tee "$log" || status=$?
 echo
-python3 tools/skip-summary.py build || true
+python3 tools/skip-summary.py build "$log" || true
 echo
 echo "== ctest's summary (again)"
 sed -n '/tests passed, /,$p' "$log"
