@@ -72,7 +72,7 @@ Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uin
 Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_view data) {
   if (handle->ino != kControlIno) return Status::Error(EBADF, "not writable");
   if (offset + data.size() > control::kMaxRequestBytes) return Status::Error(EFBIG, "control request too large");
-  std::lock_guard lock(handle->mu);
+  MutexLock lock(&handle->mu);
   if (handle->request.size() < offset + data.size()) handle->request.resize(offset + data.size());
   handle->request.replace(offset, data.size(), data);
   handle->reply.reset();  // a new request gets a new answer
@@ -523,11 +523,12 @@ std::string ControlPlane::Answer(Handle& handle) {
   Volume& volume = fs_->volume();
   Inspector inspector(volume.index(), volume.superblock());
   if (handle.ino == kStatsIno) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto stat = inspector.Stat(Runtime());
     return stat.ok() ? PrometheusText(*stat) : fmt::format("# error: {}\n", stat.status().ToString());
   }
   return Guarded([&] {
+    handle.mu.AssertHeld();  // run here, in Answer, which holds it
     auto request = ParseRequest(handle.request);
     if (!request.ok()) return ReplyText(ErrorReply(request.status()));
     switch (RouteOf((*request)[control::key::kOp].get<std::string>())) {
@@ -542,7 +543,7 @@ std::string ControlPlane::Answer(Handle& handle) {
       case Route::kQuery:
         break;
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     return ReplyText(AnswerQuery(inspector, *request, Runtime()));
   });
 }
@@ -551,7 +552,7 @@ ControlPlane::ReplyBytes ControlPlane::Read(Handle* handle, uint64_t offset, siz
   std::shared_ptr<const std::string> reply;
   std::optional<InodeNumber> invalidate;
   {
-    std::lock_guard lock(handle->mu);
+    MutexLock lock(&handle->mu);
     if (!handle->reply) handle->reply = std::make_shared<const std::string>(Answer(*handle));
     reply = handle->reply;
     invalidate = std::exchange(handle->invalidate, std::nullopt);
@@ -566,6 +567,7 @@ ControlPlane::ReplyBytes ControlPlane::Read(Handle* handle, uint64_t offset, siz
 }
 
 void ControlPlane::ReturnReserved(Handle& handle) {
+  MutexLock lock(&handle.mu);  // uncontended: the handle is out of the table, no other thread has it
   if (!handle.reserved.empty()) fs_->DirectUnreserve(handle.reserved);
 }
 

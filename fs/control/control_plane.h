@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -30,6 +29,7 @@
 #include "core/filesystem.h"
 #include "spillfs/common/control_protocol.h"
 #include "spillfs/common/handle_table.h"
+#include "spillfs/common/mutex.h"
 #include "spillfs/fs/inspector.h"
 #include "store/reclaim_gate.h"
 
@@ -59,17 +59,24 @@ class ControlPlane {
   // One open handle of a virtual file. For the direct path it is also the
   // lease: blocks of layouts given through it stay unreused (pin), and space
   // reserved through it is returned at close unless committed.
+  //
+  // Locks, in the order they are taken (outer first): a Handle's mu, then
+  // the plane's mu_, then Filesystem's (core/filesystem.h), which the
+  // dispatch calls under them.
   struct Handle {
-    InodeNumber ino;
-    std::string request;
+    InodeNumber ino;  // set at Open, then only read
+    // Taken by each write, read and release of the handle (FUSE may send
+    // them for one handle on several threads at once); held while its reply
+    // is worked out, direct-path calls into Filesystem included.
+    Mutex mu;
+    std::string request GUARDED_BY(mu);
     // Shared with reads still sending it: the client may close the handle or
     // write its next request as soon as the kernel has copied the bytes, on
     // another thread, before the sending thread is done with them.
-    std::shared_ptr<const std::string> reply;
-    std::unique_ptr<ReclaimGate::Reader> pin;
-    std::vector<PhysicalExtent> reserved;
-    std::optional<InodeNumber> invalidate;  // a direct commit changed it: drop the kernel's cache
-    std::mutex mu;                          // request, reply and invalidate
+    std::shared_ptr<const std::string> reply GUARDED_BY(mu);
+    std::unique_ptr<ReclaimGate::Reader> pin GUARDED_BY(mu);
+    std::vector<PhysicalExtent> reserved GUARDED_BY(mu);
+    std::optional<InodeNumber> invalidate GUARDED_BY(mu);  // a direct commit changed it: drop the kernel's cache
   };
   // Part of a reply, with what keeps it alive while it is sent.
   struct ReplyBytes {
@@ -101,18 +108,22 @@ class ControlPlane {
 
  private:
   Entry MakeEntry(InodeNumber ino) const;
-  void ReturnReserved(Handle& handle);
+  void ReturnReserved(Handle& handle) EXCLUDES(handle.mu);
   // The reply to the handle's request (the dispatcher).
-  std::string Answer(Handle& handle);
+  std::string Answer(Handle& handle) REQUIRES(handle.mu) EXCLUDES(mu_);
   // The direct-path ops; `request` has one of them as its op.
-  std::string AnswerDirect(Handle& handle, const nlohmann::json& request, const Inspector& inspector);
+  std::string AnswerDirect(Handle& handle, const nlohmann::json& request, const Inspector& inspector)
+      REQUIRES(handle.mu);
 
   std::function<void(InodeNumber)> invalidate_;
   const std::atomic<uint64_t>* fuse_ring_requests_ = nullptr;
 
   Filesystem* fs_;
   std::chrono::steady_clock::time_point started_;
-  std::mutex mu_;                // inspection replies (stat, ls, du...) are built one at a time; direct ops take none
+  // Inspection replies (stat, ls, du...) are built one at a time; direct ops
+  // take none. It guards no member: the replies read the index and atomic
+  // counters. Taken under a Handle's mu, before Filesystem's locks.
+  Mutex mu_;
   HandleTable<Handle> handles_;  // every open handle
 };
 

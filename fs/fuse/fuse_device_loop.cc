@@ -172,7 +172,7 @@ Status FuseDeviceLoop::Run() {
 }
 
 void FuseDeviceLoop::StartWorker() {
-  std::lock_guard lock(start_mu_);
+  MutexLock lock(&start_mu_);
   if (stopping_.load() || started_ == workers_.size()) return;
   Worker* worker = workers_[started_].get();
   try {
@@ -189,7 +189,7 @@ void FuseDeviceLoop::JoinWorkers() {
   Stop();
   WakeWorkers();
   // Every started worker is done: none starts another.
-  std::lock_guard lock(start_mu_);
+  MutexLock lock(&start_mu_);
   workers_.clear();  // joins
   started_ = 0;
 }
@@ -203,7 +203,7 @@ void FuseDeviceLoop::WakeWorkers() {
   for (;;) {
     bool all_done = true;
     {
-      std::lock_guard lock(start_mu_);  // no worker starts meanwhile (nor after: Stop came first)
+      MutexLock lock(&start_mu_);  // no worker starts meanwhile (nor after: Stop came first)
       for (size_t i = 0; i < started_; ++i) {
         Worker& worker = *workers_[i];
         if (worker.done.load()) continue;

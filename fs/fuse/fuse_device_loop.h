@@ -37,10 +37,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "spillfs/common/mutex.h"
 #include "spillfs/common/status.h"
 
 struct fuse_session;
@@ -93,9 +93,11 @@ class FuseDeviceLoop {
   std::atomic<uint64_t> init_unique_{0};  // the INIT request's, until its reply is patched
   Status failure_;                        // the first fatal error (read by Run once the workers are joined)
   std::atomic<bool> failed_{false};
-  std::mutex start_mu_;                           // guards started_ and starting a worker's thread
-  size_t started_ = 0;                            // workers_[0, started_) have a thread
-  bool thread_error_logged_ = false;              // under start_mu_
+  // Held while a worker's thread starts, and while the started ones are
+  // woken or joined. A leaf: nothing else is taken under it.
+  Mutex start_mu_;
+  size_t started_ GUARDED_BY(start_mu_) = 0;  // workers_[0, started_) have a thread
+  bool thread_error_logged_ GUARDED_BY(start_mu_) = false;
   std::atomic<unsigned> waiting_{0};              // workers in (or on their way into) read()
   std::vector<std::unique_ptr<Worker>> workers_;  // prepared by Run, all of them
 };

@@ -232,10 +232,10 @@ ssize_t FuseRing::ReplyToInit(int fd, iovec* iov, int count) {
 
 void FuseRing::StartWorkers(Start how) {
   {
-    std::lock_guard lock(start_mu_);
+    MutexLock lock(&start_mu_);
     start_ = how;
   }
-  start_cv_.notify_all();
+  start_cv_.SignalAll();
   if (how == Start::kCancel) workers_.clear();  // joins the threads
 }
 
@@ -330,8 +330,8 @@ void FuseRing::QueueCommand(Worker* worker, Slot* slot, uint32_t command) {
 
 void FuseRing::Serve(Worker* worker) {
   {
-    std::unique_lock lock(start_mu_);
-    start_cv_.wait(lock, [this] { return start_ != Start::kWaiting; });
+    MutexLock lock(&start_mu_);
+    while (start_ == Start::kWaiting) start_cv_.Wait();
     if (start_ == Start::kCancel) return;
   }
   pthread_setname_np(pthread_self(), "spillfs-ring");

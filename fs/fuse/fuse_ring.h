@@ -34,14 +34,13 @@
 #include <sys/types.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "spillfs/common/mutex.h"
 #include "spillfs/common/status.h"
 
 struct fuse_session;
@@ -117,9 +116,10 @@ class FuseRing {
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unique_ptr<std::atomic<int>[]> live_entries_;  // by queue
   // Workers are made before the INIT reply and wait here until it is sent.
-  std::mutex start_mu_;
-  std::condition_variable start_cv_;
-  Start start_ = Start::kWaiting;
+  // A leaf: nothing else is taken under start_mu_.
+  Mutex start_mu_;
+  CondVar start_cv_{&start_mu_};
+  Start start_ GUARDED_BY(start_mu_) = Start::kWaiting;
   bool stopped_ = false;
   // The slot whose request this thread is handling (Writev catches its answer).
   static thread_local Slot* serving_;

@@ -19,7 +19,7 @@ std::string EncodeLength(uint64_t length) {
 }  // namespace
 
 Status Allocator::Load(const Index& index) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   persisted_.clear();
   persisted_bytes_ = 0;
   auto cursor = index.NewCursor(Family::kFree, "");
@@ -93,7 +93,7 @@ void Allocator::Remove(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint6
 }
 
 Status Allocator::Hold(uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   // Parked space counts: a reservation that needs it syncs the index first.
   if (held_bytes_ + bytes > available_bytes_ + parked_bytes_) return Status::NoSpace();
   held_bytes_ += bytes;
@@ -101,7 +101,7 @@ Status Allocator::Hold(uint64_t bytes) {
 }
 
 void Allocator::ReleaseHold(uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   held_bytes_ -= std::min(held_bytes_, bytes);
 }
 
@@ -114,7 +114,7 @@ Result<std::vector<PhysicalExtent>> Allocator::Reserve(uint64_t length, uint64_t
 }
 
 Result<std::vector<PhysicalExtent>> Allocator::TryReserve(uint64_t length, uint64_t from_hold, bool* short_of_parked) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (length == 0 || length % unit_ != 0) {
     return Status::Invalid(fmt::format("allocation of {} bytes is not a positive multiple of {}", length, unit_));
   }
@@ -160,12 +160,12 @@ Result<std::vector<PhysicalExtent>> Allocator::TryReserve(uint64_t length, uint6
 }
 
 void Allocator::Unreserve(const std::vector<PhysicalExtent>& extents) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   MakeAvailable(extents);
 }
 
 void Allocator::CommitAllocated(const std::vector<PhysicalExtent>& extents, Index::Batch* batch) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (const PhysicalExtent& e : extents) {
     Remove(&persisted_, e.offset, e.length, batch);
     persisted_bytes_ -= e.length;
@@ -173,7 +173,7 @@ void Allocator::CommitAllocated(const std::vector<PhysicalExtent>& extents, Inde
 }
 
 void Allocator::CommitFreed(const std::vector<PhysicalExtent>& extents, Index::Batch* batch) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (const PhysicalExtent& e : extents) {
     Insert(&persisted_, e.offset, e.length, batch);
     persisted_bytes_ += e.length;
@@ -181,7 +181,7 @@ void Allocator::CommitFreed(const std::vector<PhysicalExtent>& extents, Index::B
 }
 
 void Allocator::Release(const std::vector<PhysicalExtent>& extents, uint64_t commit) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (commit <= durable_) {
     MakeAvailable(extents);
     return;
@@ -193,7 +193,7 @@ void Allocator::Release(const std::vector<PhysicalExtent>& extents, uint64_t com
 }
 
 void Allocator::Durable(uint64_t commit) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (commit <= durable_) return;
   durable_ = commit;
   auto end = parked_.upper_bound(commit);
@@ -217,29 +217,29 @@ void Allocator::MakeAvailable(const std::vector<PhysicalExtent>& extents) {
 }
 
 uint64_t Allocator::available_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t free = available_bytes_ + parked_bytes_;
   return free - std::min(free, held_bytes_);
 }
 
 uint64_t Allocator::parked_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return parked_bytes_;
 }
 
 std::chrono::steady_clock::duration Allocator::parked_for() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (parked_.empty()) return std::chrono::steady_clock::duration::zero();
   return std::chrono::steady_clock::now() - oldest_parked_;
 }
 
 uint64_t Allocator::persisted_free_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return persisted_bytes_;
 }
 
 std::map<uint64_t, uint64_t> Allocator::persisted() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return persisted_;
 }
 

@@ -27,12 +27,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <vector>
 
-#include "store/block_store.h"
-#include "spillfs/kvindex/index.h"
+#include "spillfs/common/mutex.h"
 #include "spillfs/common/status.h"
+#include "spillfs/kvindex/index.h"
+#include "store/block_store.h"
 
 namespace spillfs {
 
@@ -56,7 +56,7 @@ class Allocator {
   // preferring one contiguous run after the last allocation. ENOSPC when the
   // available space, parked space included, is smaller than `length`.
   // `from_hold` bytes of an earlier Hold() are converted into this reservation.
-  Result<std::vector<PhysicalExtent>> Reserve(uint64_t length, uint64_t from_hold = 0);
+  Result<std::vector<PhysicalExtent>> Reserve(uint64_t length, uint64_t from_hold = 0) EXCLUDES(mu_);
   // Delayed allocation: promises `bytes` to data waiting in the RAM tier, so
   // write() can fail with ENOSPC when the data arrives rather than at flush.
   Status Hold(uint64_t bytes);
@@ -91,8 +91,9 @@ class Allocator {
   static void Remove(std::map<uint64_t, uint64_t>* map, uint64_t offset, uint64_t length, Index::Batch* batch);
   // One reservation attempt; `short_of_parked` says whether parked space
   // would have satisfied it.
-  Result<std::vector<PhysicalExtent>> TryReserve(uint64_t length, uint64_t from_hold, bool* short_of_parked);
-  void MakeAvailable(const std::vector<PhysicalExtent>& extents);  // mu_ held
+  Result<std::vector<PhysicalExtent>> TryReserve(uint64_t length, uint64_t from_hold, bool* short_of_parked)
+      EXCLUDES(mu_);
+  void MakeAvailable(const std::vector<PhysicalExtent>& extents) REQUIRES(mu_);
 
   struct Parked {
     std::vector<PhysicalExtent> extents;
@@ -100,17 +101,21 @@ class Allocator {
   };
 
   const uint64_t unit_;
-  mutable std::mutex mu_;
-  std::map<uint64_t, uint64_t> persisted_;  // offset -> length, coalesced
-  std::map<uint64_t, uint64_t> available_;  // offset -> length, coalesced
-  uint64_t persisted_bytes_ = 0;
-  uint64_t available_bytes_ = 0;
-  uint64_t held_bytes_ = 0;
-  uint64_t cursor_ = 0;                     // next-fit position
-  std::multimap<uint64_t, Parked> parked_;  // commit number -> space it freed
-  uint64_t parked_bytes_ = 0;
-  std::chrono::steady_clock::time_point oldest_parked_{};  // valid while parked_ is non-empty
-  uint64_t durable_ = 0;                                   // highest durable commit number
+  // A leaf in the lock order (core/filesystem.h): nothing is taken under it,
+  // and the shortage handler runs without it. Commit*() run under the
+  // filesystem's commit lock, which is taken before it.
+  mutable Mutex mu_;
+  std::map<uint64_t, uint64_t> persisted_ GUARDED_BY(mu_);  // offset -> length, coalesced
+  std::map<uint64_t, uint64_t> available_ GUARDED_BY(mu_);  // offset -> length, coalesced
+  uint64_t persisted_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t available_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t held_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t cursor_ GUARDED_BY(mu_) = 0;                     // next-fit position
+  std::multimap<uint64_t, Parked> parked_ GUARDED_BY(mu_);  // commit number -> space it freed
+  uint64_t parked_bytes_ GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point oldest_parked_ GUARDED_BY(mu_);  // valid while parked_ is non-empty
+  uint64_t durable_ GUARDED_BY(mu_) = 0;                                 // highest durable commit number
+  // Set once before use (SetShortageHandler); read without the lock.
   std::function<Status()> shortage_;
 };
 

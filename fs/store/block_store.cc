@@ -10,10 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 
+#include "spillfs/common/mutex.h"
 #include "store/uring_engine.h"
 
 namespace spillfs {
@@ -37,7 +36,7 @@ class FileBlockStore final : public BlockStore {
   uint64_t syncs() const override { return syncs_.load(std::memory_order_relaxed); }
   uint64_t sync_ns() const override { return sync_ns_.load(std::memory_order_relaxed); }
   Status sync_error() const override {
-    std::lock_guard lock(sync_mu_);
+    MutexLock lock(&sync_mu_);
     return sync_error_;
   }
   uint64_t size() const override { return size_; }
@@ -48,20 +47,22 @@ class FileBlockStore final : public BlockStore {
  private:
   Status Transfer(const std::vector<IoSlice>& slices, bool write);
   // fdatasync, with the sticky error of Flush.
-  Status SyncData();
+  Status SyncData() EXCLUDES(sync_mu_);
 
   const int fd_;
   const std::string path_;
   const uint64_t size_;
   std::atomic<uint64_t> bytes_written_{0};
   std::atomic<uint64_t> bytes_read_{0};
-  // Group commit of fdatasync (SyncData), all guarded by sync_mu_.
-  mutable std::mutex sync_mu_;
-  std::condition_variable sync_done_;
-  bool sync_running_ = false;
-  uint64_t sync_tickets_ = 0;  // callers so far, numbered from 1
-  uint64_t sync_covered_ = 0;  // callers up to this one are durable
-  Status sync_error_;          // the first failed fdatasync, returned ever after
+  // Group commit of fdatasync (SyncData). A leaf in the lock order
+  // (core/filesystem.h): nothing is taken under it, and fdatasync runs
+  // without it.
+  mutable Mutex sync_mu_;
+  CondVar sync_done_{&sync_mu_};
+  bool sync_running_ GUARDED_BY(sync_mu_) = false;
+  uint64_t sync_tickets_ GUARDED_BY(sync_mu_) = 0;  // callers so far, numbered from 1
+  uint64_t sync_covered_ GUARDED_BY(sync_mu_) = 0;  // callers up to this one are durable
+  Status sync_error_ GUARDED_BY(sync_mu_);          // the first failed fdatasync, returned ever after
   std::atomic<uint64_t> syncs_{0};
   std::atomic<uint64_t> sync_ns_{0};
 };
@@ -167,14 +168,14 @@ Status FileBlockStore::SyncData() {
   // it runs share the next one (it covers every write completed before it
   // started, theirs included). One at a time also means no caller can see
   // success between another's failure and the moment it is recorded.
-  std::unique_lock lock(sync_mu_);
+  MutexLock lock(&sync_mu_);
   const uint64_t ticket = ++sync_tickets_;
-  while (sync_error_.ok() && sync_covered_ < ticket && sync_running_) sync_done_.wait(lock);
+  while (sync_error_.ok() && sync_covered_ < ticket && sync_running_) sync_done_.Wait();
   if (!sync_error_.ok()) return sync_error_;
   if (sync_covered_ >= ticket) return Status::OK();
   sync_running_ = true;
   const uint64_t covers = sync_tickets_;  // every caller so far asked before this sync starts
-  lock.unlock();
+  lock.Unlock();
   int rc;
   const auto started = std::chrono::steady_clock::now();
   do {
@@ -184,7 +185,7 @@ Status FileBlockStore::SyncData() {
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count(),
       std::memory_order_relaxed);
   Status failed = rc == 0 ? Status::OK() : Errno("fdatasync of " + path_);
-  lock.lock();
+  lock.Lock();
   sync_running_ = false;
   if (failed.ok()) {
     sync_covered_ = covers;
@@ -192,7 +193,7 @@ Status FileBlockStore::SyncData() {
   } else {
     sync_error_ = Status::Error(failed.code(), failed.message() + " (writes since then may be lost: remount)");
   }
-  sync_done_.notify_all();
+  sync_done_.SignalAll();
   return sync_error_;
 }
 

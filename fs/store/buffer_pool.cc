@@ -41,14 +41,14 @@ bool BufferPool::AddSlabLocked(bool populate) {
 }
 
 void BufferPool::Warm(size_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   // Best effort: what cannot be mapped now is mapped on demand (or fails then).
   while ((slabs_.size() + 1) * slab_bytes_ <= bytes && AddSlabLocked(/*populate=*/true)) {
   }
 }
 
 Result<char*> BufferPool::Acquire() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   // Mapped under the lock (a mapping is cheap: its pages fault in as the
   // buffers are used), so writers that find the pool empty together map one
   // slab, not one each.
@@ -61,12 +61,12 @@ Result<char*> BufferPool::Acquire() {
 }
 
 void BufferPool::Release(char* buffer) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   free_.push_back(buffer);
 }
 
 size_t BufferPool::reserved_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return slabs_.size() * slab_bytes_;
 }
 

@@ -19,9 +19,9 @@
 
 #include <cstddef>
 #include <functional>
-#include <mutex>
 #include <vector>
 
+#include "spillfs/common/mutex.h"
 #include "spillfs/common/status.h"
 
 namespace spillfs {
@@ -55,14 +55,16 @@ class BufferPool {
 
  private:
   // False when the slab cannot be mapped.
-  bool AddSlabLocked(bool populate);
+  bool AddSlabLocked(bool populate) REQUIRES(mu_);
 
   const size_t buffer_bytes_;
   const size_t slab_bytes_;
   const SlabFault slab_fault_;
-  mutable std::mutex mu_;
-  std::vector<void*> slabs_;
-  std::vector<char*> free_;
+  // The last lock in the order (core/filesystem.h): taken under RamTier::mu_
+  // or alone, nothing under it (slabs are mapped under it).
+  mutable Mutex mu_;
+  std::vector<void*> slabs_ GUARDED_BY(mu_);
+  std::vector<char*> free_ GUARDED_BY(mu_);
 };
 
 // Owns one buffer of a pool for its lifetime.

@@ -15,9 +15,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <vector>
 
+#include "spillfs/common/mutex.h"
 #include "store/block_store.h"
 
 namespace spillfs {
@@ -50,22 +50,27 @@ class ReclaimGate {
   // Space freed by committed batch number `commit` (0: a batch already
   // durable, or none): released now if no reader is inside, else once the
   // readers present now have left.
-  void Retire(std::vector<PhysicalExtent> extents, uint64_t commit = 0);
+  void Retire(std::vector<PhysicalExtent> extents, uint64_t commit = 0) EXCLUDES(mu_);
 
  private:
-  uint64_t Enter();
-  void Leave(uint64_t epoch);
-  void ReleaseReady(std::unique_lock<std::mutex>* lock);
-
-  ReleaseWithCommitFn release_;
-  std::mutex mu_;
-  uint64_t epoch_ = 1;
-  std::map<uint64_t, uint64_t> readers_;  // epoch -> readers that entered in it
   struct Retired {
     std::vector<PhysicalExtent> extents;
     uint64_t commit;
   };
-  std::multimap<uint64_t, Retired> retired_;  // epoch of retirement -> space
+
+  uint64_t Enter() EXCLUDES(mu_);
+  void Leave(uint64_t epoch) EXCLUDES(mu_);
+  // Takes out what was retired in an epoch older than every reader inside,
+  // for release_ once mu_ is let go.
+  std::vector<Retired> TakeReady() REQUIRES(mu_);
+  void ReleaseAll(const std::vector<Retired>& ready) EXCLUDES(mu_);
+
+  ReleaseWithCommitFn release_;  // called without mu_ (it takes the allocator's lock)
+  // A leaf in the lock order (core/filesystem.h): nothing is taken under it.
+  Mutex mu_;
+  uint64_t epoch_ GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, uint64_t> readers_ GUARDED_BY(mu_);      // epoch -> readers that entered in it
+  std::multimap<uint64_t, Retired> retired_ GUARDED_BY(mu_);  // epoch of retirement -> space
 };
 
 }  // namespace spillfs
