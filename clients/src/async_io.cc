@@ -5,6 +5,7 @@
 #include <string>
 
 #include "error.h"
+#include "spillfs/common/uring_transfers.h"
 
 namespace spillfs::client {
 
@@ -34,15 +35,7 @@ void AsyncIo::Prepare(Flight* f) {
     sqe = io_uring_get_sqe(&ring_);
   }
   const Op& op = f->op;
-  char* buf = op.buffer + f->done;
-  const unsigned len = op.length - f->done;
-  const uint64_t off = op.offset + f->done;
-  if (op.write) {
-    io_uring_prep_write(sqe, op.fd, buf, len, off);
-  } else {
-    io_uring_prep_read(sqe, op.fd, buf, len, off);
-  }
-  io_uring_sqe_set_data(sqe, f);
+  uring::PrepareRest(sqe, op.fd, op.write, op.buffer, op.length, op.offset, f->done, /*fixed=*/false, f);
   ++queued_;
 }
 
@@ -74,52 +67,43 @@ int AsyncIo::Reap(unsigned min, std::vector<Done>* done) {
       if (io_uring_cq_ready(&ring_) == 0) return 0;
     } else {
       int ret = want_more ? io_uring_submit_and_wait(&ring_, 1) : io_uring_submit(&ring_);
-      if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
+      if (ret < 0 && !uring::TransientEnterError(ret)) {
         return Fail(-ret, WithErrno("io_uring submit failed", -ret));
       }
       if (ret >= 0) queued_ = 0;
     }
-    io_uring_cqe* cqe;
-    unsigned head;
-    unsigned seen = 0;
-    io_uring_for_each_cqe(&ring_, head, cqe) {
-      ++seen;
+    const unsigned seen = uring::ReapAll(&ring_, [&](const io_uring_cqe* cqe) {
       auto* f = static_cast<Flight*>(io_uring_cqe_get_data(cqe));
       const int res = cqe->res;
       const Op& op = f->op;
-      if (res == -EAGAIN || res == -EINTR) {
-        Prepare(f);
-        continue;
-      }
-      if (res < 0) {
-        Finish(f,
-               Fail(-res,
-                    WithErrno(std::string(op.write ? "write" : "read") + " of " + std::to_string(op.length - f->done) +
-                                  " bytes at offset " + std::to_string(op.offset + f->done) + " failed",
-                              -res)),
-               done);
-        continue;
-      }
-      if (res == 0) {
-        if (!op.write && op.eof_ok) {
-          std::memset(op.buffer + f->done, 0, op.length - f->done);
-          Finish(f, 0, done);
-        } else {
+      switch (uring::Advance(res, op.length, &f->done)) {
+        case uring::Outcome::kAgain:
+          Prepare(f);  // the rest
+          break;
+        case uring::Outcome::kFailed:
           Finish(f,
-                 Fail(EIO, std::string(op.write ? "write" : "read") + " at offset " +
-                               std::to_string(op.offset + f->done) + (op.write ? " wrote nothing" : " met the end")),
+                 Fail(-res, WithErrno(std::string(op.write ? "write" : "read") + " of " +
+                                          std::to_string(op.length - f->done) + " bytes at offset " +
+                                          std::to_string(op.offset + f->done) + " failed",
+                                      -res)),
                  done);
-        }
-        continue;
+          break;
+        case uring::Outcome::kEnd:
+          if (!op.write && op.eof_ok) {
+            std::memset(op.buffer + f->done, 0, op.length - f->done);
+            Finish(f, 0, done);
+          } else {
+            Finish(f,
+                   Fail(EIO, std::string(op.write ? "write" : "read") + " at offset " +
+                                 std::to_string(op.offset + f->done) + (op.write ? " wrote nothing" : " met the end")),
+                   done);
+          }
+          break;
+        case uring::Outcome::kDone:
+          Finish(f, 0, done);
+          break;
       }
-      f->done += static_cast<uint32_t>(res);
-      if (f->done < op.length) {
-        Prepare(f);  // the rest
-        continue;
-      }
-      Finish(f, 0, done);
-    }
-    io_uring_cq_advance(&ring_, seen);
+    });
     if (seen == 0 && !want_more && queued_ == 0) return 0;
     if (static_cast<unsigned>(done->size() - before) >= min && queued_ == 0) return 0;
   }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "error.h"
+#include "spillfs/common/uring_transfers.h"
 #include "task_pool.h"
 
 namespace spillfs::client {
@@ -122,21 +123,7 @@ struct InFlight {
 // kernel would answer EFAULT).
 void Prepare(io_uring_sqe* sqe, InFlight* f, bool fixed) {
   const IoOp& op = *f->op;
-  char* buf = f->data + f->done;
-  unsigned len = op.length - f->done;
-  uint64_t off = op.offset + f->done;
-  if (fixed && op.buffer == nullptr) {
-    if (op.write) {
-      io_uring_prep_write_fixed(sqe, op.fd, buf, len, off, 0);
-    } else {
-      io_uring_prep_read_fixed(sqe, op.fd, buf, len, off, 0);
-    }
-  } else if (op.write) {
-    io_uring_prep_write(sqe, op.fd, buf, len, off);
-  } else {
-    io_uring_prep_read(sqe, op.fd, buf, len, off);
-  }
-  io_uring_sqe_set_data(sqe, f);
+  uring::PrepareRest(sqe, op.fd, op.write, f->data, op.length, op.offset, f->done, fixed && op.buffer == nullptr, f);
 }
 
 std::string Describe(const IoOp& op, uint32_t done) {
@@ -245,7 +232,7 @@ class IoRun {
         break;
       }
       int ret = io_uring_submit_and_wait(ring_, 1);
-      if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
+      if (ret < 0 && !uring::TransientEnterError(ret)) {
         // Nothing more can be reaped reliably. The ring still holds this
         // run's SQEs and completions, which point at its flights: the
         // thread's next run must not see them, so the ring is given up
@@ -270,27 +257,17 @@ class IoRun {
  private:
   // Prepares SQEs for retries and new operations, up to queue_depth in flight.
   void SubmitWhatFits() {
-    while (error_ == 0 && inflight_ < queue_depth_ && (!retry_.empty() || (next_ < ops_.size() && !idle_.empty()))) {
-      io_uring_sqe* sqe = io_uring_get_sqe(ring_);
-      if (sqe == nullptr) break;
-      InFlight* f;
-      if (!retry_.empty()) {
-        f = retry_.back();
-        retry_.pop_back();
-      } else {
-        f = idle_.back();
-        idle_.pop_back();
-        if (!Start(f)) {
+    inflight_ += uring::FillSqes(
+        ring_, queue_depth_ - inflight_, &retry_,
+        [this] { return error_ == 0 && (!retry_.empty() || (next_ < ops_.size() && !idle_.empty())); },
+        [this]() -> InFlight* {
+          InFlight* f = idle_.back();
+          idle_.pop_back();
+          if (Start(f)) return f;
           idle_.push_back(f);
-          io_uring_prep_nop(sqe);  // the sqe is taken; let it complete harmlessly
-          io_uring_sqe_set_data(sqe, nullptr);
-          ++inflight_;
-          break;
-        }
-      }
-      Prepare(sqe, f, fixed_);
-      ++inflight_;
-    }
+          return nullptr;
+        },
+        [this](io_uring_sqe* sqe, InFlight* f) { Prepare(sqe, f, fixed_); });
   }
 
   // Gives the next operation to `f`; false (error_ set) when its fill failed.
@@ -311,33 +288,27 @@ class IoRun {
 
   // Takes every completion the ring holds.
   void Reap() {
-    io_uring_cqe* cqe;
-    unsigned head;
-    unsigned seen = 0;
-    io_uring_for_each_cqe(ring_, head, cqe) {
-      ++seen;
-      --inflight_;
+    inflight_ -= uring::ReapAll(ring_, [this](const io_uring_cqe* cqe) {
       auto* f = static_cast<InFlight*>(io_uring_cqe_get_data(cqe));
       if (f != nullptr) Complete(f, cqe->res);  // null: a nop
-    }
-    io_uring_cq_advance(ring_, seen);
+    });
   }
 
   void Complete(InFlight* f, int res) {
-    if (res == -EAGAIN || res == -EINTR) {
-      retry_.push_back(f);
-      return;
-    }
-    if (res < 0 && error_ == 0) error_ = Fail(-res, WithErrno(Describe(*f->op, f->done) + " failed", -res));
-    if (res == 0 && error_ == 0) error_ = Fail(EIO, Describe(*f->op, f->done) + " hit the end of the store");
-    if (res <= 0) {
-      idle_.push_back(f);
-      return;
-    }
-    f->done += static_cast<uint32_t>(res);
-    if (f->done < f->op->length) {
-      retry_.push_back(f);
-      return;
+    switch (uring::Advance(res, f->op->length, &f->done)) {
+      case uring::Outcome::kAgain:
+        retry_.push_back(f);
+        return;
+      case uring::Outcome::kFailed:
+        if (error_ == 0) error_ = Fail(-res, WithErrno(Describe(*f->op, f->done) + " failed", -res));
+        idle_.push_back(f);
+        return;
+      case uring::Outcome::kEnd:
+        if (error_ == 0) error_ = Fail(EIO, Describe(*f->op, f->done) + " hit the end of the store");
+        idle_.push_back(f);
+        return;
+      case uring::Outcome::kDone:
+        break;
     }
     ++count_;
     if (error_ == 0 && offload_) {

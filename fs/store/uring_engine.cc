@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "spillfs/common/uring_transfers.h"
+
 namespace spillfs {
 namespace {
 
@@ -41,16 +43,8 @@ struct Progress {
 };
 
 void Prepare(io_uring_sqe* sqe, Progress* p) {
-  IoRequest* r = p->request;
-  char* buf = r->buffer + p->done;
-  unsigned len = r->length - p->done;
-  uint64_t off = r->offset + p->done;
-  if (r->write) {
-    io_uring_prep_write(sqe, r->fd, buf, len, off);
-  } else {
-    io_uring_prep_read(sqe, r->fd, buf, len, off);
-  }
-  io_uring_sqe_set_data(sqe, p);
+  const IoRequest& r = *p->request;
+  uring::PrepareRest(sqe, r.fd, r.write, r.buffer, r.length, r.offset, p->done, /*fixed=*/false, p);
 }
 
 }  // namespace
@@ -76,22 +70,13 @@ Status UringEngine::Submit(std::span<IoRequest> requests, unsigned queue_depth) 
   constexpr int kMaxFailedEnters = 10'000;
   int failed_enters = 0;
   while (next < progress.size() || inflight > 0 || !retry.empty()) {
-    while (inflight < queue_depth && first_error.ok() && (!retry.empty() || next < progress.size())) {
-      io_uring_sqe* sqe = io_uring_get_sqe(ring);
-      if (sqe == nullptr) break;
-      Progress* p;
-      if (!retry.empty()) {
-        p = retry.back();
-        retry.pop_back();
-      } else {
-        p = &progress[next++];
-      }
-      Prepare(sqe, p);
-      ++inflight;
-    }
+    inflight += uring::FillSqes(
+        ring, queue_depth - inflight, &retry,
+        [&] { return first_error.ok() && (!retry.empty() || next < progress.size()); },
+        [&] { return &progress[next++]; }, Prepare);
     if (inflight == 0) break;  // only reached after an error stopped submission
     int ret = io_uring_submit_and_wait(ring, 1);
-    if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
+    if (ret < 0 && !uring::TransientEnterError(ret)) {
       // Requests already submitted may still read into or write from their
       // buffers, which the caller frees or reuses once this returns: fail,
       // but only after every request in flight has completed.
@@ -107,35 +92,32 @@ Status UringEngine::Submit(std::span<IoRequest> requests, unsigned queue_depth) 
     } else {
       failed_enters = 0;
     }
-    io_uring_cqe* cqe;
-    unsigned head;
-    unsigned seen = 0;
-    io_uring_for_each_cqe(ring, head, cqe) {
-      ++seen;
-      --inflight;
+    inflight -= uring::ReapAll(ring, [&](const io_uring_cqe* cqe) {
       auto* p = static_cast<Progress*>(io_uring_cqe_get_data(cqe));
-      int res = cqe->res;
-      if (res == -EAGAIN || res == -EINTR) {
-        retry.push_back(p);
-      } else if (res < 0) {
-        if (first_error.ok()) {
-          first_error =
-              Status::Error(-res == ENOSPC ? ENOSPC : EIO,
-                            fmt::format("{} of {} bytes at offset {} failed: {}", p->request->write ? "write" : "read",
-                                        p->request->length, p->request->offset, std::strerror(-res)));
-        }
-      } else if (res == 0) {
-        if (first_error.ok()) {
-          first_error =
-              Status::IOError(fmt::format("{} at offset {} hit the end of the store",
-                                          p->request->write ? "write" : "read", p->request->offset + p->done));
-        }
-      } else {
-        p->done += static_cast<uint32_t>(res);
-        if (p->done < p->request->length) retry.push_back(p);
+      const int res = cqe->res;
+      switch (uring::Advance(res, p->request->length, &p->done)) {
+        case uring::Outcome::kAgain:
+          retry.push_back(p);
+          break;
+        case uring::Outcome::kFailed:
+          if (first_error.ok()) {
+            first_error = Status::Error(
+                -res == ENOSPC ? ENOSPC : EIO,
+                fmt::format("{} of {} bytes at offset {} failed: {}", p->request->write ? "write" : "read",
+                            p->request->length, p->request->offset, std::strerror(-res)));
+          }
+          break;
+        case uring::Outcome::kEnd:
+          if (first_error.ok()) {
+            first_error =
+                Status::IOError(fmt::format("{} at offset {} hit the end of the store",
+                                            p->request->write ? "write" : "read", p->request->offset + p->done));
+          }
+          break;
+        case uring::Outcome::kDone:
+          break;
       }
-    }
-    io_uring_cq_advance(ring, seen);
+    });
     if (!first_error.ok()) retry.clear();
   }
   return first_error;

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "spillfs/client.h"
+#include "spillfs/common/uring_transfers.h"
 
 namespace {
 
@@ -413,17 +414,13 @@ double Bench::UringSequential(const std::string& path, bool write, uint64_t size
       ++inflight;
     }
     io_uring_submit_and_wait(&ring, 1);
-    io_uring_cqe* cqe;
-    unsigned head, seen = 0;
-    io_uring_for_each_cqe(&ring, head, cqe) {
-      ++seen;
+    const unsigned seen = spillfs::uring::ReapAll(&ring, [&](const io_uring_cqe* cqe) {
       if (cqe->res != static_cast<int>(kMiB)) {
         io_uring_queue_exit(&ring);
         Die(fmt::format("raw {} of {}: {}", write ? "write" : "read", path,
                         cqe->res < 0 ? strerror(-cqe->res) : "short transfer"));
       }
-    }
-    io_uring_cq_advance(&ring, seen);
+    });
     inflight -= seen;
     done += seen;
   }
@@ -477,17 +474,13 @@ double Bench::UringRandom(const std::string& path, uint64_t size, unsigned qd) {
       ++inflight;
     }
     io_uring_submit_and_wait(&ring, 1);
-    io_uring_cqe* cqe;
-    unsigned head, seen = 0;
-    io_uring_for_each_cqe(&ring, head, cqe) {
-      ++seen;
+    const unsigned seen = spillfs::uring::ReapAll(&ring, [&](const io_uring_cqe* cqe) {
       if (cqe->res != static_cast<int>(kBlock)) {
         io_uring_queue_exit(&ring);
         Die("raw random read failed: " + std::string(cqe->res < 0 ? strerror(-cqe->res) : "short"));
       }
       free_slots.push_back(static_cast<unsigned>(io_uring_cqe_get_data64(cqe)));
-    }
-    io_uring_cq_advance(&ring, seen);
+    });
     inflight -= seen;
     ops += seen;
     if (Clock::now() >= deadline) stop = true;
