@@ -4,26 +4,22 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <random>
 #include <vector>
 
 #include "spillfs/common/block_checksum.h"
 #include "spillfs/cuda/hash_kernels.h"
 #include "spillfs/cuda/runtime.h"
+#include "support/random_bytes.h"
 
 namespace spillfs::cuda {
 namespace {
 
-std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<uint8_t> bytes(n);
-  for (auto& b : bytes) b = static_cast<uint8_t>(rng());
-  return bytes;
-}
+using Bytes = std::vector<uint8_t>;
+using spillfs::testing::RandomBytes;
 
 TEST(HashHost, UnitHashesAreTheDedupKeys) {
   const size_t length = 5 * kDedupUnitBytes + 12345;  // the partial unit is not hashed
-  const std::vector<uint8_t> bytes = RandomBytes(length, 1);
+  const Bytes bytes = RandomBytes<Bytes>(length, 1);
   ASSERT_EQ(UnitCount(length, kDedupUnitBytes), 5u);
   std::vector<Hash128> out(6, Hash128{1, 1});
   ASSERT_TRUE(UnitHashesHost(bytes.data(), length, kDedupUnitBytes, out.data()).ok());
@@ -37,7 +33,7 @@ TEST(HashHost, UnitHashesAreTheDedupKeys) {
 
 TEST(HashHost, BlockChecksumsAreTheVolumes) {
   const size_t length = 37 * kChecksumBlockBytes + 777;  // the partial block is hashed over its bytes
-  const std::vector<uint8_t> bytes = RandomBytes(length, 2);
+  const Bytes bytes = RandomBytes<Bytes>(length, 2);
   ASSERT_EQ(BlockCount(length, kChecksumBlockBytes), 38u);
   std::vector<uint32_t> out(39, 7);
   ASSERT_TRUE(BlockChecksumsHost(bytes.data(), length, kChecksumBlockBytes, out.data()).ok());
@@ -49,7 +45,7 @@ TEST(HashHost, BlockChecksumsAreTheVolumes) {
 }
 
 TEST(HashHost, OtherUnitSizes) {
-  const std::vector<uint8_t> bytes = RandomBytes(100000, 3);
+  const Bytes bytes = RandomBytes<Bytes>(100000, 3);
   for (size_t unit : {1, 16, 200, 241, 1000, 1088, 65536}) {
     std::vector<Hash128> hashes(UnitCount(bytes.size(), unit));
     std::vector<uint32_t> sums(BlockCount(bytes.size(), unit));

@@ -11,18 +11,13 @@
 #include <random>
 #include <vector>
 
+#include "support/random_bytes.h"
+
 namespace spillfs::cuda {
 namespace {
 
-std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<uint8_t> bytes(n);
-  for (size_t i = 0; i < n; i += 8) {
-    const uint64_t word = rng();
-    for (size_t j = 0; j < 8 && i + j < n; ++j) bytes[i + j] = static_cast<uint8_t>(word >> (8 * j));
-  }
-  return bytes;
-}
+using Bytes = std::vector<uint8_t>;
+using spillfs::testing::RandomBytes;
 
 // Both widths of one input against libxxhash; the failure names the case.
 void ExpectSame(const uint8_t* data, size_t len, const char* what) {
@@ -35,7 +30,7 @@ void ExpectSame(const uint8_t* data, size_t len, const char* what) {
 
 TEST(Xxh3, EveryLengthThrough2048) {
   for (uint64_t seed : {1, 2, 3}) {
-    const std::vector<uint8_t> bytes = RandomBytes(2048 + 16, seed);
+    const Bytes bytes = RandomBytes<Bytes>(2048 + 16, seed);
     for (size_t len = 0; len <= 2048; ++len) {
       ExpectSame(bytes.data(), len, "aligned");
       ExpectSame(bytes.data() + 1 + len % 15, len, "unaligned");
@@ -59,7 +54,7 @@ TEST(Xxh3, ConstantInputs) {
 }
 
 TEST(Xxh3, BlockBoundariesAndLargeSizes) {
-  const std::vector<uint8_t> bytes = RandomBytes((4 << 20) + 64, 7);
+  const Bytes bytes = RandomBytes<Bytes>((4 << 20) + 64, 7);
   std::vector<size_t> lengths = {4096,           4095,   4097, 256 << 10, (256 << 10) - 1, (256 << 10) + 1,
                                  (1 << 20) + 17, 4 << 20};
   for (size_t blocks = 1; blocks <= 9; ++blocks)
@@ -74,7 +69,7 @@ TEST(Xxh3, RandomLengthsAndContents) {
   std::mt19937_64 rng(42);
   for (int round = 0; round < 200; ++round) {
     const size_t len = rng() % (64 << 10);
-    const std::vector<uint8_t> bytes = RandomBytes(len + 8, rng());
+    const Bytes bytes = RandomBytes<Bytes>(len + 8, rng());
     ExpectSame(bytes.data() + rng() % 8, len, "random");
   }
 }

@@ -17,12 +17,12 @@ void FillRandom(std::mt19937_64& rng, char* out, size_t n);
 std::string RandomBytes(std::mt19937_64& rng, size_t n);
 
 // `n` bytes from a generator seeded with `seed`, in a std::string or any
-// other container of char (RandomBytes<std::vector<char>>(n, seed)).
+// other container of bytes (RandomBytes<std::vector<uint8_t>>(n, seed)).
 template <typename Bytes = std::string>
 Bytes RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  Bytes out(n, '\0');
-  FillRandom(rng, out.data(), n);
+  Bytes out(n, 0);
+  FillRandom(rng, reinterpret_cast<char*>(out.data()), n);
   return out;
 }
 
