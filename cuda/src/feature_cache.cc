@@ -288,25 +288,23 @@ Status FeatureCache::Fill(const FillPlan& plan, void* out, uint32_t stamp, uintp
   };
   internal::FillLaunch a;
   a.g = {shape_.row_bytes, shape_.rows_per_line, shape_.line_bytes()};
-  a.n_evicted = plan.n_evicted;
-  a.evicted_lines = put(plan.evicted_lines, plan.n_evicted);
-  a.evicted_slots = put(plan.evicted_slots, plan.n_evicted);
-  a.victim_slots = put(plan.victim_slots, plan.n_evicted);
+  a.plan = plan;  // the counts; each array by its device copy:
+  a.plan.evicted_lines = put(plan.evicted_lines, plan.n_evicted);
+  a.plan.evicted_slots = put(plan.evicted_slots, plan.n_evicted);
+  a.plan.victim_slots = put(plan.victim_slots, plan.n_evicted);
+  a.plan.staged_lines = put(plan.staged_lines, plan.n_staged);
+  a.plan.install_slots = put(plan.install_slots, plan.n_staged);
+  a.plan.entry_rows = put(plan.entry_rows, plan.n_entries);
+  a.plan.entry_positions = put(plan.entry_positions, plan.n_entries);
+  a.plan.entry_staged = put(plan.entry_staged, plan.n_entries);
   a.victim = impl_->victim.device;
-  a.n_staged = plan.n_staged;
   a.staging = impl_->staging_device;
-  a.staged_lines = put(plan.staged_lines, plan.n_staged);
-  a.install_slots = put(plan.install_slots, plan.n_staged);
-  a.n_entries = plan.n_entries;
-  a.entry_rows = put(plan.entry_rows, plan.n_entries);
-  a.entry_positions = put(plan.entry_positions, plan.n_entries);
-  a.entry_staged = put(plan.entry_staged, plan.n_entries);
   a.out = static_cast<char*>(out);
   a.lines = impl_->lines;
   a.slot_of_line = impl_->slot_of_line;
   a.stamps = impl_->stamps;
   a.stamp = stamp;
-  if (a.n_staged > 0 && a.install_slots == nullptr) a.n_staged = 0;  // nothing installed; scatter only
+  if (a.plan.n_staged > 0 && a.plan.install_slots == nullptr) a.plan.n_staged = 0;  // nothing installed; scatter only
   cudaStream_t s = AsStream(stream);
   SPILLFS_RETURN_IF_ERROR(internal::LaunchEvict(a, stream));
   if (plan.n_staged > 0) {

@@ -182,47 +182,49 @@ __global__ void ResetCountersKernel(unsigned long long* counters) {
   if (threadIdx.x < kGatherCounters) counters[threadIdx.x] = threadIdx.x == kFirstRefused ? kNoPosition : 0;
 }
 
-__global__ void __launch_bounds__(kBlockThreads) EvictKernel(FillLaunch a) {
+// Runs body(k, lane) for each k < n, a warp per k (the grid's warps stride
+// over them): the fill kernels' shape.
+template <typename Body>
+__device__ void ForEachByWarp(uint64_t n, Body body) {
   const int lane = threadIdx.x % kWarp;
   const uint64_t warps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
-  for (uint64_t k = static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; k < a.n_evicted;
-       k += warps) {
-    const int64_t slot = a.evicted_slots[k];
-    const int64_t victim = a.victim_slots != nullptr ? a.victim_slots[k] : -1;
+  for (uint64_t k = static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; k < n; k += warps) {
+    body(k, lane);
+  }
+}
+
+__global__ void __launch_bounds__(kBlockThreads) EvictKernel(FillLaunch a) {
+  ForEachByWarp(a.plan.n_evicted, [&](uint64_t k, int lane) {
+    const int64_t slot = a.plan.evicted_slots[k];
+    const int64_t victim = a.plan.victim_slots != nullptr ? a.plan.victim_slots[k] : -1;
     if (victim >= 0 && a.victim != nullptr) {
       WarpCopy(a.victim + static_cast<uint64_t>(victim) * a.g.line_bytes,
                a.lines + static_cast<uint64_t>(slot) * a.g.line_bytes, a.g.line_bytes, lane);
     }
-    if (lane == 0) a.slot_of_line[a.evicted_lines[k]] = -1;
-  }
+    if (lane == 0) a.slot_of_line[a.plan.evicted_lines[k]] = -1;
+  });
 }
 
 __global__ void __launch_bounds__(kBlockThreads) ScatterKernel(FillLaunch a) {
-  const int lane = threadIdx.x % kWarp;
-  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
-  for (uint64_t k = static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; k < a.n_entries;
-       k += warps) {
-    const uint64_t row = static_cast<uint64_t>(a.entry_rows[k]);
+  ForEachByWarp(a.plan.n_entries, [&](uint64_t k, int lane) {
+    const uint64_t row = static_cast<uint64_t>(a.plan.entry_rows[k]);
     const uint64_t within = (row % a.g.rows_per_line) * a.g.row_bytes;
-    const char* src = a.staging + static_cast<uint64_t>(a.entry_staged[k]) * a.g.line_bytes + within;
-    WarpCopy(a.out + static_cast<uint64_t>(a.entry_positions[k]) * a.g.row_bytes, src, a.g.row_bytes, lane);
-  }
+    const char* src = a.staging + static_cast<uint64_t>(a.plan.entry_staged[k]) * a.g.line_bytes + within;
+    WarpCopy(a.out + static_cast<uint64_t>(a.plan.entry_positions[k]) * a.g.row_bytes, src, a.g.row_bytes, lane);
+  });
 }
 
 __global__ void __launch_bounds__(kBlockThreads) InstallKernel(FillLaunch a) {
-  const int lane = threadIdx.x % kWarp;
-  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
-  for (uint64_t k = static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; k < a.n_staged;
-       k += warps) {
-    const int64_t slot = a.install_slots[k];
-    if (slot < 0) continue;
+  ForEachByWarp(a.plan.n_staged, [&](uint64_t k, int lane) {
+    const int64_t slot = a.plan.install_slots[k];
+    if (slot < 0) return;
     WarpCopy(a.lines + static_cast<uint64_t>(slot) * a.g.line_bytes, a.staging + k * a.g.line_bytes, a.g.line_bytes,
              lane);
     if (lane == 0) {
-      a.slot_of_line[a.staged_lines[k]] = static_cast<int32_t>(slot);
+      a.slot_of_line[a.plan.staged_lines[k]] = static_cast<int32_t>(slot);
       a.stamps[slot] = a.stamp;
     }
-  }
+  });
 }
 
 __global__ void SetSlotsKernel(int32_t* slot_of_line, const int64_t* lines, size_t n) {
@@ -279,18 +281,18 @@ Status ResetGatherCounters(unsigned long long* counters, uintptr_t stream) {
 }
 
 Status LaunchEvict(const FillLaunch& a, uintptr_t stream) {
-  if (a.n_evicted == 0) return Status::OK();
-  EvictKernel<<<Blocks(a.n_evicted), kBlockThreads, 0, AsStream(stream)>>>(a);
+  if (a.plan.n_evicted == 0) return Status::OK();
+  EvictKernel<<<Blocks(a.plan.n_evicted), kBlockThreads, 0, AsStream(stream)>>>(a);
   return CudaStatus(cudaGetLastError(), "evict kernel launch");
 }
 
 Status LaunchScatterInstall(const FillLaunch& a, uintptr_t stream) {
-  if (a.n_entries > 0) {
-    ScatterKernel<<<Blocks(a.n_entries), kBlockThreads, 0, AsStream(stream)>>>(a);
+  if (a.plan.n_entries > 0) {
+    ScatterKernel<<<Blocks(a.plan.n_entries), kBlockThreads, 0, AsStream(stream)>>>(a);
     SPILLFS_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "scatter kernel launch"));
   }
-  if (a.n_staged > 0) {
-    InstallKernel<<<Blocks(a.n_staged), kBlockThreads, 0, AsStream(stream)>>>(a);
+  if (a.plan.n_staged > 0) {
+    InstallKernel<<<Blocks(a.plan.n_staged), kBlockThreads, 0, AsStream(stream)>>>(a);
     SPILLFS_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "install kernel launch"));
   }
   return Status::OK();

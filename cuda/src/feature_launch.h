@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "spillfs/common/status.h"
+#include "spillfs/cuda/feature_cache.h"
 
 namespace spillfs::cuda::internal {
 
@@ -63,23 +64,11 @@ Status ResetGatherCounters(unsigned long long* counters, uintptr_t stream);
 
 struct FillLaunch {
   FeatureGeometry g;
-  // Evictions.
-  size_t n_evicted = 0;
-  const int64_t* evicted_lines = nullptr;
-  const int64_t* evicted_slots = nullptr;
-  const int64_t* victim_slots = nullptr;
-  char* victim = nullptr;
-  // Staged lines (in HBM) and their slots.
-  size_t n_staged = 0;
-  const char* staging = nullptr;
-  const int64_t* staged_lines = nullptr;
-  const int64_t* install_slots = nullptr;
-  // Ring entries served.
-  size_t n_entries = 0;
-  const int64_t* entry_rows = nullptr;
-  const int64_t* entry_positions = nullptr;
-  const int64_t* entry_staged = nullptr;
-  char* out = nullptr;
+  // The caller's FillPlan with its arrays copied to the device.
+  FillPlan plan;
+  char* victim = nullptr;         // the victim buffer (evictions)
+  const char* staging = nullptr;  // staged lines, in HBM
+  char* out = nullptr;            // the output the ring entries go to
   // The cache.
   char* lines = nullptr;
   int32_t* slot_of_line = nullptr;
