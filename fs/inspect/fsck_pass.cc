@@ -385,8 +385,7 @@ Status Pass::ScanExtents() {
         if (report_.file_extents.empty() || report_.file_extents.back().ino != e.ino) {
           report_.file_extents.push_back(FileExtents{e.ino, PathOf(e.ino), info.record.size, {}});
         }
-        report_.file_extents.back().extents.push_back(
-            FileExtents::Extent{e.file_offset, e.physical, e.length, e.flags, e.blob_id});
+        report_.file_extents.back().extents.push_back(static_cast<const FileExtents::Extent&>(e));
       }
     }
     if (e.ino != last_ino) last_end = 0;

@@ -51,13 +51,10 @@ struct DirentInfo {
   bool live = false;  // decodes, names a live inode in a live directory
 };
 
-struct ExtentInfo {
+// An extent as the report lists it (file offset, physical, length, flags,
+// blob), with what the pass keeps beside it.
+struct ExtentInfo : FileExtents::Extent {
   InodeNumber ino = 0;
-  uint64_t file_offset = 0;
-  uint64_t physical = 0;
-  uint64_t length = 0;
-  uint32_t flags = 0;
-  uint64_t blob_id = 0;
   uint64_t checksums = 0;
   bool sane = true;      // aligned, non-empty, inside the data area
   bool removed = false;  // repair: unmapped
