@@ -1,36 +1,32 @@
 #include "spillfs/kvindex/coding.h"
 
 namespace spillfs::coding {
+namespace {
 
-void PutFixed64BE(std::string* dst, uint64_t value) {
-  char buf[8];
-  for (int i = 7; i >= 0; --i) {
+// `value` as sizeof(T) bytes, the most significant first.
+template <typename T>
+void PutFixedBE(std::string* dst, T value) {
+  char buf[sizeof(T)];
+  for (int i = sizeof(T) - 1; i >= 0; --i) {
     buf[i] = static_cast<char>(value & 0xff);
     value >>= 8;
   }
   dst->append(buf, sizeof(buf));
 }
 
-void PutFixed32BE(std::string* dst, uint32_t value) {
-  char buf[4];
-  for (int i = 3; i >= 0; --i) {
-    buf[i] = static_cast<char>(value & 0xff);
-    value >>= 8;
-  }
-  dst->append(buf, sizeof(buf));
-}
-
-uint64_t DecodeFixed64BE(const char* src) {
-  uint64_t value = 0;
-  for (int i = 0; i < 8; ++i) value = (value << 8) | static_cast<uint8_t>(src[i]);
+template <typename T>
+T DecodeFixedBE(const char* src) {
+  T value = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) value = static_cast<T>((value << 8) | static_cast<uint8_t>(src[i]));
   return value;
 }
 
-uint32_t DecodeFixed32BE(const char* src) {
-  uint32_t value = 0;
-  for (int i = 0; i < 4; ++i) value = (value << 8) | static_cast<uint8_t>(src[i]);
-  return value;
-}
+}  // namespace
+
+void PutFixed64BE(std::string* dst, uint64_t value) { PutFixedBE(dst, value); }
+void PutFixed32BE(std::string* dst, uint32_t value) { PutFixedBE(dst, value); }
+uint64_t DecodeFixed64BE(const char* src) { return DecodeFixedBE<uint64_t>(src); }
+uint32_t DecodeFixed32BE(const char* src) { return DecodeFixedBE<uint32_t>(src); }
 
 void PutVarint64(std::string* dst, uint64_t value) {
   while (value >= 0x80) {
