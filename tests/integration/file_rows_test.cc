@@ -18,75 +18,30 @@
 #include <string>
 #include <vector>
 
+#include "spillfs/client.h"
+#include "support/file_places.h"
 #include "support/mounted_volume.h"
 #include "support/random_bytes.h"
-#include "spillfs/client.h"
 
 namespace spillfs::testing {
 namespace {
-
-enum class Place { kSpillfsDirect, kSpillfsMount, kTmp, kBuffered };
-
-std::string PlaceName(const ::testing::TestParamInfo<Place>& info) {
-  switch (info.param) {
-    case Place::kSpillfsDirect:
-      return "SpillfsDirectPath";
-    case Place::kSpillfsMount:
-      return "SpillfsThroughTheMount";
-    case Place::kTmp:
-      return "TmpDirectory";
-    case Place::kBuffered:
-      return "TmpBuffered";
-  }
-  return "?";
-}
-
-struct FileCloser {
-  void operator()(spill_file* f) const { EXPECT_EQ(spill_file_close(f), 0) << spill_last_error(); }
-};
-using FilePtr = std::unique_ptr<spill_file, FileCloser>;
 
 class FileRowsTest : public ::testing::TestWithParam<Place> {
  protected:
   void SetUp() override {
     ASSERT_EQ(spill_config_set("direct_path", 1), 0);
     ASSERT_EQ(spill_config_set("o_direct", 1), 0);
-    switch (GetParam()) {
-      case Place::kSpillfsDirect:
-      case Place::kSpillfsMount:
-        if (geteuid() != 0) GTEST_SKIP() << "mounting a volume (and the direct path) needs root";
-        volume_ = std::make_unique<MountedVolume>();
-        dir_ = volume_->mountpoint();
-        backend_ = SPILL_BACKEND_DIRECT_PATH;
-        if (GetParam() == Place::kSpillfsMount) {
-          ASSERT_EQ(spill_config_set("direct_path", 0), 0);
-          backend_ = SPILL_BACKEND_MOUNT;
-        }
-        break;
-      case Place::kTmp:
-      case Place::kBuffered: {
-        std::string tmpl = "/tmp/spillfs-rows-XXXXXX";
-        ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-        temp_ = dir_ = tmpl;
-        backend_ = SPILL_BACKEND_DIRECT_IO;
-        if (GetParam() == Place::kBuffered) {
-          ASSERT_EQ(spill_config_set("o_direct", 0), 0);
-          backend_ = SPILL_BACKEND_BUFFERED;
-        }
-        break;
-      }
-    }
+    place_.Make(GetParam(), "rows");
   }
 
   void TearDown() override {
     spill_config_set("direct_path", 1);
     spill_config_set("o_direct", 1);
-    if (!temp_.empty()) std::filesystem::remove_all(temp_);
   }
 
   // Writes `bytes` to `name` through the file system; its path.
   std::string Write(const std::string& name, const std::string& bytes) {
-    std::string path = dir_ + "/" + name;
+    std::string path = place_.Path(name);
     int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     EXPECT_GE(fd, 0) << path << ": " << strerror(errno);
     EXPECT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
@@ -98,16 +53,11 @@ class FileRowsTest : public ::testing::TestWithParam<Place> {
   FilePtr Open(const std::string& path) {
     FilePtr f(spill_file_open(path.c_str(), SPILL_FILE_READ, 0));
     EXPECT_NE(f, nullptr) << path << ": " << spill_last_error();
-    if (f) {
-      int backend = spill_file_backend(f.get());
-      if (!(backend_ == SPILL_BACKEND_DIRECT_IO && backend == SPILL_BACKEND_BUFFERED)) EXPECT_EQ(backend, backend_);
-    }
+    if (f) place_.ExpectBackend(f.get());
     return f;
   }
 
-  std::unique_ptr<MountedVolume> volume_;
-  std::string dir_, temp_;
-  int backend_ = 0;
+  PlaceDir place_;
 };
 
 // Reads `rows` and compares each with the bytes of `image`.
@@ -186,7 +136,8 @@ TEST_P(FileRowsTest, RowsOutsideTheFileAreRefused) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, FileRowsTest,
-                         ::testing::Values(Place::kSpillfsDirect, Place::kSpillfsMount, Place::kTmp, Place::kBuffered),
+                         ::testing::Values(Place::kSpillfsDirect, Place::kSpillfsMount, Place::kTmp,
+                                           Place::kTmpBuffered),
                          PlaceName);
 
 }  // namespace

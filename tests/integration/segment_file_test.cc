@@ -31,6 +31,7 @@
 
 #include "spillfs/client.h"
 #include "support/file_io.h"
+#include "support/file_places.h"
 #include "support/mounted_volume.h"
 #include "support/random_bytes.h"
 
@@ -42,11 +43,6 @@ constexpr uint64_t kMiB = 1024 * kKiB;
 constexpr uint64_t kUnit = 256 * kKiB;
 
 std::string Errno() { return std::string("errno ") + std::to_string(errno) + " (" + strerror(errno) + ")"; }
-
-struct FileCloser {
-  void operator()(spill_file* f) const { EXPECT_EQ(spill_file_close(f), 0) << spill_last_error(); }
-};
-using FilePtr = std::unique_ptr<spill_file, FileCloser>;
 
 FilePtr Open(const std::string& path, int flags) {
   FilePtr f(spill_file_open(path.c_str(), flags, 0));
@@ -136,85 +132,21 @@ void DefaultSettings() {
   }
 }
 
-// Where the files of a test go.
-enum class Place { kSpillfsDirect, kSpillfsMount, kTmp, kTmpfs, kTmpfsBuffered };
-
-std::string PlaceName(const ::testing::TestParamInfo<Place>& info) {
-  switch (info.param) {
-    case Place::kSpillfsDirect:
-      return "SpillfsDirectPath";
-    case Place::kSpillfsMount:
-      return "SpillfsThroughTheMount";
-    case Place::kTmp:
-      return "TmpDirectory";
-    case Place::kTmpfs:
-      return "Tmpfs";
-    case Place::kTmpfsBuffered:
-      return "TmpfsBuffered";
-  }
-  return "?";
-}
-
 class SegmentFileTest : public ::testing::TestWithParam<Place> {
  protected:
   void SetUp() override {
     DefaultSettings();
-    switch (GetParam()) {
-      case Place::kSpillfsDirect:
-      case Place::kSpillfsMount: {
-        if (geteuid() != 0) GTEST_SKIP() << "mounting a volume (and the direct path) needs root";
-        MountedVolume::Options options;
-        options.size = "2G";
-        volume_ = std::make_unique<MountedVolume>(options);
-        dir_ = volume_->mountpoint();
-        if (GetParam() == Place::kSpillfsDirect) {
-          backend_ = SPILL_BACKEND_DIRECT_PATH;
-        } else {
-          ASSERT_EQ(spill_config_set("direct_path", 0), 0);
-          backend_ = SPILL_BACKEND_MOUNT;
-        }
-        break;
-      }
-      case Place::kTmp:
-        MakeDir("/tmp");
-        backend_ = SPILL_BACKEND_DIRECT_IO;
-        break;
-      case Place::kTmpfs:
-      case Place::kTmpfsBuffered:
-        if (!std::filesystem::exists("/dev/shm")) GTEST_SKIP() << "no /dev/shm";
-        MakeDir("/dev/shm");
-        // A tmpfs that refuses O_DIRECT (kernels before 6.6) gives the buffered backend.
-        backend_ = SPILL_BACKEND_DIRECT_IO;
-        if (GetParam() == Place::kTmpfsBuffered) {
-          ASSERT_EQ(spill_config_set("o_direct", 0), 0);
-          backend_ = SPILL_BACKEND_BUFFERED;
-        }
-        break;
-    }
+    MountedVolume::Options options;
+    options.size = "2G";
+    place_.Make(GetParam(), "segment", options);
   }
 
-  void TearDown() override {
-    DefaultSettings();
-    if (!temp_.empty()) std::filesystem::remove_all(temp_);
-  }
+  void TearDown() override { DefaultSettings(); }
 
-  void MakeDir(const std::string& parent) {
-    std::string tmpl = parent + "/spillfs-segment-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr) << Errno();
-    temp_ = dir_ = tmpl;
-  }
+  std::string Path(const std::string& name) const { return place_.Path(name); }
+  void ExpectBackend(spill_file* f) { place_.ExpectBackend(f); }
 
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
-
-  void ExpectBackend(spill_file* f) {
-    int backend = spill_file_backend(f);
-    if (backend_ == SPILL_BACKEND_DIRECT_IO && backend == SPILL_BACKEND_BUFFERED) return;  // O_DIRECT refused
-    EXPECT_EQ(backend, backend_);
-  }
-
-  std::unique_ptr<MountedVolume> volume_;
-  std::string dir_, temp_;
-  int backend_ = 0;
+  PlaceDir place_;
 };
 
 TEST_P(SegmentFileTest, OddSegmentsRoundTripWithTheExactSize) {
@@ -254,8 +186,8 @@ TEST_P(SegmentFileTest, OddSegmentsRoundTripWithTheExactSize) {
   }
   EXPECT_TRUE(ReadFile(path) == s.image);
   EXPECT_EQ(SizeOf(path), s.image.size());
-  if (volume_) {
-    ASSERT_TRUE(volume_->Remount());
+  if (place_.volume() != nullptr) {
+    ASSERT_TRUE(place_.volume()->Remount());
     EXPECT_TRUE(ReadFile(path) == s.image);
   }
 }
@@ -401,7 +333,7 @@ TEST_P(SegmentFileTest, BadRequestsAreRefused) {
   FilePtr reader = Open(path, SPILL_FILE_READ);
   ASSERT_NE(reader, nullptr);
   EXPECT_EQ(spill_file_write_segments(reader.get(), &past, 1, 0, &r), -EBADF);
-  if (volume_ == nullptr) {
+  if (place_.volume() == nullptr) {
     std::vector<uint64_t> hashes(2, 0);
     uint8_t needed = 9;
     EXPECT_EQ(spill_file_dedup(f.get(), 0, hashes.data(), 1, &needed), -EOPNOTSUPP);
