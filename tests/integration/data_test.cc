@@ -124,6 +124,12 @@ AssertionResult PwriteAll(int fd, const char* data, size_t n, uint64_t off) {
   return AssertionSuccess();
 }
 
+// Writes the pattern of `seed` over [off, off + len) at `off`.
+AssertionResult PwritePattern(int fd, uint64_t seed, uint64_t off, size_t len) {
+  std::vector<char> data = PatternVector(seed, off, len);
+  return PwriteAll(fd, data.data(), len, off);
+}
+
 AssertionResult WriteAll(int fd, const char* data, size_t n) {
   while (n > 0) {
     ssize_t w = write(fd, data, n);
@@ -401,10 +407,8 @@ TEST_F(DataTest, SparseFile) {
   std::string path = Path("sparse");
   Fd fd(open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644));
   ASSERT_GE(fd.get(), 0) << Errno();
-  std::vector<char> data = PatternVector(5, kGiB, 4096);
-  ASSERT_TRUE(PwriteAll(fd.get(), data.data(), data.size(), kGiB));
-  data = PatternVector(6, 300 * kMiB + 1000, 3000);
-  ASSERT_TRUE(PwriteAll(fd.get(), data.data(), data.size(), 300 * kMiB + 1000));
+  ASSERT_TRUE(PwritePattern(fd.get(), 5, kGiB, 4096));
+  ASSERT_TRUE(PwritePattern(fd.get(), 6, 300 * kMiB + 1000, 3000));
   ASSERT_EQ(fsync(fd.get()), 0) << Errno();
   {
     SCOPED_TRACE("before remount");
@@ -422,8 +426,7 @@ TEST_F(DataTest, TruncateExtendedFileIsAHole) {
   std::string path = Path("extended");
   Fd fd(open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644));
   ASSERT_GE(fd.get(), 0) << Errno();
-  std::vector<char> data = PatternVector(8, 0, 10000);
-  ASSERT_TRUE(PwriteAll(fd.get(), data.data(), data.size(), 0));
+  ASSERT_TRUE(PwritePattern(fd.get(), 8, 0, 10000));
   ASSERT_EQ(ftruncate(fd.get(), static_cast<off_t>(kGiB)), 0) << Errno();
   ASSERT_TRUE(FileSizeIs(fd.get(), kGiB));
   std::vector<char> buf(kMiB);
@@ -442,8 +445,7 @@ TEST_F(DataTest, SeekDataAndSeekHole) {
   std::string path = Path("seek");
   Fd fd(open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644));
   ASSERT_GE(fd.get(), 0) << Errno();
-  std::vector<char> data = PatternVector(9, kGiB, 5);
-  ASSERT_TRUE(PwriteAll(fd.get(), data.data(), data.size(), kGiB));
+  ASSERT_TRUE(PwritePattern(fd.get(), 9, kGiB, 5));
   ASSERT_EQ(fsync(fd.get()), 0) << Errno();
   const off_t size = static_cast<off_t>(kGiB + 5);
   off_t data_at = lseek(fd.get(), 0, SEEK_DATA);

@@ -229,6 +229,15 @@ class Writer : public KillableWorkload {
   bool Close(int fd, const std::string& path) {
     return Check(close(fd) == 0, "close " + path);  // close writes the RAM tier out
   }
+  // The end of a change made through `fd`: an fsync `percent` times in 100,
+  // then the close (only the close of the descriptor after a failed fsync).
+  void SyncSometimesAndClose(int fd, const std::string& path, int percent) {
+    if (Pick(100) < static_cast<uint64_t>(percent) && !Sync(fd, path)) {
+      close(fd);
+      return;
+    }
+    Close(fd, path);
+  }
 
   void Step() override {
     // The cut is due and the data area holds no write that is not durable:
@@ -286,11 +295,7 @@ class Writer : public KillableWorkload {
       }
       at += piece;
     }
-    if (Pick(100) < 40 && !Sync(fd, path)) {
-      close(fd);
-      return;
-    }
-    Close(fd, path);
+    SyncSometimesAndClose(fd, path, 40);
   }
 
   void Overwrite() {
@@ -311,11 +316,7 @@ class Writer : public KillableWorkload {
         close(fd);
         return;
       }
-      if (Pick(100) < 35 && !Sync(fd, path)) {
-        close(fd);
-        return;
-      }
-      Close(fd, path);
+      SyncSometimesAndClose(fd, path, 35);
       return;
     }
     size_t offset = Pick(old_size + (64 << 10));
@@ -329,11 +330,7 @@ class Writer : public KillableWorkload {
       close(fd);
       return;
     }
-    if (Pick(100) < 35 && !Sync(fd, path)) {
-      close(fd);
-      return;
-    }
-    Close(fd, path);
+    SyncSometimesAndClose(fd, path, 35);
   }
 
   // fsync of a file whose data was written (by close) some time before.

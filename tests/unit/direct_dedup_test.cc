@@ -1,5 +1,5 @@
 // Unit tests of checkpoint dedup on the direct path (Filesystem::DirectDedup,
-// DirectCommit's blobs, core/dedup.h): units the volume holds are mapped by
+// DirectCommit's blobs, cache/dedup.h): units the volume holds are mapped by
 // reference with their blob's checksums and reference counts, take no space,
 // and go with their last reference; a commit's run of whole units is one blob,
 // and a run of units found in one blob is mapped as one extent.
@@ -60,6 +60,21 @@ class FilesystemDedupTest : public FilesystemTestBase {
       out.emplace(physical, *blob);
     }
     return out;
+  }
+  // A file `name` in the root holding `data`, flushed: its whole units are
+  // blobs.
+  InodeNumber WriteFlushed(const char* name, const std::string& data) {
+    InodeNumber ino = MakeFile(kRootInode, name);
+    WriteAt(ino, 0, data);
+    FlushAll();
+    return ino;
+  }
+  // The end of a test: unlinks `names` from the root; every blob goes with
+  // its last reference, and every block is free again.
+  void RemoveAll(std::initializer_list<const char*> names) {
+    for (const char* name : names) ASSERT_TRUE(fs_->Unlink(kRootInode, name).ok()) << name;
+    EXPECT_TRUE(Blobs().empty());
+    EXPECT_EQ(FreeBlocks(), initial_free_);
   }
   // The blob unit the hash key of `hash` names, if any.
   std::optional<BlobUnitRef> HashKey(const std::string& hash) {
@@ -260,9 +275,7 @@ TEST_F(FilesystemDedupTest, DirectDedupMapsHeldUnitsByReference) {
   const uint64_t unit = Filesystem::dedup_unit();
   std::mt19937_64 rng(77);
   const std::string data = RandomBytes(rng, 4 * unit);
-  InodeNumber a = MakeFile(kRootInode, "a");
-  WriteAt(a, 0, data);
-  FlushAll();
+  WriteFlushed("a", data);
   auto blobs = Blobs();
   ASSERT_EQ(blobs.size(), 4u);
   for (const auto& [physical, blob] : blobs) {
@@ -318,9 +331,7 @@ TEST_F(FilesystemDedupTest, DirectDedupMapsHeldUnitsByReference) {
   // The shared units go with their last reference.
   Reopen();
   EXPECT_TRUE(SameBytes(ReadAll(b), data));
-  for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(fs_->Unlink(kRootInode, name).ok()) << name;
-  EXPECT_TRUE(Blobs().empty());
-  EXPECT_EQ(FreeBlocks(), initial_free_);
+  RemoveAll({"a", "b", "c"});
 }
 
 // The units form: units anywhere in the file, in one call (one flush, one
@@ -330,9 +341,7 @@ TEST_F(FilesystemDedupTest, DirectDedupOfScatteredUnitsInOneCall) {
   const uint64_t unit = Filesystem::dedup_unit();
   std::mt19937_64 rng(78);
   const std::string data = RandomBytes(rng, 4 * unit);
-  InodeNumber a = MakeFile(kRootInode, "a");
-  WriteAt(a, 0, data);
-  FlushAll();
+  WriteFlushed("a", data);
   std::map<std::string, uint64_t> blob_of;  // hash -> physical
   for (const auto& [physical, blob] : Blobs()) blob_of[blob.hash] = physical;
   ASSERT_EQ(blob_of.size(), 4u);
@@ -388,9 +397,7 @@ TEST_F(FilesystemDedupTest, DirectDedupOfScatteredUnitsInOneCall) {
 
   ASSERT_TRUE(fs_->Unlink(kRootInode, "b").ok());
   EXPECT_EQ(refs(3), 1u);
-  ASSERT_TRUE(fs_->Unlink(kRootInode, "a").ok());
-  EXPECT_TRUE(Blobs().empty());
-  EXPECT_EQ(FreeBlocks(), initial_free_);
+  RemoveAll({"a"});
 }
 
 // A commit of other files between DirectDedup's look-ups and its own commit:
@@ -451,9 +458,7 @@ TEST_F(FilesystemDedupTest, DirectDedupAfterOtherCommitsChangedItsBlobs) {
   ExpectExtentMapSane(c);
   ExpectSpaceAccountedFor();
   between_lookup_and_commit_ = nullptr;
-  for (const char* name : {"a", "b", "c", "d"}) ASSERT_TRUE(fs_->Unlink(kRootInode, name).ok()) << name;
-  EXPECT_TRUE(Blobs().empty());
-  EXPECT_EQ(FreeBlocks(), initial_free_);
+  RemoveAll({"a", "b", "c", "d"});
 }
 
 // A ranged commit: reserved space laid over several file ranges at once,

@@ -47,18 +47,25 @@ const PhysicalExtent kC{1 << 20, 4096};
 
 using Extents = std::vector<PhysicalExtent>;
 
-TEST(ReclaimGateTest, ReleasesAtOnceWithoutReaders) {
+// A gate whose releases `released` records; Enter() lets a reader in until
+// its pointer is reset. (The tests that need a release function of their own
+// make their own gate.)
+class ReclaimGateTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<ReclaimGate::Reader> Enter() { return std::make_unique<ReclaimGate::Reader>(&gate); }
+
   Released released;
-  ReclaimGate gate(released.Fn());
+  ReclaimGate gate{released.Fn()};
+};
+
+TEST_F(ReclaimGateTest, ReleasesAtOnceWithoutReaders) {
   gate.Retire({kA, kB});
   EXPECT_EQ(released.All(), (Extents{kA, kB}));
   gate.Retire({});
   EXPECT_EQ(released.Calls(), 1u) << "retiring nothing must not call release";
 }
 
-TEST(ReclaimGateTest, ReaderInsideDelaysReleaseUntilItLeaves) {
-  Released released;
-  ReclaimGate gate(released.Fn());
+TEST_F(ReclaimGateTest, ReaderInsideDelaysReleaseUntilItLeaves) {
   {
     ReclaimGate::Reader reader(&gate);
     gate.Retire({kA});
@@ -69,12 +76,10 @@ TEST(ReclaimGateTest, ReaderInsideDelaysReleaseUntilItLeaves) {
   EXPECT_EQ(released.All(), (Extents{kA, kB}));
 }
 
-TEST(ReclaimGateTest, ReadersThatEnterLaterDoNotDelayIt) {
-  Released released;
-  ReclaimGate gate(released.Fn());
-  auto early = std::make_unique<ReclaimGate::Reader>(&gate);
+TEST_F(ReclaimGateTest, ReadersThatEnterLaterDoNotDelayIt) {
+  auto early = Enter();
   gate.Retire({kA});
-  auto late = std::make_unique<ReclaimGate::Reader>(&gate);
+  auto late = Enter();
   EXPECT_TRUE(released.All().empty());
   early.reset();
   EXPECT_EQ(released.All(), (Extents{kA})) << "a reader that entered after the retire held it back";
@@ -82,11 +87,9 @@ TEST(ReclaimGateTest, ReadersThatEnterLaterDoNotDelayIt) {
   EXPECT_EQ(released.All(), (Extents{kA}));
 }
 
-TEST(ReclaimGateTest, EveryEarlierReaderMustLeave) {
-  Released released;
-  ReclaimGate gate(released.Fn());
-  auto r1 = std::make_unique<ReclaimGate::Reader>(&gate);
-  auto r2 = std::make_unique<ReclaimGate::Reader>(&gate);
+TEST_F(ReclaimGateTest, EveryEarlierReaderMustLeave) {
+  auto r1 = Enter();
+  auto r2 = Enter();
   gate.Retire({kA});
   r1.reset();
   EXPECT_TRUE(released.All().empty()) << "released while a reader from before the retire is inside";
@@ -94,14 +97,12 @@ TEST(ReclaimGateTest, EveryEarlierReaderMustLeave) {
   EXPECT_EQ(released.All(), (Extents{kA}));
 }
 
-TEST(ReclaimGateTest, EpochsReleaseInOrderOfTheirReaders) {
-  Released released;
-  ReclaimGate gate(released.Fn());
-  auto r1 = std::make_unique<ReclaimGate::Reader>(&gate);
+TEST_F(ReclaimGateTest, EpochsReleaseInOrderOfTheirReaders) {
+  auto r1 = Enter();
   gate.Retire({kA});
-  auto r2 = std::make_unique<ReclaimGate::Reader>(&gate);
+  auto r2 = Enter();
   gate.Retire({kB});
-  auto r3 = std::make_unique<ReclaimGate::Reader>(&gate);
+  auto r3 = Enter();
   gate.Retire({kC});
 
   // The newest reader leaving first frees nothing: older readers still hold all three.
@@ -116,12 +117,10 @@ TEST(ReclaimGateTest, EpochsReleaseInOrderOfTheirReaders) {
   EXPECT_EQ(all, (Extents{kA, kB, kC}));
 }
 
-TEST(ReclaimGateTest, OldestReaderLeavingReleasesOnlyWhatNoOneCanSee) {
-  Released released;
-  ReclaimGate gate(released.Fn());
-  auto r1 = std::make_unique<ReclaimGate::Reader>(&gate);
+TEST_F(ReclaimGateTest, OldestReaderLeavingReleasesOnlyWhatNoOneCanSee) {
+  auto r1 = Enter();
   gate.Retire({kA});
-  auto r2 = std::make_unique<ReclaimGate::Reader>(&gate);
+  auto r2 = Enter();
   gate.Retire({kB});
   r1.reset();  // A is free of readers; B is still visible to r2
   EXPECT_EQ(released.All(), (Extents{kA}));
@@ -129,15 +128,13 @@ TEST(ReclaimGateTest, OldestReaderLeavingReleasesOnlyWhatNoOneCanSee) {
   EXPECT_EQ(released.All(), (Extents{kA, kB}));
 }
 
-TEST(ReclaimGateTest, SteadyStreamOfOverlappingReadersDoesNotStarveIt) {
-  Released released;
-  ReclaimGate gate(released.Fn());
+TEST_F(ReclaimGateTest, SteadyStreamOfOverlappingReadersDoesNotStarveIt) {
   std::optional<ReclaimGate::Reader> current;
   current.emplace(&gate);
   gate.Retire({kA});
   // Readers hand over to each other: there is always one inside.
   for (int i = 0; i < 10; ++i) {
-    auto next = std::make_unique<ReclaimGate::Reader>(&gate);
+    auto next = Enter();
     current.reset();
     EXPECT_EQ(released.All(), (Extents{kA})) << "handover " << i;
     current.emplace(&gate);
@@ -149,7 +146,7 @@ TEST(ReclaimGateTest, SteadyStreamOfOverlappingReadersDoesNotStarveIt) {
 
 // Each retire is released with the commit number of the batch that freed
 // it (the allocator keeps the space back until that batch is durable).
-TEST(ReclaimGateTest, ReleasesCarryTheCommitNumberOfTheirRetire) {
+TEST_F(ReclaimGateTest, ReleasesCarryTheCommitNumberOfTheirRetire) {
   std::vector<std::pair<Extents, uint64_t>> calls;
   ReclaimGate gate(
       [&](const std::vector<PhysicalExtent>& extents, uint64_t commit) { calls.emplace_back(extents, commit); });
@@ -170,7 +167,7 @@ TEST(ReclaimGateTest, ReleasesCarryTheCommitNumberOfTheirRetire) {
 // Readers look up a "mapping" (a slot number) after entering and check the
 // slot is still live while inside; a writer keeps remapping to a fresh slot
 // and retiring the old one. A slot may be reused only after release.
-TEST(ReclaimGateTest, ConcurrentReadersNeverSeeReleasedSpace) {
+TEST_F(ReclaimGateTest, ConcurrentReadersNeverSeeReleasedSpace) {
   constexpr int kSlots = 64;
   constexpr int kReaders = 4;
   constexpr int kRemaps = 20000;
@@ -244,7 +241,7 @@ TEST(ReclaimGateTest, ConcurrentReadersNeverSeeReleasedSpace) {
 
 // Many threads retiring and reading at once: everything retired is released
 // exactly once, and nothing is lost.
-TEST(ReclaimGateTest, ConcurrentRetiresAreReleasedExactlyOnce) {
+TEST_F(ReclaimGateTest, ConcurrentRetiresAreReleasedExactlyOnce) {
   constexpr int kThreads = 4;
   constexpr int kPerThread = 5000;
   std::vector<std::atomic<int>> times(kThreads * kPerThread);
