@@ -26,10 +26,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cache/dedup.h"
+#include "cache/ram_tier.h"
+#include "cache/read_ahead.h"
 #include "core/background_sync.h"
-#include "core/dedup.h"
-#include "core/ram_tier.h"
-#include "core/read_ahead.h"
 #include "core/waited_mutex.h"
 #include "spillfs/common/aligned_buffer.h"
 #include "spillfs/common/mutex.h"

@@ -1,4 +1,4 @@
-#include "core/read_ahead.h"
+#include "cache/read_ahead.h"
 
 #include <pthread.h>
 

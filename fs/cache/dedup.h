@@ -52,7 +52,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/ram_tier.h"
+#include "cache/ram_tier.h"
 #include "spillfs/common/status.h"
 #include "spillfs/kvindex/index.h"
 #include "spillfs/kvindex/records.h"

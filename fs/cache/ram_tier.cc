@@ -1,4 +1,4 @@
-#include "core/ram_tier.h"
+#include "cache/ram_tier.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "core/dedup.h"
+#include "cache/dedup.h"
 
 #include <fmt/format.h>
 #include <pthread.h>
