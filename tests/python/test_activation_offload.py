@@ -357,7 +357,7 @@ def test_backward_outside_block_frees_as_consumed(tmp_path):
     loss.backward()
     del loss
     gc.collect()
-    off._worker.drain()
+    off._state.worker.drain()
     assert off.in_use() == {"host_bytes": 0, "files": [], "entries": 0}
 
 
@@ -369,7 +369,7 @@ def test_graph_dropped_without_backward(tmp_path):
         loss = gpt_loss(model(x), y)
     del loss
     gc.collect()
-    off._worker.drain()
+    off._state.worker.drain()
     assert off.in_use() == {"host_bytes": 0, "files": [], "entries": 0}
 
 
@@ -392,13 +392,13 @@ def test_parameters_never_offloaded():
     model = ViewsOfWeights()
     x = torch.randn(128, 128, requires_grad=True) * 1  # a non-leaf needing grad: the matmuls save their weights
     off = st.offload_activations(None, host_bytes=1 << 30, min_bytes=1, policy="all", layers=None)
-    off._trace = []
+    off._state.trace = []
     with off:
         model(x).backward()
     r = off.report
     assert r.kept_reasons.get("parameter", 0) >= 3, r.kept_reasons
     owned = {_ptr(p) for p in model.parameters()} | {_ptr(b) for b in model.buffers()}
-    stored = {row[0] for row in off._trace if len(row) == 3}
+    stored = {row[0] for row in off._state.trace if len(row) == 3}
     assert stored and not (stored & owned)
     assert r.host_count > 0
 
@@ -412,7 +412,7 @@ def _ptr(t):
 def _writes_land(off):
     """Waits for the worker (its writes) before backward: with staged writes, a tensor that
     backward consumes first is never written, so a failure would depend on timing."""
-    off._worker.drain()
+    off._state.worker.drain()
 
 
 def _staging(staged, make):
@@ -932,14 +932,14 @@ def _async_copies(off):
     """CPU copies made to look asynchronous: the originals stay held (copies in flight) until the
     offloader makes the compute wait for them, as on CUDA; all land at the step's end (where the
     offloader synchronizes the compute stream)."""
-    inner, finish, made = off._copy_out, off._finish_step, []
+    inner, finish, made = off._copies.copy_out, off._finish_step, []
 
     def copy_out(e, pool):
         region = inner(e, pool)
         if region is not None and e.d2h_event is None:
             e.d2h_event = _FakeCopy()
             made.append(e.d2h_event)
-            off._inflight.append(e)
+            off._copies.inflight.append(e)
         return region
 
     def finish_step():
@@ -947,7 +947,7 @@ def _async_copies(off):
             ev.synchronize()
         made.clear()
         finish()
-    off._copy_out, off._finish_step = copy_out, finish_step
+    off._copies.copy_out, off._finish_step = copy_out, finish_step
     return off
 
 
@@ -1031,7 +1031,7 @@ def test_diagnosis_locates_the_peak():
         off = st.offload_activations(None, host_bytes=1 << 30, min_bytes=512, policy="all", layers=m,
                                      read_ahead_bytes=0)
         off.diagnose = True
-        off._mem_probe = probe
+        off._diagnosis.mem_probe = probe
         return off
     got = train(GPT, gpt_batch, gpt_loss, make, steps=1)
     d = got[2].report.diagnosis

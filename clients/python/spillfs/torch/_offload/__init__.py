@@ -6,8 +6,8 @@
 - :mod:`.policy`: which layers go where (``"all"``, ``"none"``, the adaptive
   policy: profile, bandwidth probes, a pipeline model, its prediction).
 - :mod:`.report`: what one step did (:class:`OffloadReport`).
-- :mod:`.core`: :class:`~.core.ActivationOffloader`: a step's life and the
-  state of it, made of the mixins below.
+- :mod:`.core`: :class:`~.core.ActivationOffloader`: a step's life, made of
+  the parts below (an object a concern, each passed what it needs).
 - :mod:`.saved_hooks`: the saved-tensor hooks (pack and unpack: dedup,
   forwarding, stalls).
 - :mod:`.layers`: :func:`~.layers.find_layers` and the module hooks (groups,
@@ -17,6 +17,7 @@
 - :mod:`.read_ahead`: backward's side: prefetch, the credit bounding it
   (``read_ahead_bytes``), loads.
 - :mod:`.entries`: what is stored (an entry a region, a saved object a save),
-  the worker thread, and the release of every buffer and file.
+  the state of the step the parts share, the worker thread, and the release
+  of every buffer and file.
 - :mod:`.diagnosis`: ``diagnose``'s samples of what the device holds.
 """

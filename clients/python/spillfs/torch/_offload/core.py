@@ -1,34 +1,37 @@
-"""The activation offloader: one step's life, its state, and the parts it is made of.
+"""The activation offloader: one step's life, and the parts it is made of.
 
 One :class:`ActivationOffloader` serves many steps; each ``with`` block is a
-step. ``__enter__`` resets the step's state, begins the policy's step (its
-decisions, the layers it recomputes) and installs the hooks; ``__exit__``
-removes them and, once the worker has drained, fills in the step's
-:class:`~.report.OffloadReport`. The step's phase turns from forward to
-backward once (:meth:`_backward_starts`: at the first gradient hook or
-unpack), back to forward only where a new forward starts after a finished
-backward in the same block (gradient accumulation).
+step. ``__enter__`` begins the step (a new report, the parts' state of a step
+reset), begins the policy's step (its decisions, the layers it recomputes) and
+installs the hooks; ``__exit__`` removes them and, once the worker has
+drained, fills in the step's :class:`~.report.OffloadReport`. The step's phase
+turns from forward to backward once (:meth:`_backward_starts`: at the first
+gradient hook or unpack), back to forward only where a new forward starts
+after a finished backward in the same block (gradient accumulation).
 
-The class holds all the state (initialized in ``__init__`` and
-``__enter__``); the code that works on it is in mixins, one concern a module:
+The offloader is made of parts, an object a concern, each passed what it
+needs when it is made (the settings, the state of the step they share, the
+lock, the parts it calls):
 
-- :mod:`.saved_hooks`: pack and unpack (what is stored, dedup, forwarding,
-  stalls);
-- :mod:`.layers`: the module hooks (groups, layer boundaries, where backward
-  begins, timing, recompute) and :func:`find_layers`;
-- :mod:`.copy_out`: forward's side (storing in a tier, file writes, the copies
-  in flight and their bound: ``copy_window``, ``inflight_bytes``);
-- :mod:`.read_ahead`: backward's side (prefetch and the credit that bounds it:
-  ``prefetch_layers``, ``read_ahead_bytes``; loads);
-- :mod:`.entries`: what is stored (:class:`~.entries._Entry`, one a region;
-  :class:`~.entries._Saved`, one a save), the worker, and the release of
-  entries;
-- :mod:`.diagnosis`: ``diagnose``'s samples.
+- :class:`~.entries._StepState`: what they share: the step (index, report,
+  phase), its entries, the pending one, the saves not yet unpacked, the
+  worker, the CUDA streams;
+- :class:`~.copy_out._CopyOut`: forward's side: the tiers (host, staging,
+  files), storing an entry in one, the copies in flight and their bound
+  (``copy_window``, ``inflight_bytes``);
+- :class:`~.read_ahead._ReadAhead`: backward's side: prefetch and the credit
+  that bounds it (``prefetch_layers``, ``read_ahead_bytes``; loads);
+- :class:`~.entries._EntryRelease`: the release of entries;
+- :class:`~.diagnosis._Diagnosis`: ``diagnose``'s samples;
+- :class:`~.layers._LayerHooks`: the module hooks (groups, layer boundaries,
+  where backward begins, timing, recompute);
+- :class:`~.saved_hooks._SavedTensorHooks`: pack and unpack (what is stored,
+  dedup, forwarding, stalls).
 
-Mixins rather than objects of their own so that every part reads and writes
-the one set of fields under the one lock, as it did in a single class, and so
-that tests may still patch a method on the offloader (``_copy_out``,
-``_finish_step``).
+They are made in that order, each from those before it; none holds the
+offloader. The settings (:class:`_Options`) are the offloader's public
+attributes, read by the parts as they act, so a setting changed between steps
+(``staging_bytes``, ``diagnose``...) holds from the next store or step.
 
 CUDA: device-to-host copies run on a copy stream of their own that waits for
 the compute stream; host-to-device copies on another (allocations for them
@@ -38,10 +41,9 @@ get device memory straight through libspillfs_client's pinned pool.
 
 Threading: a worker thread waits for file writes to complete (then drops the
 original tensor, or keeps it where the write failed) and releases what
-autograd dropped; all state is under ``self._lock``.
+autograd dropped; all shared state is under the offloader's ``_lock``.
 """
 
-import collections
 import os
 import threading
 import time
@@ -52,7 +54,7 @@ import torch
 from . import policy as _policy
 from .copy_out import _CopyOut
 from .diagnosis import _Diagnosis
-from .entries import _EntryRelease, _Worker
+from .entries import _EntryRelease, _StepState, _Worker
 from .layers import _LayerHooks, find_layers
 from .read_ahead import _ReadAhead
 from .report import OffloadReport
@@ -63,7 +65,51 @@ __all__ = ["ActivationOffloader", "find_layers"]
 _MiB = 1 << 20
 
 
-class ActivationOffloader(_SavedTensorHooks, _LayerHooks, _CopyOut, _ReadAhead, _EntryRelease, _Diagnosis):
+class _Options:
+    """The offloader's settings (see :class:`ActivationOffloader` and
+    :func:`spillfs.torch.offload_activations`), one object the parts read.
+    Each of ``SETTINGS`` is also an attribute of the offloader, read and
+    written here, so the parts see a change made through the offloader."""
+
+    SETTINGS = ("dir", "host_bytes", "min_bytes", "prefetch_layers", "policy", "group_bytes", "io_backend",
+                "keep_last", "inflight_bytes", "read_ahead_bytes", "diagnose", "staging_bytes", "copy_window")
+
+    def __init__(self, dir, host_bytes, min_bytes, prefetch_layers, policy, group_bytes, io_backend, keep_last,
+                 inflight_bytes, read_ahead_bytes):
+        self.dir = dir
+        self.host_bytes = host_bytes
+        self.min_bytes = min_bytes
+        self.prefetch_layers = prefetch_layers
+        self.policy = policy
+        self.group_bytes = group_bytes
+        self.io_backend = io_backend
+        self.keep_last = keep_last
+        # memory-tight forward: originals held while their copies run, at most this many bytes; forward's
+        # end and backward's start wait for every copy (the head and backward start without them)
+        self.inflight_bytes = inflight_bytes
+        # memory-tight backward: reads only replace what backward freed, plus this many bytes
+        self.read_ahead_bytes = read_ahead_bytes
+        self.diagnose = False
+        # pinned bytes staging file writes (the original goes once copied out; 0: written from where it is)
+        self.staging_bytes = 512 * _MiB
+        # originals of groups more than this many before the current one go even where their copy still runs
+        # (the compute stream waits for the copy): what bounds the device memory of copies in flight
+        self.copy_window = 1
+
+    @property
+    def drain(self):
+        return self.inflight_bytes is not None
+
+    @property
+    def tight_reads(self):
+        return self.read_ahead_bytes is not None
+
+    @property
+    def track_frees(self):
+        return self.read_ahead_bytes is not None or self.diagnose
+
+
+class ActivationOffloader:
     r"""Offloads the tensors autograd saves in its ``with`` blocks (one block = one step).
 
     Made by :func:`spillfs.torch.offload_activations`, which documents the
@@ -71,6 +117,8 @@ class ActivationOffloader(_SavedTensorHooks, _LayerHooks, _CopyOut, _ReadAhead, 
 
     Attributes:
         reports (list): one :class:`OffloadReport` per step; ``report``: the latest.
+        dir, host_bytes, min_bytes, prefetch_layers, group_bytes, io_backend,
+            keep_last: the arguments, as given (settings, like those below).
         policy: the policy object (:class:`AdaptivePolicy`, or the plain one of
             ``"all"`` / ``"none"``).
         staging_bytes (int): host memory (pinned on CUDA) that file writes are
@@ -93,250 +141,172 @@ class ActivationOffloader(_SavedTensorHooks, _LayerHooks, _CopyOut, _ReadAhead, 
         for name, value in (("inflight_bytes", inflight_bytes), ("read_ahead_bytes", read_ahead_bytes)):
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be None or a non-negative number of bytes, not {value!r}")
-        # memory-tight forward: originals held while their copies run, at most this many bytes; forward's
-        # end and backward's start wait for every copy (the head and backward start without them)
-        self.inflight_bytes = None if inflight_bytes is None else int(inflight_bytes)
-        # memory-tight backward: reads only replace what backward freed, plus this many bytes
-        self.read_ahead_bytes = None if read_ahead_bytes is None else int(read_ahead_bytes)
-        self.diagnose = False
         if min_bytes < 0:
             raise ValueError(f"min_bytes must be >= 0, not {min_bytes!r}")
         if prefetch_layers < 0:
             raise ValueError(f"prefetch_layers must be >= 0, not {prefetch_layers!r}")
-        self.dir = None if dir is None else os.fspath(dir)
-        self.host_bytes = int(host_bytes)
-        self.min_bytes = int(min_bytes)
-        self.prefetch_layers = int(prefetch_layers)
-        self.policy = _policy.make_policy(policy)
-        self.group_bytes = int(group_bytes)
-        self.io_backend = io_backend
-        self.keep_last = keep_last
-        self._model = None
-        if layers is None:
-            self._layers = []
-        elif isinstance(layers, torch.nn.Module) and not isinstance(layers, torch.nn.ModuleList):
-            self._model = layers
-            self._layers = find_layers(layers)
-        else:
-            self._layers = list(layers)
-            for m in self._layers:
-                if not isinstance(m, torch.nn.Module):
-                    raise TypeError(f"layers must be nn.Modules (or a model), got {type(m).__name__}")
+        self._options = options = _Options(
+            None if dir is None else os.fspath(dir), int(host_bytes), int(min_bytes), int(prefetch_layers),
+            _policy.make_policy(policy), int(group_bytes), io_backend, keep_last,
+            None if inflight_bytes is None else int(inflight_bytes),
+            None if read_ahead_bytes is None else int(read_ahead_bytes))
+        self._lock = lock = threading.RLock()
+        self._state = state = _StepState()
+        self._copies = copies = _CopyOut(options, state, lock)
+        self._reads = reads = _ReadAhead(options, state)
+        self._release = release = _EntryRelease(options, state, lock, copies, reads)
+        self._diagnosis = diagnosis = _Diagnosis(state, lock, copies, reads)
+        self._layer_hooks = layer_hooks = _LayerHooks(layers, options, state, lock, copies, reads, diagnosis,
+                                                      self._backward_starts)
+        self._saved_hooks = _SavedTensorHooks(options, state, lock, layer_hooks, copies, reads, release, diagnosis,
+                                              self._backward_starts)
         self.reports = []
-        self.report = None
-        self._lock = threading.RLock()
-        self._worker = None
-        self._host = None
-        self._files = None
-        self._cuda = None  # (d2h stream, h2d stream) once a CUDA tensor was seen
-        self._step = -1
-        self._active = False
-        self._hooks_ctx = None
-        self._handles = []
-        self._entries = {}  # key -> live entry
-        self._step_entries = []
-        self._groups = collections.defaultdict(list)
-        self._prefetched_groups = set()  # queued for reading ahead
-        self._started_groups = set()  # whose backward began (what they still needed was read then)
-        self._prefetch_queue = collections.deque()  # entries of earlier layers, in the order backward needs them
-        self._prefetch_credit = 0
-        self._read_ahead = 0
-        self._freed_q = collections.deque()  # entries whose unpacked values autograd dropped; bytes of kept ones
-        self._kept_refs = set()  # weak references to kept activations (tight read-ahead: their frees are credit)
-        self._allowance_given = False
-        self._read_bytes = 0  # this step's backward: bytes read back, and bytes of saved activations freed
-        self._freed_bytes = 0
-        self._diag = None
-        self._layer_files = {}
-        self._group_stack = []
-        self._pending = None
-        self._phase = "forward"
-        self._outstanding = 0
-        self._after_last_layer = False
-        self._param_ptrs = set()
-        self._seen_modules = set()
-        self._cum_bytes = 0
-        self._warnings = []
-        self._marks = []
-        self._fell_back_disk = False
-        self._warned_disk = False
-        self._kept_keys = set()
-        self._layer_stored = collections.defaultdict(int)  # group -> bytes stored this step (the policy's quota)
-        self._inflight = collections.deque()  # entries whose device-to-host copy may still run
-        self._staging = None  # HostTier staging the writes to files
-        # pinned bytes staging file writes (the original goes once copied out; 0: written from where it is)
-        self.staging_bytes = 512 * _MiB
-        # originals of groups more than this many before the current one go even where their copy still runs
-        # (the compute stream waits for the copy): what bounds the device memory of copies in flight
-        self.copy_window = 1
-        self._cuda_marks = False
         self._t0 = 0.0
-        self._trace = None  # tests: a list of (storage ptr, tier) of what was stored
+
+    def __getattr__(self, name):  # what normal lookup did not find: a setting
+        if name in _Options.SETTINGS and "_options" in self.__dict__:
+            return getattr(self._options, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        if name in _Options.SETTINGS:
+            setattr(self._options, name, value)
+        else:
+            super().__setattr__(name, value)
 
     # -- public ---------------------------------------------------------------
 
     @property
     def layers(self):
         """The modules whose hooks tag, time and prefetch (a list)."""
-        return list(self._layers)
+        return list(self._layer_hooks.layers)
 
     @property
-    def _drain(self):
-        return self.inflight_bytes is not None
-
-    @property
-    def _tight_reads(self):
-        return self.read_ahead_bytes is not None
-
-    @property
-    def _track_frees(self):
-        return self.read_ahead_bytes is not None or self.diagnose
+    def report(self):
+        """The :class:`OffloadReport` of the latest step (None before the first)."""
+        return self._state.report
 
     def in_use(self):
         """What this offloader still holds: ``{"host_bytes", "files", "entries"}``."""
         with self._lock:
-            return {"host_bytes": sum(p.in_use() for p in (self._host, self._staging) if p is not None),
-                    "files": self._files.leftover() if self._files is not None else [],
-                    "entries": sum(1 for e in self._step_entries if not e.released)}
+            files = self._copies.files
+            return {"host_bytes": self._copies.host_bytes_in_use(),
+                    "files": files.leftover() if files is not None else [],
+                    "entries": sum(1 for e in self._state.step_entries if not e.released)}
 
     def close(self):
         """Frees everything: host slabs, files, the directory, the worker thread."""
-        if self._active:
+        if self._state.active:
             raise RuntimeError("close() inside the offloader's with block")
-        self._release_all()
+        self._release.release_all()
         with self._lock:
-            if self._host is not None:
-                self._host.close()
-                self._host = None
-            if self._staging is not None:
-                self._staging.close()
-                self._staging = None
-            if self._files is not None:
-                self._files.close()
-                self._files = None
-        if self._worker is not None:
-            self._worker.stop()
-            self._worker = None
+            self._copies.close()
+        state = self._state
+        if state.worker is not None:
+            state.worker.stop()
+            state.worker = None
 
     def __del__(self):
         try:
-            if self._files is not None:
-                self._files.close()
-            if self._worker is not None:
-                self._worker.stop()
+            if self._copies.files is not None:
+                self._copies.files.close()
+            if self._state.worker is not None:
+                self._state.worker.stop()
         except Exception:
             pass
+
+    # -- what the policy asks (its bandwidth probe) --------------------------------
+
+    def _on_cuda(self):
+        """Whether the step's tensors are on CUDA: one was saved, or the layers' parameters are."""
+        hooks = self._layer_hooks
+        modules = [hooks.model] if hooks.model is not None else hooks.layers
+        return self._state.cuda is not None or any(p.is_cuda for m in modules for p in m.parameters())
+
+    def _file_tier(self):
+        """The files under ``dir`` the offloader writes (made at the first use)."""
+        return self._copies.file_tier()
 
     # -- the step -------------------------------------------------------------
 
     def __enter__(self):
-        if self._active:
+        state = self._state
+        if state.active:
             raise RuntimeError("spillfs.torch.offload_activations: the offloader's with block is not reentrant")
-        self._release_all()  # what autograd still held from the previous step
-        self._step += 1
-        self._active = True
-        self._phase = "forward"
-        self._entries = {}
-        self._step_entries = []
-        self._groups = collections.defaultdict(list)
-        self._prefetched_groups = set()
-        self._started_groups = set()
-        self._prefetch_queue = collections.deque()
-        self._prefetch_credit = 0
-        self._read_ahead = 0  # bytes read back (loads started) and not yet used by backward
-        self._freed_q.clear()
-        self._kept_refs = set()
-        self._allowance_given = False
-        self._read_bytes = 0
-        self._freed_bytes = 0
-        self._diag = {"peak_seen": 0, "last": None} if self.diagnose else None
-        self._layer_files = {}
-        self._group_stack = []
-        self._pending = None
-        self._outstanding = 0
-        self._after_last_layer = False
-        self._cum_bytes = 0
-        self._marks = []
-        self._kept_keys = set()
-        self._layer_stored = collections.defaultdict(int)
-        self._fell_back_disk = False
-        self._cuda_marks = torch.cuda.is_available() and torch.cuda.is_initialized()
-        self._param_ptrs = set()
-        self._seen_modules = set()
-        if self._worker is None:
-            self._worker = _Worker("spillfs-offload")
-        if self._model is not None:
-            self._see_module(self._model)
-        self.report = OffloadReport(self._step, self.policy.name)
-        self.reports.append(self.report)
-        self.policy.begin_step(self, self.report)
-        if self._host is not None:
-            self._host.peak = self._host.used
-        self._install()
-        self._wrap_recompute(self.policy.recompute_layers())
+        self._release.release_all()  # what autograd still held from the previous step
+        report = OffloadReport(state.index + 1, self.policy.name)
+        state.begin(report)
+        self._reads.begin_step()
+        self._diagnosis.begin_step(self.diagnose)
+        self._copies.begin_step()
+        self._saved_hooks.begin_step()
+        self._layer_hooks.begin_step()
+        if state.worker is None:
+            state.worker = _Worker("spillfs-offload")
+        self.reports.append(report)
+        self.policy.begin_step(self, report)
+        self._layer_hooks.install(self._saved_hooks.pack, self._saved_hooks.unpack)
+        self._layer_hooks.wrap_recompute(self.policy.recompute_layers())
         self._t0 = time.perf_counter()
-        self._mark("step_start", None)
+        self._layer_hooks.mark("step_start", None)
         return self
 
     def __exit__(self, exc_type, exc, tb):
         try:
-            self._unwrap_recompute()
-            self._uninstall()
+            self._layer_hooks.unwrap_recompute()
+            self._layer_hooks.uninstall()
         finally:
-            self._active = False
+            self._state.active = False
         if exc_type is not None:
-            self._release_all(dead=True)
+            self._release.release_all(dead=True)
         else:
-            self._mark("step_end", None)
+            self._layer_hooks.mark("step_end", None)
             self._finish_step()
         self._flush_warnings()
         return False
 
     def _finish_step(self):
-        if self._cuda_marks or self._cuda is not None:
+        state = self._state
+        if self._layer_hooks.cuda_marks or state.cuda is not None:
             torch.cuda.current_stream().synchronize()
         seconds = time.perf_counter() - self._t0
         # a step whose backward ran inside the block has released everything; wait for the files to close
-        self._worker.drain()
+        state.worker.drain()
         with self._lock:
-            self._poll()
-            for pool in (self._host, self._staging):
-                if pool is not None:
-                    pool._reclaim()  # regions whose host-to-device copies have landed (synchronized above)
-        r = self.report
+            self._copies.poll()
+            self._copies.reclaim()  # regions whose host-to-device copies have landed (synchronized above)
+        r = state.report
         r.measured["step_seconds"] = seconds
         r.measured["memory_saved"] = r.offloaded_bytes
-        if self._host is not None:
-            r.host_peak_bytes = self._host.peak
-        if self._files is not None:
-            r.io_backend = self._files.io_backend
-        self.policy.end_step(self, r, self._marks, seconds)
+        if self._copies.host is not None:
+            r.host_peak_bytes = self._copies.host.peak
+        if self._copies.files is not None:
+            r.io_backend = self._copies.files.io_backend
+        self.policy.end_step(self, r, self._layer_hooks.marks, seconds)
 
     def _backward_starts(self):
-        if self._phase == "backward":
+        state = self._state
+        if state.phase == "backward":
             return
         with self._lock:
-            self._phase = "backward"
+            state.phase = "backward"
             # reads ahead beyond what backward frees: the layers past the first ahead
-            ahead = max(self._layer_stored.values(), default=0)
-            # memory-tight: only what backward frees (read_ahead_bytes is granted when the first layer's
-            # backward begins, not here: the head's backward, often the peak, runs first)
-            self._prefetch_credit = 0 if self._tight_reads else max(0, self.prefetch_layers - 1) * ahead
-            if self._pending is not None:  # the last tensor saved before backward: keep it
-                e, self._pending = self._pending, None
+            self._reads.backward_starts(max(state.layer_stored.values(), default=0))
+            if state.pending is not None:  # the last tensor saved before backward: keep it
+                e, state.pending = state.pending, None
                 e.tier = "keep"
                 e.kept_reason = "last"
-                self.report.keep("last", e.nbytes)
-                self._record_layer_bytes(e)
-            self._poll(bound=0 if self._drain else None)
+                state.report.keep("last", e.nbytes)
+                self._copies.record_layer_bytes(e)
+            self._copies.poll(bound=0 if self._options.drain else None)
             # offloaded originals backward starts with (copies in flight, files not yet written): forwarded
-            self.report.inflight_at_backward_bytes = sum(
-                e.nbytes for e in self._step_entries if e.src is not None and e.tier in ("host", "ssd"))
-            if self._diag is not None:
-                self._sample("backward_start", key="backward_start")
+            state.report.inflight_at_backward_bytes = sum(
+                e.nbytes for e in state.step_entries if e.src is not None and e.tier in ("host", "ssd"))
+            if self._diagnosis.on:
+                self._diagnosis.sample("backward_start", key="backward_start")
 
     def _flush_warnings(self):
         with self._lock:
-            pending, self._warnings = self._warnings, []
+            pending, self._state.warnings = self._state.warnings, []
         for message in pending:
             warnings.warn(message, RuntimeWarning, stacklevel=3)

@@ -1,4 +1,5 @@
-"""What the offloader stores: an entry a region, a :class:`_Saved` a save of it, and their release.
+"""What the offloader stores: an entry a region, a :class:`_Saved` a save of it, the
+step's table of them, and their release.
 
 - :class:`_Entry`: one stored region. Its key (device, storage, offset,
   extent, dtype, version) is dedup's: several saves of the same region share
@@ -9,20 +10,24 @@
   backward's accounting (saves still ``outstanding``, unpacked ``values``
   alive, bytes ``credited`` as freed).
 - :class:`_Saved`: what pack hands autograd for an offloaded tensor, one per
-  save. Its ``__del__`` tells the offloader that a save was dropped without
-  being unpacked (:meth:`_EntryRelease._dropped`: the worker releases it), or
-  that an unpacked value died (``_freed_q``: counted at the next hook).
+  save. Its ``__del__`` tells :class:`_EntryRelease` that a save was dropped
+  without being unpacked (the worker releases it), or that an unpacked value
+  died (counted at the next hook).
+- :class:`_StepState`: what the parts of the offloader share: the step (its
+  index, report and phase), its entries (by key, in order, by group), the
+  pending entry, the saves not yet unpacked, the worker, the CUDA streams, the
+  warnings to raise at the step's end. Each part keeps the rest of its state
+  to itself.
 - :class:`_Worker`: the offloader's one background thread: it waits for file
   writes and releases what autograd dropped (a ``__del__`` runs on any thread,
   at any time, so it only hands the work over).
-- :class:`_EntryRelease` (a mixin of :class:`~.core.ActivationOffloader`):
-  frees what an entry holds once its last save was unpacked or dropped, and
-  what a step holds at its end or after an exception.
+- :class:`_EntryRelease`: frees what an entry holds once its last save was
+  unpacked or dropped, and what a step holds at its end or after an exception.
 
-Threading: an entry's fields are read and written under the offloader's
-``_lock`` (an ``RLock``), by the thread running autograd and by the worker.
-``_Saved.__del__`` takes no lock: it only submits to the worker or appends to
-a deque (both thread-safe).
+Threading: an entry's fields, and the step state, are read and written under
+the offloader's ``lock`` (an ``RLock``), by the thread running autograd and by
+the worker. ``_Saved.__del__`` takes no lock: it only submits to the worker or
+appends to a deque (both thread-safe).
 """
 
 import collections
@@ -42,6 +47,11 @@ def _span(t):
     if t.numel() == 0:
         return 0
     return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+
+
+def _flat(t, e):
+    """The bytes of a dense tensor laid out as entry ``e`` as a 1-D tensor of its dtype."""
+    return t.as_strided((e.span,), (1,))
 
 
 def _dense_strides(size, stride):
@@ -137,7 +147,8 @@ class _Entry:
 
 
 class _Saved:
-    """What pack gives autograd for an offloaded tensor (one per save)."""
+    """What pack gives autograd for an offloaded tensor (one per save); ``owner``:
+    the :class:`_EntryRelease` told when it goes."""
 
     __slots__ = ("entry", "size", "stride", "value", "consumed", "owner", "__weakref__")
 
@@ -152,94 +163,139 @@ class _Saved:
             if self.owner is None:
                 return
             if not self.consumed:
-                self.owner._dropped(self.entry)
+                self.owner.dropped(self.entry)
             else:
-                # autograd released the node that used it: its value's memory goes now (thread-safe append;
-                # counted at the next unpack or hook, under the lock)
-                self.owner._freed_q.append(self.entry)
+                # autograd released the node that used it: its value's memory goes now
+                self.owner.value_freed(self.entry)
         except Exception:  # interpreter shutdown
             pass
 
 
+class _StepState:
+    """What the parts of one offloader share, under its lock (see the module's docstring)."""
+
+    def __init__(self):
+        self.index = -1  # the step's, from 0 (-1 before the first)
+        self.active = False  # inside the with block
+        self.report = None
+        self.phase = "forward"
+        self.entries = {}  # key -> live entry
+        self.step_entries = []
+        self.groups = collections.defaultdict(list)
+        self.layer_stored = collections.defaultdict(int)  # group -> bytes stored this step (the policy's quota)
+        self.pending = None  # the latest entry, stored once another comes (the last before backward stays)
+        self.outstanding = 0  # saves of this step not yet unpacked or dropped
+        self.worker = None
+        self.cuda = None  # (d2h stream, h2d stream) once a CUDA tensor was seen
+        self.warnings = []
+        self.trace = None  # tests: a list of (storage ptr, entry[, tier]) of what was stored
+
+    def begin(self, report):
+        """A new step (its report): an empty table, forward first."""
+        self.index += 1
+        self.active = True
+        self.report = report
+        self.phase = "forward"
+        self.entries = {}
+        self.step_entries = []
+        self.groups = collections.defaultdict(list)
+        self.layer_stored = collections.defaultdict(int)
+        self.pending = None
+        self.outstanding = 0
+
+
 class _EntryRelease:
-    """Frees what entries hold: host regions, their part of a file, the originals
-    (a mixin of :class:`~.core.ActivationOffloader`; its state is the offloader's)."""
+    """Frees what entries hold: host regions, their part of a file, the originals.
 
-    # -- release --------------------------------------------------------------
+    Args:
+        options: the offloader's settings (``tight_reads``).
+        state (_StepState): the step's entries.
+        lock: the offloader's lock.
+        copies (:class:`~.copy_out._CopyOut`): the tiers (their pools, files).
+        reads (:class:`~.read_ahead._ReadAhead`): reads still in flight, and
+            the count of what autograd freed.
+    """
 
-    def _dropped(self, entry):
-        """A save autograd dropped without unpacking it (from __del__: any thread, any time)."""
-        worker = self._worker
+    def __init__(self, options, state, lock, copies, reads):
+        self._options, self._state, self._lock = options, state, lock
+        self._copies, self._reads = copies, reads
+
+    # -- from _Saved.__del__ (any thread, any time) -----------------------------
+
+    def dropped(self, entry):
+        """A save autograd dropped without unpacking it: released on the worker."""
+        worker = self._state.worker
         if worker is not None:
             worker.submit(self._dropped_task, entry)
 
+    def value_freed(self, entry):
+        """An unpacked value of ``entry`` died (a thread-safe append; counted at
+        the next unpack or hook, under the lock)."""
+        self._reads.freed_q.append(entry)
+
     def _dropped_task(self, e):
+        state = self._state
         with self._lock:
             if e.released:
                 return
             e.outstanding -= 1
-            if e.step == self._step:
-                self._outstanding -= 1
+            if e.step == state.index:
+                state.outstanding -= 1
             if e.outstanding <= 0:
-                self._release(e)
+                self.release(e)
 
-    def _release(self, e):
+    # -- release --------------------------------------------------------------
+
+    def release(self, e):
         """Frees what `e` holds (host region, its part of a file); lock held."""
         if e.released:
             return
+        state = self._state
         e.released = True
-        if self._entries.get(e.key) is e:
-            del self._entries[e.key]
-        if self._pending is e:
-            self._pending = None
+        if state.entries.get(e.key) is e:
+            del state.entries[e.key]
+        if state.pending is e:
+            state.pending = None
         if e.read_req is not None:
             try:
-                self._finish_load(e)
+                self._reads.finish_load(e)
             except OSError:
                 pass
         if e.region is not None and not e.staged:  # a staged region is the worker's to free
             event = e.load_event if e.load_event is not None else e.d2h_event
             e.pool.free(e.region, event)
             e.region = None
-        if e.loaded is not None and not e.consumed and self._tight_reads and e.loaded.is_cuda:
-            e.loaded.record_stream(self._cuda[1])  # never used: its memory waits for the read into it
+        if e.loaded is not None and not e.consumed and self._options.tight_reads and e.loaded.is_cuda:
+            e.loaded.record_stream(state.cuda[1])  # never used: its memory waits for the read into it
         e.loaded = e.load_buf = None
         if e.write_req is None:
-            self._drop_src(e)
+            self.drop_src(e)
             e.staging = None
         if e.file is not None:
             e.file.live -= 1
-            self._maybe_close(e.file)
+            self._copies.maybe_close(e.file)
 
-    def _maybe_close(self, f):
-        if f is not None and not f.closed and f.live <= 0 and f.inflight <= 0:
-            try:
-                f.close()
-            except OSError as err:
-                self._warnings.append(f"spillfs.torch.offload_activations: closing {f.path}: {err}")
-
-    def _release_all(self, dead=False):
+    def release_all(self, dead=False):
         """Releases every entry of the current step (after an exception: all of them)."""
-        if self._worker is None:
+        state = self._state
+        if state.worker is None:
             return
-        self._worker.drain()  # writes complete (each request is waited for exactly once)
+        state.worker.drain()  # writes complete (each request is waited for exactly once)
         with self._lock:
-            for e in self._step_entries:
+            for e in state.step_entries:
                 if dead or e.outstanding <= 0:
-                    self._release(e)
+                    self.release(e)
                     if dead:
-                        self._drop_src(e)
+                        self.drop_src(e)
                         e.staging = None
-            self._pending = None
+            state.pending = None
             if dead:
-                self._outstanding = 0
-            for pool in (self._host, self._staging):
-                if pool is not None:
-                    pool._reclaim()
+                state.outstanding = 0
+            self._copies.reclaim()
 
-    def _drop_src(self, e):
+    def drop_src(self, e):
         """Lets the original go; where its device-to-host copy may still run, the copy stream
         is recorded on it, so the allocator reuses its memory only after the copy."""
         src, e.src = e.src, None
         if src is not None and e.d2h_event is not None and src.is_cuda and not e.d2h_event.query():
-            src.record_stream(self._cuda[0])
+            src.record_stream(self._state.cuda[0])

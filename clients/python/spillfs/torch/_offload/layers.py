@@ -1,7 +1,7 @@
 """The layers the offloader follows, and the module hooks on them.
 
 :func:`find_layers` picks a model's repeated blocks. Every tensor pack sees is
-tagged with a group (:meth:`_LayerHooks._current_group`): the innermost layer
+tagged with a group (:meth:`_LayerHooks.current_group`): the innermost layer
 running (a stack kept by the pre and post hooks), -1 before the first layer,
 ``_HEAD`` after the last one; without layers, runs of ``group_bytes`` bytes in
 the order of saving. A group is what the policy decides for, what a file holds
@@ -10,7 +10,7 @@ and what the prefetcher reads ahead.
 The hooks of a step (installed at ``__enter__``, removed at ``__exit__``):
 
 - a global forward pre-hook notes each module's parameters and buffers by
-  their storage (pack leaves them where they are: :meth:`_is_parameter`);
+  their storage (pack leaves them where they are: :meth:`is_parameter`);
 - a layer's forward pre-hook stores the pending tensor (it is not the last
   before backward) and lets the originals of layers more than ``copy_window``
   back go (:meth:`_layer_begins`);
@@ -19,14 +19,14 @@ The hooks of a step (installed at ``__enter__``, removed at ``__exit__``):
   activations); every layer's post-hook puts a hook on its output's gradient,
   which fires as that layer's backward begins: backward's phase starts there,
   and the prefetcher reads from that layer down (:mod:`.read_ahead`);
-- :meth:`_mark` times the layers for the policy's profile (CUDA events on the
+- :meth:`mark` times the layers for the policy's profile (CUDA events on the
   compute stream where CUDA is initialized, else the host clock);
 - the layers the policy recomputes run under non-reentrant activation
-  checkpointing for the step (:meth:`_wrap_recompute`).
+  checkpointing for the step (:meth:`wrap_recompute`).
 
 Threading: the forward hooks run on the thread running forward, the gradient
-hook on the one autograd runs backward on; each takes the offloader's
-``_lock`` around the state it shares with the worker.
+hook on the one autograd runs backward on; each takes the offloader's lock
+around the state it shares with the worker.
 """
 
 import time
@@ -63,28 +63,94 @@ def find_layers(model):
 
 
 class _LayerHooks:
-    """Module hooks: groups, parameters, layer boundaries, backward's start, timing, recompute
-    (a mixin of :class:`~.core.ActivationOffloader`; its state is the offloader's)."""
+    """Module hooks: groups, parameters, layer boundaries, backward's start, timing, recompute.
+
+    Args:
+        layers: a model (its layers found by :func:`find_layers`), a list of
+            modules, or None.
+        options: the offloader's settings (``copy_window``, ``inflight_bytes``,
+            ``group_bytes``), read as it acts.
+        state (_StepState): the step (its phase, the pending entry).
+        lock: the offloader's lock.
+        copies (:class:`~.copy_out._CopyOut`): stores the pending entry, polls
+            the copies in flight as a layer begins.
+        reads (:class:`~.read_ahead._ReadAhead`): reads ahead as a layer's
+            backward begins.
+        diagnosis (:class:`~.diagnosis._Diagnosis`): samples at each hook.
+        backward_starts: called as the first layer's backward begins.
+    """
+
+    def __init__(self, layers, options, state, lock, copies, reads, diagnosis, backward_starts):
+        self.model = None
+        if layers is None:
+            self.layers = []
+        elif isinstance(layers, torch.nn.Module) and not isinstance(layers, torch.nn.ModuleList):
+            self.model = layers
+            self.layers = find_layers(layers)
+        else:
+            self.layers = list(layers)
+            for m in self.layers:
+                if not isinstance(m, torch.nn.Module):
+                    raise TypeError(f"layers must be nn.Modules (or a model), got {type(m).__name__}")
+        self._options, self._state, self._lock = options, state, lock
+        self._copies, self._reads, self._diagnosis = copies, reads, diagnosis
+        self._backward_starts = backward_starts
+        self.marks = []
+        self._hooks_ctx = None
+        self._handles = []
+        self._wrapped = []
+        self._group_stack = []
+        self._after_last_layer = False
+        self._cum_bytes = 0
+        self._param_ptrs = set()
+        self._seen_modules = set()
+        self._cuda_marks = False
+
+    def begin_step(self):
+        self._group_stack = []
+        self._after_last_layer = False
+        self._cum_bytes = 0
+        self.marks = []
+        self._cuda_marks = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self._param_ptrs = set()
+        self._seen_modules = set()
+        if self.model is not None:
+            self._see_module(self.model)
+
+    def new_forward(self):
+        """A forward starts after a finished backward in the same step (gradient accumulation)."""
+        self._after_last_layer = False
+
+    @property
+    def cuda_marks(self):
+        """Whether the step is timed by CUDA events (CUDA was initialized as it began)."""
+        return self._cuda_marks
+
+    @property
+    def current_layer(self):
+        """The innermost layer running forward ('-' outside every layer): for diagnosis."""
+        return self._group_stack[-1] if self._group_stack else "-"
 
     # -- hooks ----------------------------------------------------------------
 
-    def _install(self):
-        self._hooks_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+    def install(self, pack, unpack):
+        """Routes the saved tensors through ``pack`` and ``unpack``, and hooks the modules."""
+        self._hooks_ctx = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
         self._hooks_ctx.__enter__()
         mm = torch.nn.modules.module
         self._handles = [mm.register_module_forward_pre_hook(self._global_pre_hook)]
-        for i, layer in enumerate(self._layers):
+        for i, layer in enumerate(self.layers):
             self._handles.append(layer.register_forward_pre_hook(self._make_pre_hook(i)))
             self._handles.append(layer.register_forward_hook(self._make_post_hook(i)))
 
-    def _wrap_recompute(self, indices):
+    def wrap_recompute(self, indices):
         """Runs the layers at `indices` under non-reentrant activation checkpointing (this step)."""
         import functools
 
         import torch.utils.checkpoint as checkpoint
         self._wrapped = []
         for i in indices:
-            layer = self._layers[i]
+            layer = self.layers[i]
             had = "forward" in layer.__dict__
             previous = layer.__dict__.get("forward")
             inner = layer.forward
@@ -95,15 +161,15 @@ class _LayerHooks:
             layer.forward = forward
             self._wrapped.append((layer, had, previous))
 
-    def _unwrap_recompute(self):
-        for layer, had, previous in getattr(self, "_wrapped", ()):
+    def unwrap_recompute(self):
+        for layer, had, previous in self._wrapped:
             if had:
                 layer.forward = previous
             else:
                 del layer.forward
         self._wrapped = []
 
-    def _uninstall(self):
+    def uninstall(self):
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -129,15 +195,17 @@ class _LayerHooks:
                 self._see_module(module)
 
     def _make_pre_hook(self, index):
+        state, copies, diagnosis = self._state, self._copies, self._diagnosis
+
         def hook(module, args):
             self._group_stack.append(index)
-            if self._phase == "forward":
-                self._mark("fwd_start", index)
-                if self._pending is not None or self._inflight:
+            if state.phase == "forward":
+                self.mark("fwd_start", index)
+                if state.pending is not None or copies.inflight:
                     with self._lock:
                         self._layer_begins(index)
-                if self._diag is not None:
-                    self._sample(f"fwd_start {index}")
+                if diagnosis.on:
+                    diagnosis.sample(f"fwd_start {index}")
         return hook
 
     def _layer_begins(self, index):
@@ -147,33 +215,36 @@ class _LayerHooks:
         `copy_window` back go now, the compute stream waiting for their copies: where only
         stores polled, the originals of an offloaded layer followed by kept ones stayed
         until backward, and the activation peak did not move (the H100 run's adaptive row)."""
-        if self._pending is not None and self._pending.group != index:
-            e, self._pending = self._pending, None
-            self._commit(e)
-        self._poll(force_before=index - self.copy_window, bound=self.inflight_bytes)
+        state = self._state
+        if state.pending is not None and state.pending.group != index:
+            e, state.pending = state.pending, None
+            self._copies.commit(e)
+        self._copies.poll(force_before=index - self._options.copy_window, bound=self._options.inflight_bytes)
 
     def _make_post_hook(self, index):
+        state, copies, diagnosis = self._state, self._copies, self._diagnosis
+
         def hook(module, args, output):
             if self._group_stack and self._group_stack[-1] == index:
                 self._group_stack.pop()
-            if self._phase != "forward":
+            if state.phase != "forward":
                 return
-            self._mark("fwd_end", index)
-            if index == len(self._layers) - 1:
+            self.mark("fwd_end", index)
+            if index == len(self.layers) - 1:
                 self._after_last_layer = True
-                if self._drain:
+                if self._options.drain:
                     # memory-tight: the head runs without the layers' activations; the last tensor saved
                     # is stored too (backward reads it first), and every copy is waited for
                     with self._lock:
-                        if self._pending is not None:
-                            e, self._pending = self._pending, None
-                            self._commit(e)
-                        self._poll(bound=0)
-                elif self._inflight:
+                        if state.pending is not None:
+                            e, state.pending = state.pending, None
+                            copies.commit(e)
+                        copies.poll(bound=0)
+                elif copies.inflight:
                     with self._lock:
-                        self._poll(force_before=index + 1 - self.copy_window)
-                if self._diag is not None:
-                    self._sample(f"fwd_end {index}", key="forward_end")
+                        copies.poll(force_before=index + 1 - self._options.copy_window)
+                if diagnosis.on:
+                    diagnosis.sample(f"fwd_end {index}", key="forward_end")
             if torch.is_grad_enabled():
                 for t in _tensors(output):
                     if t.requires_grad:
@@ -188,33 +259,37 @@ class _LayerHooks:
             if not fired:
                 fired.append(True)
                 self._backward_starts()
-                self._mark("bwd_start", index)
+                self.mark("bwd_start", index)
                 with self._lock:
-                    self._grant_freed()
-                    self._prefetch_from(index)
-                if self._diag is not None:
-                    self._sample(f"bwd_start {index}")
+                    self._reads.grant_freed()
+                    self._reads.prefetch_from(index)
+                if self._diagnosis.on:
+                    self._diagnosis.sample(f"bwd_start {index}")
             return None
         return hook
 
-    def _mark(self, kind, layer):
+    def mark(self, kind, layer):
+        """Notes when `kind` happened to `layer` (the policy's profile)."""
         if self._cuda_marks:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
-            self._marks.append((kind, layer, ev))
+            self.marks.append((kind, layer, ev))
         else:
-            self._marks.append((kind, layer, time.perf_counter()))
+            self.marks.append((kind, layer, time.perf_counter()))
 
-    def _current_group(self, nbytes):
+    def current_group(self, nbytes):
+        """The group of a tensor of `nbytes` saved now."""
         if self._group_stack:
             return self._group_stack[-1]
-        if self._layers:
+        if self.layers:
             return _HEAD if self._after_last_layer else -1
-        g = self._cum_bytes // self.group_bytes if self.group_bytes else 0
+        group_bytes = self._options.group_bytes
+        g = self._cum_bytes // group_bytes if group_bytes else 0
         self._cum_bytes += nbytes
         return g
 
-    def _is_parameter(self, t):
+    def is_parameter(self, t):
+        """Whether `t` is a parameter, a buffer, or a view of one."""
         if isinstance(t, torch.nn.Parameter) or (t.is_leaf and t.requires_grad):
             return True
         base = t._base

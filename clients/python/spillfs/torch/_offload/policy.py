@@ -248,8 +248,7 @@ class AdaptivePolicy:
     def _probe(self, off):
         """Bandwidths of the tiers (bytes/s), measured with `probe_bytes` now."""
         import torch
-        modules = [off._model] if off._model is not None else off.layers
-        cuda = off._cuda is not None or any(p.is_cuda for m in modules for p in m.parameters())
+        cuda = off._on_cuda()
         n = self.probe_bytes or (64 * _MiB if cuda else 8 * _MiB)
         bw = {}
         if cuda:
@@ -277,10 +276,7 @@ class AdaptivePolicy:
     @staticmethod
     def _probe_files(off, buf, n):
         import torch
-        from .tiers import FileTier
-        tier = off._files if off._files is not None else FileTier(off.dir, backend=off.io_backend)
-        off._files = tier
-        f = tier.open("probe", n)
+        f = off._file_tier().open("probe", n)
         try:
             cuda = buf.device.type == "cuda"
             if cuda and not f.native:
