@@ -18,7 +18,7 @@
 namespace spillfs {
 
 Result<DirectLayout> Filesystem::GetDirectLayout(InodeNumber ino) {
-  SPILLFS_RETURN_IF_ERROR(FlushFile(ino));  // the SSD must hold what the client will read
+  SPILLFS_RETURN_IF_ERROR(flusher_.FlushFile(ino));  // the SSD must hold what the client will read
   ReaderLock io_lock(&IoLock(ino));
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (!S_ISREG(record.mode)) return Status::Error(EINVAL, "layouts exist only for regular files");

@@ -88,7 +88,8 @@ Status Filesystem::ReadBlocks(InodeNumber ino, uint64_t first_block, uint64_t co
 Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteBlocks(const InodeRecord& record,
                                                                                const char* data, uint64_t file_offset,
                                                                                uint64_t length) {
-  SPILLFS_ASSIGN_OR_RETURN(SegmentPlan plan, PlanSegments({Segment{file_offset, data, length, {}, {}, {}}}, 0));
+  SPILLFS_ASSIGN_OR_RETURN(SegmentPlan plan, PlanSegments(&allocator_, {Segment{file_offset, data, length, {}, {}, {}}},
+                                                          /*from_hold=*/0, block_size_, block_sums_));
   Status written = store_.WriteSlices(plan.slices);
   if (written.ok()) written = FlushBeforeMapping(record);
   if (!written.ok()) {
@@ -96,53 +97,6 @@ Result<std::vector<std::pair<uint64_t, ExtentRecord>>> Filesystem::WriteBlocks(c
     return written;
   }
   return std::move(plan.extents);
-}
-
-// Reserves space for all segments at once; one extent per run that is
-// contiguous both in the file and on disk.
-Result<Filesystem::SegmentPlan> Filesystem::PlanSegments(const std::vector<Segment>& segments, uint64_t from_hold) {
-  uint64_t total = 0;
-  for (const Segment& s : segments) total += s.length;
-  SegmentPlan plan;
-  if (total == 0) return plan;
-  SPILLFS_ASSIGN_OR_RETURN(plan.space, allocator_.Reserve(total, from_hold));
-  auto& extents = plan.extents;
-  size_t piece = 0;
-  uint64_t piece_used = 0;
-  for (const Segment& segment : segments) {
-    for (uint64_t done = 0; done < segment.length;) {
-      const PhysicalExtent& target = plan.space[piece];
-      uint64_t n = std::min(segment.length - done, target.length - piece_used);
-      uint64_t physical = target.offset + piece_used;
-      uint64_t file_offset = segment.file_offset + done;
-      plan.slices.push_back(IoSlice{physical, const_cast<char*>(segment.data + done), n});
-      std::vector<uint32_t> sums = segment.block_sums.empty()
-                                       ? Checksums(segment.data + done, n)
-                                       : std::vector<uint32_t>(segment.block_sums.begin() + done / block_size_,
-                                                               segment.block_sums.begin() + (done + n) / block_size_);
-      bool blob = !segment.blob_hash.empty() && n == segment.length;  // only unsplit units become blobs
-      auto* last = extents.empty() ? nullptr : &extents.back();
-      if (!blob && last && last->second.blob_id == 0 && last->first + last->second.length == file_offset &&
-          last->second.physical + last->second.length == physical) {
-        last->second.length += n;
-        last->second.block_checksums.insert(last->second.block_checksums.end(), sums.begin(), sums.end());
-      } else {
-        ExtentRecord record;
-        record.physical = physical;
-        record.length = n;
-        record.block_checksums = std::move(sums);
-        if (blob) record.blob_id = physical;
-        extents.emplace_back(file_offset, std::move(record));
-      }
-      done += n;
-      piece_used += n;
-      if (piece_used == target.length) {
-        ++piece;
-        piece_used = 0;
-      }
-    }
-  }
-  return plan;
 }
 
 Status Filesystem::UnmapRanges(Txn* txn, InodeNumber ino, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,

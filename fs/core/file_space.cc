@@ -137,7 +137,7 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
     return Status::Error(EOPNOTSUPP, "unsupported fallocate mode");
   }
   if (punch && (!keep_size || zero)) return Status::Error(EOPNOTSUPP, "PUNCH_HOLE needs KEEP_SIZE alone");
-  SPILLFS_RETURN_IF_ERROR(FlushFile(ino));  // work on the committed mapping only
+  SPILLFS_RETURN_IF_ERROR(flusher_.FlushFile(ino));  // work on the committed mapping only
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (S_ISDIR(record.mode)) return Status::Error(EISDIR, "fallocate on a directory");
   if (!S_ISREG(record.mode)) return Status::Error(ENODEV, "fallocate on a special file");
@@ -230,7 +230,7 @@ Status Filesystem::Fallocate(InodeNumber ino, int mode, uint64_t offset, uint64_
 }
 
 Result<uint64_t> Filesystem::Lseek(InodeNumber ino, uint64_t offset, int whence) {
-  SPILLFS_RETURN_IF_ERROR(FlushFile(ino));  // holes and data as the SSD will hold them
+  SPILLFS_RETURN_IF_ERROR(flusher_.FlushFile(ino));  // holes and data as the SSD will hold them
   ReaderLock io_lock(&IoLock(ino));
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, LoadInode(ino));
   if (offset >= record.size) return Status::Error(ENXIO, "offset is past the end of the file");

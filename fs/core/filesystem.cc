@@ -2,7 +2,8 @@
 // The namespace operations are in namespace_ops.cc; the data operations in
 // file_data.cc (read, write) and file_space.cc (truncate, fallocate, seek);
 // extended attributes in xattr.cc; the RAM tier in ram_tier_io.cc (reads and
-// writes it serves) and ram_tier_flush.cc (its flushes).
+// writes it serves) and flush_commit.cc (the commit of a batch the cache's
+// flusher wrote: FlushCommitter).
 #include "core/filesystem.h"
 
 #include <fcntl.h>
@@ -50,7 +51,8 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
       block_size_(volume_->superblock().block_size),
       checksums_(volume_->superblock().checksums),
       options_(options),
-      deduper_(index_, [this](const char* data, uint64_t length) { return Checksums(data, length); }),
+      block_sums_([this](const char* data, uint64_t length) { return Checksums(data, length); }),
+      deduper_(index_, block_sums_),
       allocator_(block_size_),
       gate_(
           [this](const std::vector<PhysicalExtent>& extents, uint64_t commit) { allocator_.Release(extents, commit); }),
@@ -58,7 +60,10 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
       read_ahead_(ReadAhead::Options::ForBytesAhead(options.read_ahead_bytes, options.read_request_bytes),
                   [this](InodeNumber ino, uint64_t offset, uint64_t length, char* out) {
                     return FetchAhead(ino, offset, length, out);
-                  }) {
+                  }),
+      flusher_(&ram_tier_, &deduper_, &store_, &allocator_, &locks_, block_sums_, block_size_, this,
+               RamTierFlusher::Options{options.flush_batch_bytes, options.flush_age_ms,
+                                       volume_->superblock().dedup && options.dedup}) {
   dedup_ = volume_->superblock().dedup && options.dedup;
   // Freed space is parked until the batch that freed it is durable
   // (allocator.h): every index sync, wherever it comes from, releases it.
@@ -71,11 +76,7 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
 }
 
 Filesystem::~Filesystem() {
-  if (flusher_.joinable()) {
-    stopping_ = true;
-    ram_tier_.WakeFlusher();
-    flusher_.join();
-  }
+  flusher_.Stop();
   Status s = FlushAll();
   if (s.ok()) s = SyncAll();
   if (s.ok() && opened_) {
@@ -101,7 +102,7 @@ Result<std::unique_ptr<Filesystem>> Filesystem::Open(std::unique_ptr<Volume> vol
   SPILLFS_RETURN_IF_ERROR(fs->Recover());
   if (options.ram_tier_bytes > 0) {
     fs->ram_tier_.WarmUp(options.ram_tier_warm_bytes);
-    fs->flusher_ = std::thread([raw = fs.get()] { raw->FlusherLoop(); });
+    fs->flusher_.Start();
   }
   fs->opened_ = true;
   return fs;
@@ -358,7 +359,7 @@ Status Filesystem::FlushBeforeMapping(InodeNumber ino) {
 }
 
 Status Filesystem::Fsync(InodeNumber ino, bool datasync) {
-  SPILLFS_RETURN_IF_ERROR(FlushFile(ino));
+  SPILLFS_RETURN_IF_ERROR(flusher_.FlushFile(ino));
   return SyncAll();
 }
 

@@ -27,10 +27,12 @@
 #include <vector>
 
 #include "cache/dedup.h"
+#include "cache/inode_locks.h"
 #include "cache/ram_tier.h"
+#include "cache/ram_tier_flusher.h"
 #include "cache/read_ahead.h"
+#include "cache/segment_plan.h"
 #include "core/background_sync.h"
-#include "core/waited_mutex.h"
 #include "spillfs/common/aligned_buffer.h"
 #include "spillfs/common/mutex.h"
 #include "spillfs/common/status.h"
@@ -130,7 +132,7 @@ struct FsCounters {
   std::atomic<uint64_t> bytes_deduplicated{0};  // flushed bytes stored as references
 };
 
-class Filesystem {
+class Filesystem : private FlushCommitter {
  public:
   static constexpr size_t kNameMax = 255;
   static constexpr size_t kSymlinkMax = 4095;
@@ -140,7 +142,7 @@ class Filesystem {
   // ephemeral files) and starts the background flusher.
   static Result<std::unique_ptr<Filesystem>> Open(std::unique_ptr<Volume> volume,
                                                   const FilesystemOptions& options = {});
-  ~Filesystem();
+  ~Filesystem() override;
 
   // --- namespace ---
   // Lookup, MakeNode, MakeDir, Symlink, Link and Create-style calls count a
@@ -263,7 +265,6 @@ class Filesystem {
     uint64_t lookups = 0;
     uint32_t opens = 0;
   };
-  static constexpr size_t kIoLockStripes = 256;
   // A commit in progress: one index batch and the space it frees.
   struct Txn {
     explicit Txn(const Index& index, size_t reserve_bytes = 0) : batch(index, reserve_bytes) {}
@@ -307,9 +308,9 @@ class Filesystem {
   Entry MakeEntry(InodeNumber ino, const InodeRecord& record) const;
   Entry MakeEntry(InodeNumber ino, const InodeRecord& record, const std::optional<RamTier::Overlay>& overlay) const;
   // The inode's I/O lock and flush lock (the lock order, with what each
-  // guards, is stated at their declaration below).
-  SharedMutex& IoLock(InodeNumber ino) { return io_locks_[ino % kIoLockStripes]; }
-  WaitedMutex& FlushLock(InodeNumber ino) { return flush_locks_[ino % kIoLockStripes]; }
+  // guards: cache/inode_locks.h).
+  SharedMutex& IoLock(InodeNumber ino) { return locks_.Io(ino); }
+  WaitedMutex& FlushLock(InodeNumber ino) { return locks_.Flush(ino); }
   // Declared after the exclusive I/O lock of an operation that changes a
   // file's bytes or size: drops the file's read-ahead windows when the
   // operation ends, before the I/O lock lets readers in again.
@@ -339,14 +340,6 @@ class Filesystem {
   // given back on failure.
   Result<std::vector<std::pair<uint64_t, ExtentRecord>>> WriteBlocks(const InodeRecord& record, const char* data,
                                                                      uint64_t file_offset, uint64_t length);
-  // Where segments will go: reserved space, the extents to map (with block
-  // checksums) and the I/O slices to write.
-  struct SegmentPlan {
-    std::vector<PhysicalExtent> space;
-    std::vector<std::pair<uint64_t, ExtentRecord>> extents;
-    std::vector<IoSlice> slices;
-  };
-  Result<SegmentPlan> PlanSegments(const std::vector<Segment>& segments, uint64_t from_hold);
   // Write paths: through the RAM tier, or straight to new blocks.
   Result<size_t> WriteCached(InodeNumber ino, uint64_t offset, const char* data, size_t size,
                              const WriteAccepted* accepted);
@@ -362,48 +355,12 @@ class Filesystem {
   // cached; false otherwise. The caller holds the I/O lock while it uses them.
   bool CachedPieces(InodeNumber ino, uint64_t offset, uint64_t end, std::vector<iovec>* pieces)
       REQUIRES_SHARED(IoLock(ino));
-  // How much of a file a flush takes.
-  enum class FlushScope {
-    kAll,         // every cached block present when the flush starts (fsync, close)
-    kBackground,  // all but a partly filled last chunk, which a writer is likely filling;
-                  // and, for a durable file, chunks filled while the flush runs
-  };
-  // A batch of cached chunks on its way to the SSD (ram_tier_flush.cc).
-  struct FlushBatch;
-  // Flushes the file's cached data. The I/O lock is held only to pick chunks
-  // and to commit their mapping; the SSD writes run without it, so writers of
-  // other chunks go on, and batches are pipelined (the next ones are written
-  // while the oldest waits for its sync and is mapped). Takes FlushLock(ino).
-  Status FlushFile(InodeNumber ino, FlushScope scope = FlushScope::kAll);
-  // The same, for a caller that holds FlushLock(ino) and the I/O lock
-  // exclusively (runs every step under them).
-  Status FlushLocked(InodeNumber ino) REQUIRES(FlushLock(ino), IoLock(ino));
-  // Takes the I/O lock for each short step unless `locked` (then the caller
-  // holds it throughout): the analysis cannot follow that.
-  Status FlushChunks(InodeNumber ino, FlushScope scope, bool locked) NO_THREAD_SAFETY_ANALYSIS;
-  // Takes FlushLock(ino) for a background flush, or says to skip the file
-  // (false): see ram_tier_flush.cc.
-  bool BackgroundFlushLock(InodeNumber ino, std::unique_lock<WaitedMutex>* flush_lock);
-  // The I/O lock, exclusive, unless the caller holds it (`held`).
-  std::unique_lock<SharedMutex> IoLockUnlessHeld(InodeNumber ino, bool held);
-  // Starts a planned batch's SSD writes and the flush after them (on their
-  // own thread, or deferred to the wait when the caller holds the locks).
-  void StartBatchWrites(InodeNumber ino, FlushBatch* batch, bool locked);
-  // Waits for a started batch's writes and maps them; a batch that cannot be
-  // mapped is given back (AbandonBatch). Retries once without dedup.
-  Status MapWrittenBatch(InodeNumber ino, std::unique_ptr<FlushBatch> batch, bool locked) NO_THREAD_SAFETY_ANALYSIS;
-  // Freezes the chunks (RamTier::Freeze) and makes their valid runs the
-  // batch's segments (I/O lock exclusive held by the caller).
-  void GatherBatch(const std::vector<uint64_t>& chunks, FlushBatch* batch);
-  // Hashes (Dedup::HashSegments), deduplicates (Dedup::Deduplicate) and
-  // reserves space; fills the batch's I/O slices and extents.
-  Status PlanBatch(FlushBatch* batch, bool dedup);
-  // Maps the written batch; EAGAIN when a dedup hit vanished meanwhile (the
-  // batch is then undone for a retry without dedup). I/O lock exclusive held.
-  // The batch's writes must have passed FlushBeforeMapping.
-  Status CommitBatch(InodeNumber ino, FlushBatch* batch) REQUIRES(IoLock(ino));
-  // Gives back what a batch that will not commit took (I/O lock held).
-  void AbandonBatch(FlushBatch* batch);
+  // FlushCommitter (flush_commit.cc), called back by flusher_: the commit of
+  // a flushed batch, under the inode's flush lock and I/O lock.
+  Status CommitBatch(InodeNumber ino, FlushBatch* batch) override REQUIRES(IoLock(ino));
+  // The flusher's flushes, for a caller that holds FlushLock(ino) and the I/O
+  // lock exclusively (runs every step under them).
+  Status FlushLocked(InodeNumber ino) REQUIRES(FlushLock(ino), IoLock(ino)) { return flusher_.FlushLocked(ino); }
   // Crash order rule 2 (docs/design.md): makes the data area durable before a
   // batch that maps data just written to it is committed. Whatever reaches
   // RocksDB's WAL may reach the media at any moment (kernel write-back of
@@ -414,14 +371,11 @@ class Filesystem {
   // Call it after the data writes completed and before taking mu_, holding
   // FlushLock(ino) (which SetXattr takes to change the ephemeral flag).
   Status FlushBeforeMapping(const InodeRecord& record);
-  Status FlushBeforeMapping(InodeNumber ino);
-  // A flush batch's writes, then FlushBeforeMapping (ram_tier_flush.cc).
-  Status WriteForMapping(InodeNumber ino, const std::vector<IoSlice>& slices);
+  Status FlushBeforeMapping(InodeNumber ino) override;
   // Before a change of the ephemeral flag: takes `flush_lock` (the file's
   // FlushLock), and flushes the data area when an ephemeral regular file
   // stops being one (`clears`) (xattr.cc).
   Status FlushForEphemeralChange(InodeNumber ino, bool clears, std::unique_lock<WaitedMutex>* flush_lock);
-  void FlusherLoop();
   static void ApplyOverlay(const RamTier::Overlay& overlay, Entry* entry);
   // Unmaps [start, end) (block aligned; end may be UINT64_MAX) into txn.
   Status UnmapRange(Txn* txn, InodeNumber ino, uint64_t start, uint64_t end, uint64_t* unmapped_bytes) REQUIRES(mu_);
@@ -440,18 +394,20 @@ class Filesystem {
   const bool checksums_;
   bool dedup_ = false;
   const FilesystemOptions options_;
-  Dedup deduper_;  // over index_, with Checksums
+  const Dedup::BlockSums block_sums_;  // Checksums
+  Dedup deduper_;                      // over index_, with block_sums_
   Allocator allocator_;
   ReclaimGate gate_;
   FsCounters counters_;
   RamTier ram_tier_;
   ReadAhead read_ahead_;  // after what its fetches use: destroyed (joined) first
-  std::atomic<bool> stopping_{false};
+  InodeLocks locks_;      // FlushLock, IoLock
+  // The RAM tier's flushes; its thread runs from Open to the destructor.
+  RamTierFlusher flusher_;
   // SyncAll on its own thread, asked for by CommitTxn when freed space has
   // been parked too long (CommitTxn runs under mu_, where a sync would stall
   // every metadata operation). Null once the destructor is done with it.
   std::unique_ptr<BackgroundSync> parked_sync_;
-  std::thread flusher_;
   bool opened_ = false;  // Open finished (recovery included): a close may be marked clean
   std::atomic<uint64_t> privilege_epoch_{1};
   // Bumped by CommitTxn, under mu_, after a batch that changed a blob record
@@ -462,36 +418,8 @@ class Filesystem {
   // it moved).
   std::atomic<uint64_t> blob_epoch_{0};
 
-  // ---- The locks, in the order they are taken (outer first) ----
-  //
-  // 1. FlushLock(ino): held for the whole of a flush of the inode, and by
-  //    every operation that drops or rewrites cached chunks other than by
-  //    write() or maps data (truncate, fallocate, write-through, direct
-  //    commit), and by a change of the ephemeral flag
-  //    (FlushForEphemeralChange). A background flush gives it up early when
-  //    someone waits for it (WaitedMutex::waited).
-  // 2. IoLock(ino): exclusive to change a file's bytes, size or RAM-tier
-  //    chunks (RamTier::File's chunks are guarded by it), shared to read
-  //    them. Never taken before the flush lock, and a thread holds the locks
-  //    of one inode at a time (stripes are shared by inodes).
-  // 3. mu_, the commit lock: namespace changes, the inode table, next_ino_,
-  //    and every CommitTxn (the allocator's deltas are worked out against the
-  //    state the batch applies to).
-  // 4. Leaves, taken last and briefly, with no other lock taken under them
-  //    but BufferPool::mu_ under RamTier::mu_ (ram_tier.h): RamTier::mu_,
-  //    ReadAhead::mu_, Allocator::mu_, ReclaimGate::mu_, BackgroundSync::mu_,
-  //    BlockStore's sync lock, BufferPool::mu_.
-  // Above 1: the control plane's ControlPlane::Handle::mu, then
-  // ControlPlane::mu_, which call into this class. The data writes and syncs
-  // of a flush run with none of 2-4 held; a read-ahead fetch takes none of
-  // 1-3 (DeleteInode waits for the file's fetches under mu_:
-  // ReadAhead::Forget).
-  //
-  // Clang's analysis (tools/check-thread-safety.sh) checks what is marked
-  // here and in the leaves' classes: GUARDED_BY members, and REQUIRES on the
-  // methods that need a lock held. It does not check the order.
-  std::array<WaitedMutex, kIoLockStripes> flush_locks_;  // by inode: FlushLock
-  std::array<SharedMutex, kIoLockStripes> io_locks_;     // by inode: IoLock
+  // The commit lock, third in the daemon's lock order (cache/inode_locks.h
+  // states it whole): under FlushLock(ino) and IoLock(ino), over the leaves.
   Mutex mu_;
   InodeNumber next_ino_ GUARDED_BY(mu_) = 0;
   std::unordered_map<InodeNumber, InodeState> inodes_ GUARDED_BY(mu_);

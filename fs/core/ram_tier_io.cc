@@ -1,6 +1,6 @@
 // Filesystem: reads and writes served by the write-back RAM tier (cached
 // writes, cached reads, the overlay of a cached file's attributes). The
-// flushes that take its data to the SSD are in ram_tier_flush.cc.
+// flushes that take its data to the SSD are the cache's (cache/ram_tier_flusher.h).
 #include <chrono>
 #include <cstring>
 #include <thread>

@@ -1,4 +1,4 @@
-#include "core/waited_mutex.h"
+#include "cache/waited_mutex.h"
 
 #include <gtest/gtest.h>
 
