@@ -158,7 +158,10 @@ Status RamTierFlusher::FlushChunks(InodeNumber ino, FlushScope scope, bool locke
       break;
     }
     started_bytes += batch->total;
-    StartBatchWrites(ino, batch.get(), locked);
+    // A batch with none before or after it (a small file's) gains nothing
+    // from a thread of its own: its writes run when it is waited for.
+    const bool alone = in_flight.empty() && next == todo.size();
+    StartBatchWrites(ino, batch.get(), locked || alone);
     in_flight.push_back(std::move(batch));
     if (in_flight.size() >= kFlushBatchesInFlight) {
       first = MapWrittenBatch(ino, std::move(in_flight.front()), locked);
@@ -174,17 +177,17 @@ Status RamTierFlusher::FlushChunks(InodeNumber ino, FlushScope scope, bool locke
   return first;
 }
 
-void RamTierFlusher::StartBatchWrites(InodeNumber ino, FlushBatch* batch, bool locked) {
+void RamTierFlusher::StartBatchWrites(InodeNumber ino, FlushBatch* batch, bool deferred) {
   // The writes, then the flush that must come before the mapping: on their
   // own thread, so that this one gathers and hashes the next batches
   // meanwhile. Dedup hits need the flush too: their blob may be an ephemeral
-  // file's, mapped without one. A caller holding the locks runs them when
-  // they are waited for.
+  // file's, mapped without one. Deferred writes run when the batch is waited
+  // for.
   const bool maps_data = !batch->plan.extents.empty() || !batch->shared.empty();
   auto write_and_flush = [this, ino, maps_data, slices = batch->plan.slices] {
     return maps_data ? WriteForMapping(ino, slices) : store_.WriteSlices(slices);
   };
-  if (!locked) {
+  if (!deferred) {
     try {
       batch->written = std::async(std::launch::async, [write_and_flush] {
         pthread_setname_np(pthread_self(), "spillfs-write");  // not its creator's (a FUSE worker's) name

@@ -117,9 +117,10 @@ class RamTierFlusher {
   // Takes the Flush lock for a background flush, or says to skip the file (false).
   bool BackgroundFlushLock(InodeNumber ino, std::unique_lock<WaitedMutex>* flush_lock);
   std::unique_lock<SharedMutex> IoLockUnlessHeld(InodeNumber ino, bool held);
-  // Starts a planned batch's SSD writes and the flush after them (on their
-  // own thread, or deferred to the wait when the caller holds the locks).
-  void StartBatchWrites(InodeNumber ino, FlushBatch* batch, bool locked);
+  // Starts a planned batch's SSD writes and the flush after them: on their
+  // own thread, or `deferred` to the wait (the caller holds the locks, or the
+  // batch is a flush's only one).
+  void StartBatchWrites(InodeNumber ino, FlushBatch* batch, bool deferred);
   // Waits for a started batch's writes and maps them; a batch that cannot be
   // mapped is given back. Retries once without dedup.
   Status MapWrittenBatch(InodeNumber ino, std::unique_ptr<FlushBatch> batch, bool locked);
