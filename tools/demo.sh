@@ -22,7 +22,10 @@ mounted || $spillfs mount "$VOLUME" "$MOUNTPOINT"
 # The trainer's side: checkpoints saved with spillfs.save into the mount,
 # read back by torch.load, and what the volume shared (tools/demo.py), under
 # the environment tools/install-deps.sh made (.venv: torch 2.x, spillfs installed).
-SPILLFS_CLIENT_LIB=build/lib/libspillfs_client.so \
+# PYTHONPATH: a script's own folder comes first on sys.path, and tools/spillfs/
+# (the CLI's sources) would be imported as a namespace package named spillfs
+# ahead of the editable install's finder.
+PYTHONPATH=clients/python SPILLFS_CLIENT_LIB=build/lib/libspillfs_client.so \
   "${SPILLFS_VENV:-.venv}/bin/python" tools/demo.py "$MOUNTPOINT" --spillfs "$spillfs"
 echo
 $spillfs stat "$MOUNTPOINT"
