@@ -22,6 +22,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -59,6 +60,14 @@ std::string ReadAt(int fd, off_t offset, size_t len) {
 void DropCache(int fd) {
   ASSERT_EQ(fdatasync(fd), 0) << ErrnoName(errno);
   ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+}
+
+// Opens (creating) PATH read-write into *FD, writes DATA and fsyncs it.
+void CreateSynced(const std::string& path, std::string_view data, Fd* fd) {
+  fd->Reset(open(path.c_str(), O_CREAT | O_RDWR, 0644));
+  ASSERT_TRUE(fd->valid());
+  ASSERT_TRUE(WriteAll(fd->get(), data));
+  ASSERT_EQ(fsync(fd->get()), 0);
 }
 
 struct stat Fstat(int fd) {
@@ -118,6 +127,18 @@ void SetOldTimes(const std::string& path, int flags = 0) {
   ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, flags), 0) << path << ": " << ErrnoName(errno);
 }
 
+// Sets PATH's atime and mtime to 2001, then runs OP (which makes its own
+// checks) within a Window; *BEFORE gets PATH's state from just before OP.
+template <typename Op>
+Window WithOldTimes(const std::string& path, struct stat* before, Op op) {
+  SetOldTimes(path);
+  *before = Stat(path);
+  Window w = Begin(*before);
+  op();
+  End(&w);
+  return w;
+}
+
 std::set<std::string> ListXattrs(const std::string& path) {
   std::set<std::string> names;
   ssize_t size = listxattr(path.c_str(), nullptr, 0);
@@ -163,11 +184,8 @@ class AttrTest : public SharedVolumeTest {};
 
 TEST_F(AttrTest, ChmodChangesModeAndCtimeOnly) {
   WriteFile(P("f"), "data", 0644);
-  SetOldTimes(P("f"));
-  struct stat before = Stat(P("f"));
-  Window w = Begin(before);
-  EXPECT_ERRNO(0, chmod(P("f").c_str(), 0600));
-  End(&w);
+  struct stat before {};
+  Window w = WithOldTimes(P("f"), &before, [&] { EXPECT_ERRNO(0, chmod(P("f").c_str(), 0600)); });
   struct stat after = Stat(P("f"));
   EXPECT_TRUE(S_ISREG(after.st_mode));
   EXPECT_EQ(after.st_mode & 07777, 0600u);
@@ -207,11 +225,8 @@ TEST_F(AttrTest, ChmodThroughSymlinkChangesTarget) {
 
 TEST_F(AttrTest, ChownChangesOwnerGroupAndCtime) {
   WriteFile(P("f"), "data", 0644);
-  SetOldTimes(P("f"));
-  struct stat before = Stat(P("f"));
-  Window w = Begin(before);
-  EXPECT_ERRNO(0, chown(P("f").c_str(), 1234, 5678));
-  End(&w);
+  struct stat before {};
+  Window w = WithOldTimes(P("f"), &before, [&] { EXPECT_ERRNO(0, chown(P("f").c_str(), 1234, 5678)); });
   struct stat after = Stat(P("f"));
   EXPECT_EQ(after.st_uid, 1234u);
   EXPECT_EQ(after.st_gid, 5678u);
@@ -289,10 +304,8 @@ TEST_F(AttrTest, TruncateUpMakesASparseZeroTail) {
 
 TEST_F(AttrTest, TruncateDownDiscardsDataForGood) {
   std::string data = RandomBytes(64 * kKiB, 1);
-  Fd fd(open(P("f").c_str(), O_CREAT | O_RDWR, 0644));
-  ASSERT_TRUE(fd.valid());
-  ASSERT_TRUE(WriteAll(fd.get(), data));
-  ASSERT_EQ(fsync(fd.get()), 0);
+  Fd fd;
+  ASSERT_NO_FATAL_FAILURE(CreateSynced(P("f"), data, &fd));
 
   EXPECT_ERRNO(0, ftruncate(fd.get(), 1000));
   EXPECT_EQ(Fstat(fd.get()).st_size, 1000);
@@ -333,10 +346,8 @@ TEST_F(AttrTest, TruncateWithinAnExtentKeepsFreeSpaceHonest) {
   ASSERT_EQ(statvfs(dir_.c_str(), &sv), 0);
   const uint64_t before = sv.f_bfree;
   {
-    Fd fd(open(P("f").c_str(), O_CREAT | O_RDWR, 0644));
-    ASSERT_TRUE(fd.valid());
-    ASSERT_TRUE(WriteAll(fd.get(), RandomBytes(2 * kMiB, 12)));
-    ASSERT_EQ(fsync(fd.get()), 0);
+    Fd fd;
+    ASSERT_NO_FATAL_FAILURE(CreateSynced(P("f"), RandomBytes(2 * kMiB, 12), &fd));
     ASSERT_EQ(ftruncate(fd.get(), 5000), 0);
     ASSERT_EQ(ftruncate(fd.get(), 3 * kMiB), 0);
     ASSERT_EQ(ftruncate(fd.get(), 100), 0);
@@ -354,11 +365,8 @@ TEST_F(AttrTest, TruncateWithinAnExtentKeepsFreeSpaceHonest) {
 
 TEST_F(AttrTest, TruncateUpdatesMtimeAndCtime) {
   WriteFile(P("f"), RandomBytes(10000, 2));
-  SetOldTimes(P("f"));
-  struct stat before = Stat(P("f"));
-  Window w = Begin(before);
-  EXPECT_ERRNO(0, truncate(P("f").c_str(), 5000));
-  End(&w);
+  struct stat before {};
+  Window w = WithOldTimes(P("f"), &before, [&] { EXPECT_ERRNO(0, truncate(P("f").c_str(), 5000)); });
   struct stat after = Stat(P("f"));
   EXPECT_TIME_IN(after.st_mtim, w);
   EXPECT_TIME_IN(after.st_ctim, w);
@@ -443,13 +451,10 @@ TEST_F(AttrTest, UtimensatBeforeEpochAndAfter2038) {
 
 TEST_F(AttrTest, UtimensatNowAndOmit) {
   WriteFile(P("f"), "x");
-  SetOldTimes(P("f"));
-  struct stat before = Stat(P("f"));
 
   // NULL times: both now.
-  Window w = Begin(before);
-  EXPECT_ERRNO(0, utimensat(AT_FDCWD, P("f").c_str(), nullptr, 0));
-  End(&w);
+  struct stat before {};
+  Window w = WithOldTimes(P("f"), &before, [&] { EXPECT_ERRNO(0, utimensat(AT_FDCWD, P("f").c_str(), nullptr, 0)); });
   struct stat st = Stat(P("f"));
   EXPECT_TIME_IN(st.st_atim, w);
   EXPECT_TIME_IN(st.st_mtim, w);
@@ -626,11 +631,10 @@ TEST_F(AttrTest, LinkAndUnlinkUpdateCtimeOfFileAndMtimeOfParent) {
 
 TEST_F(AttrTest, SetxattrUpdatesCtimeOnly) {
   WriteFile(P("f"), "x");
-  SetOldTimes(P("f"));
-  struct stat before = Stat(P("f"));
-  Window w = Begin(before);
-  ASSERT_EQ(setxattr(P("f").c_str(), "user.k", "v", 1, 0), 0) << ErrnoName(errno);
-  End(&w);
+  struct stat before {};
+  Window w = WithOldTimes(P("f"), &before,
+                          [&] { ASSERT_EQ(setxattr(P("f").c_str(), "user.k", "v", 1, 0), 0) << ErrnoName(errno); });
+  ASSERT_FALSE(HasFatalFailure());
   struct stat after = Stat(P("f"));
   EXPECT_TIME_IN(after.st_ctim, w);
   EXPECT_TIME_EQ(after.st_mtim, kOldMtime);
@@ -859,10 +863,8 @@ TEST_F(AttrTest, FallocateKeepSizeAllocatesBeyondEof) {
 
 TEST_F(AttrTest, FallocatePunchHoleReadsZeros) {
   std::string data = RandomBytes(256 * kKiB, 7);
-  Fd fd(open(P("f").c_str(), O_CREAT | O_RDWR, 0644));
-  ASSERT_TRUE(fd.valid());
-  ASSERT_TRUE(WriteAll(fd.get(), data));
-  ASSERT_EQ(fsync(fd.get()), 0);
+  Fd fd;
+  ASSERT_NO_FATAL_FAILURE(CreateSynced(P("f"), data, &fd));
   blkcnt_t blocks_before = Fstat(fd.get()).st_blocks;
 
   // Aligned: the range is deallocated.
