@@ -97,9 +97,8 @@ TEST_P(FilesystemDataTest, RandomWritesTruncatesAndReadsMatchAModel) {
 
 TEST_P(FilesystemDataTest, TruncateDownMidBlockThenUpReadsZeros) {
   std::mt19937_64 rng(3);
-  InodeNumber ino = MakeFile(kRootInode, "t");
   std::string data = RandomBytes(rng, 16384);
-  WriteAt(ino, 0, data);  // one write: one 4-block extent
+  InodeNumber ino = MakeFileHolding("t", data);  // one write: one 4-block extent
   ASSERT_EQ(Extents(ino).size(), 1u);
 
   ASSERT_TRUE(Truncate(ino, 5000).ok());
@@ -137,9 +136,8 @@ TEST_P(FilesystemDataTest, TruncateDownMidBlockThenUpReadsZeros) {
 TEST_P(FilesystemDataTest, TruncateDownMidBlockOfASmallWriteReadsZerosAfterGrowing) {
   // The same, with the tail block mapped by an extent of its own.
   std::mt19937_64 rng(4);
-  InodeNumber ino = MakeFile(kRootInode, "t");
   std::string data = RandomBytes(rng, 4096);
-  WriteAt(ino, 0, data);
+  InodeNumber ino = MakeFileHolding("t", data);
   ASSERT_TRUE(Truncate(ino, 100).ok());
   ASSERT_TRUE(Truncate(ino, 4096).ok());
   EXPECT_TRUE(SameBytes(ReadAll(ino), data.substr(0, 100) + std::string(4096 - 100, '\0')));
@@ -152,9 +150,8 @@ TEST_P(FilesystemDataTest, TruncateDownMidBlockOfASmallWriteReadsZerosAfterGrowi
 
 TEST_P(FilesystemDataTest, PunchHoleReadsZerosAndFreesWholeBlocks) {
   std::mt19937_64 rng(5);
-  InodeNumber ino = MakeFile(kRootInode, "p");
   std::string model = RandomBytes(rng, 65536);
-  WriteAt(ino, 0, model);
+  InodeNumber ino = MakeFileHolding("p", model);
   EXPECT_EQ(FreeBlocks(), initial_free_ - 16);
 
   ASSERT_TRUE(fs_->Fallocate(ino, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 5000, 25000).ok());
@@ -264,9 +261,8 @@ TEST_P(FilesystemDataTest, PartialBlocksPastTheEndReadAsZerosInReusedBuffers) {
 
 TEST_P(FilesystemDataTest, FallocateAndZeroRange) {
   std::mt19937_64 rng(6);
-  InodeNumber ino = MakeFile(kRootInode, "fa");
   std::string model = RandomBytes(rng, 10000);
-  WriteAt(ino, 0, model);
+  InodeNumber ino = MakeFileHolding("fa", model);
 
   // Mode 0 past the end grows the file; the new range reads as zeros.
   ASSERT_TRUE(fs_->Fallocate(ino, 0, 8000, 30000).ok());
@@ -365,9 +361,8 @@ TEST_P(FilesystemDataTest, ErrorsOfTheDataPath) {
 
 TEST_P(FilesystemDataTest, FlippedByteUnderAnExtentReadsAsEIO) {
   std::mt19937_64 rng(15);
-  InodeNumber ino = MakeFile(kRootInode, "c");
   std::string data = RandomBytes(rng, 3 * kBlock);
-  WriteAt(ino, 0, data);
+  InodeNumber ino = MakeFileHolding("c", data);
   ASSERT_TRUE(fs_->SyncAll().ok());
   auto extents = Extents(ino);
   ASSERT_EQ(extents.size(), 1u);

@@ -153,11 +153,25 @@ class FilesystemTestBase : public ::testing::Test {
     return e.ok() ? e->ino : 0;
   }
   int LookupErr(InodeNumber parent, std::string_view name) { return fs_->Lookup(parent, name).status().code(); }
+  // Renames FROM_DIR/FROM to TO_DIR/TO; INO is then found under the new
+  // name only.
+  void ExpectRenamed(InodeNumber from_dir, std::string_view from, InodeNumber to_dir, std::string_view to,
+                     InodeNumber ino) {
+    ASSERT_TRUE(fs_->Rename(from_dir, from, to_dir, to, 0).ok());
+    EXPECT_EQ(LookupErr(from_dir, from), ENOENT);
+    EXPECT_EQ(LookupIno(to_dir, to), ino);
+  }
 
   void WriteAt(InodeNumber ino, uint64_t offset, const std::string& data) {
     auto n = fs_->Write(ino, offset, data.data(), data.size());
     ASSERT_TRUE(n.ok()) << "write " << offset << "+" << data.size() << ": " << n.status().ToString();
     ASSERT_EQ(*n, data.size());
+  }
+  // A new regular file in the root directory holding DATA.
+  InodeNumber MakeFileHolding(std::string_view name, const std::string& data) {
+    InodeNumber ino = MakeFile(kRootInode, name);
+    WriteAt(ino, 0, data);
+    return ino;
   }
   Result<std::string> ReadAt(InodeNumber ino, uint64_t offset, size_t size) {
     return testing::ReadBytes(*fs_, ino, offset, size);

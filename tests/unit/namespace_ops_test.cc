@@ -128,12 +128,8 @@ TEST_F(FilesystemTest, RenameWithinAndAcrossDirectories) {
   InodeNumber d1 = MakeDir(kRootInode, "d1");
   InodeNumber f = MakeFile(kRootInode, "f");
   WriteAt(f, 0, "contents of f");
-  ASSERT_TRUE(fs_->Rename(kRootInode, "f", kRootInode, "g", 0).ok());
-  EXPECT_EQ(LookupErr(kRootInode, "f"), ENOENT);
-  EXPECT_EQ(LookupIno(kRootInode, "g"), f);
-  ASSERT_TRUE(fs_->Rename(kRootInode, "g", d1, "h", 0).ok());
-  EXPECT_EQ(LookupErr(kRootInode, "g"), ENOENT);
-  EXPECT_EQ(LookupIno(d1, "h"), f);
+  ASSERT_NO_FATAL_FAILURE(ExpectRenamed(kRootInode, "f", kRootInode, "g", f));
+  ASSERT_NO_FATAL_FAILURE(ExpectRenamed(kRootInode, "g", d1, "h", f));
   EXPECT_TRUE(SameBytes(ReadAll(f), "contents of f"));
   EXPECT_EQ(fs_->GetAttr(d1)->attr.st_nlink, 2u);
 
@@ -177,9 +173,7 @@ TEST_P(FilesystemDataTest, RenameOverAnExistingFileReplacesIt) {
   EXPECT_EQ(LookupIno(kRootInode, "x"), x);
   EXPECT_EQ(LookupIno(kRootInode, "y"), y);
 
-  ASSERT_TRUE(fs_->Rename(kRootInode, "x", kRootInode, "y", 0).ok());
-  EXPECT_EQ(LookupErr(kRootInode, "x"), ENOENT);
-  EXPECT_EQ(LookupIno(kRootInode, "y"), x);
+  ASSERT_NO_FATAL_FAILURE(ExpectRenamed(kRootInode, "x", kRootInode, "y", x));
   EXPECT_TRUE(SameBytes(ReadAll(x), "xxxx"));
   EXPECT_EQ(fs_->GetAttr(y).status().code(), ENOENT);
   EXPECT_EQ(FreeBlocks(), initial_free_ - 1) << "the replaced file's blocks were not freed";
@@ -271,9 +265,7 @@ TEST_F(FilesystemTest, RenameReplacesAnEmptyDirectory) {
   EXPECT_EQ(LookupIno(p2, "full"), full);
   EXPECT_EQ(LookupIno(p2, "file"), file);
 
-  ASSERT_TRUE(fs_->Rename(p1, "src", p2, "dst", 0).ok());
-  EXPECT_EQ(LookupErr(p1, "src"), ENOENT);
-  EXPECT_EQ(LookupIno(p2, "dst"), src);
+  ASSERT_NO_FATAL_FAILURE(ExpectRenamed(p1, "src", p2, "dst", src));
   EXPECT_EQ(LookupIno(src, ".."), p2);
   EXPECT_EQ(LookupIno(src, "inside"), inside);
   EXPECT_EQ(fs_->GetAttr(dst).status().code(), ENOENT) << "the replaced directory still exists";
