@@ -79,6 +79,15 @@ class AllocatorTest : public ::testing::Test {
     ExpectReloadMatches();
   }
 
+  // Reserves LENGTH bytes and commits them as allocated; the extents go to
+  // *SPACE where it is given.
+  void ReserveAndCommit(uint64_t length, std::vector<PhysicalExtent>* space = nullptr) {
+    auto r = alloc_.Reserve(length);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    Commit(*r, {});
+    if (space != nullptr) *space = *r;
+  }
+
   // A fresh Allocator loaded from the index sees exactly the persisted view.
   void ExpectReloadMatches() {
     Allocator fresh(kUnit);
@@ -164,19 +173,18 @@ TEST_F(AllocatorTest, ReserveCommitFreeReleaseCycle) {
 }
 
 TEST_F(AllocatorTest, SpaceFreedInTheSameBatchAsAnAllocation) {
-  auto old_space = alloc_.Reserve(6 * kUnit);
-  ASSERT_TRUE(old_space.ok());
-  Commit(*old_space, {});
+  std::vector<PhysicalExtent> old_space;
+  ASSERT_NO_FATAL_FAILURE(ReserveAndCommit(6 * kUnit, &old_space));
   // An overwrite: new space mapped and the old freed in one batch.
   auto new_space = alloc_.Reserve(6 * kUnit);
   ASSERT_TRUE(new_space.ok());
   for (const auto& x : *new_space) {
-    for (const auto& y : *old_space) EXPECT_FALSE(Overlap(x, y));
+    for (const auto& y : old_space) EXPECT_FALSE(Overlap(x, y));
   }
-  Commit(*new_space, *old_space);
+  Commit(*new_space, old_space);
   EXPECT_EQ(alloc_.persisted_free_bytes(), kTotal - 6 * kUnit);
   EXPECT_EQ(alloc_.available_bytes(), kTotal - 12 * kUnit);
-  alloc_.Release(*old_space);
+  alloc_.Release(old_space);
   EXPECT_EQ(alloc_.available_bytes(), kTotal - 6 * kUnit);
 }
 
@@ -222,9 +230,7 @@ TEST_F(AllocatorTest, NoSpaceWhenFull) {
 
 TEST_F(AllocatorTest, FragmentedSpaceIsReturnedAsSeveralExtents) {
   // Map every block, then free every other one.
-  auto all = alloc_.Reserve(kTotal);
-  ASSERT_TRUE(all.ok());
-  Commit(*all, {});
+  ASSERT_NO_FATAL_FAILURE(ReserveAndCommit(kTotal));
   std::vector<PhysicalExtent> holes;
   for (uint64_t off = kBase; off < kBase + kTotal; off += 2 * kUnit) holes.push_back({off, kUnit});
   Commit({}, holes);
@@ -257,9 +263,7 @@ TEST_F(AllocatorTest, FragmentedSpaceIsReturnedAsSeveralExtents) {
 TEST_F(AllocatorTest, MixedRunLengthsSumUp) {
   // Free runs of 1, 2 and 3 blocks separated by mapped blocks: a request of
   // 5 blocks fits none and must be served from several runs.
-  auto all = alloc_.Reserve(kTotal);
-  ASSERT_TRUE(all.ok());
-  Commit(*all, {});
+  ASSERT_NO_FATAL_FAILURE(ReserveAndCommit(kTotal));
   std::vector<PhysicalExtent> runs = {
       {kBase + 10 * kUnit, 1 * kUnit}, {kBase + 20 * kUnit, 2 * kUnit}, {kBase + 30 * kUnit, 3 * kUnit}};
   Commit({}, runs);
@@ -278,9 +282,8 @@ TEST_F(AllocatorTest, MixedRunLengthsSumUp) {
 }
 
 TEST_F(AllocatorTest, ReservedButUncommittedSpaceIsFreeAfterReload) {
-  auto committed = alloc_.Reserve(16 * kUnit);
-  ASSERT_TRUE(committed.ok());
-  Commit(*committed, {});
+  std::vector<PhysicalExtent> committed;
+  ASSERT_NO_FATAL_FAILURE(ReserveAndCommit(16 * kUnit, &committed));
   auto reserved = alloc_.Reserve(100 * kUnit);
   ASSERT_TRUE(reserved.ok());
   EXPECT_EQ(alloc_.available_bytes(), kTotal - 116 * kUnit);
@@ -294,7 +297,7 @@ TEST_F(AllocatorTest, ReservedButUncommittedSpaceIsFreeAfterReload) {
   auto everything = fresh.Reserve(kTotal - 16 * kUnit);
   ASSERT_TRUE(everything.ok());
   for (const auto& e : *everything) {
-    for (const auto& c : *committed) EXPECT_FALSE(Overlap(e, c));
+    for (const auto& c : committed) EXPECT_FALSE(Overlap(e, c));
   }
 
   // Loading again into the same allocator also drops the reservation.
@@ -359,9 +362,7 @@ TEST_F(AllocatorTest, HoldsPromiseSpace) {
 // could bring the old mapping back, so it must not be reused before Durable()
 // reaches that batch. It still counts as free.
 TEST_F(AllocatorTest, FreedSpaceIsNotReusedBeforeItsBatchIsDurable) {
-  auto all = alloc_.Reserve(kTotal);
-  ASSERT_TRUE(all.ok());
-  Commit(*all, {});
+  ASSERT_NO_FATAL_FAILURE(ReserveAndCommit(kTotal));
   const PhysicalExtent first{kBase + 8 * kUnit, 2 * kUnit};
   const PhysicalExtent second{kBase + 100 * kUnit, kUnit};
   Commit({}, {first});
@@ -452,9 +453,7 @@ TEST_F(AllocatorTest, AFailedShortageHandlerIsTheReservationsError) {
     ++calls;
     return Status::IOError("data area sync failed");
   });
-  auto all = alloc_.Reserve(kTotal);
-  ASSERT_TRUE(all.ok());
-  Commit(*all, {});
+  ASSERT_NO_FATAL_FAILURE(ReserveAndCommit(kTotal));
   const PhysicalExtent freed{kBase, 2 * kUnit};
   Commit({}, {freed});
   alloc_.Release({freed}, index_->last_commit());
