@@ -120,6 +120,14 @@ class FsckTest : public ::testing::Test {
     ASSERT_TRUE(index.Commit(&batch, true).ok());
   }
 
+  // Rewrites INO's inode record in BATCH after CHANGE has edited it.
+  template <typename Change>
+  static void EditInode(Index& index, Index::Batch& batch, InodeNumber ino, Change&& change) {
+    InodeRecord r = *index.GetInode(ino);
+    change(r);
+    batch.Put(Family::kInode, keys::Ino(ino), r.Encode());
+  }
+
   InodeRecord Inode(InodeNumber ino) {
     CloseFs();
     auto volume = Volume::Open(dir_, Volume::OpenOptions{.read_only = true});
@@ -281,15 +289,11 @@ TEST_F(FsckTest, DirentToAMissingInodeIsRemoved) {
 TEST_F(FsckTest, WrongLinkCountsAreRewritten) {
   Populate();
   Damage([&](Index& index, Index::Batch& batch) {
-    InodeRecord a = *index.GetInode(a_);
-    a.nlink = 7;
-    batch.Put(Family::kInode, keys::Ino(a_), a.Encode());
-    InodeRecord d = *index.GetInode(d_);
-    d.nlink = 2;  // has one subdirectory: 3
-    batch.Put(Family::kInode, keys::Ino(d_), d.Encode());
-    InodeRecord root = *index.GetInode(kRootInode);
-    root.nlink = 9;
-    batch.Put(Family::kInode, keys::Ino(kRootInode), root.Encode());
+    EditInode(index, batch, a_, [](InodeRecord& a) { a.nlink = 7; });
+    EditInode(index, batch, d_, [](InodeRecord& d) {
+      d.nlink = 2;  // has one subdirectory: 3
+    });
+    EditInode(index, batch, kRootInode, [](InodeRecord& root) { root.nlink = 9; });
   });
   Report report = Check();
   EXPECT_NE(Find(report, ProblemKind::kNlink, a_), nullptr) << Describe(report);
@@ -308,12 +312,8 @@ TEST_F(FsckTest, WrongLinkCountsAreRewritten) {
 TEST_F(FsckTest, AllocatedBytesAndParentAndNextInoAreRewritten) {
   Populate();
   Damage([&](Index& index, Index::Batch& batch) {
-    InodeRecord b = *index.GetInode(b_);
-    b.allocated_bytes += 3 * kBlock;
-    batch.Put(Family::kInode, keys::Ino(b_), b.Encode());
-    InodeRecord e = *index.GetInode(e_);
-    e.parent = kRootInode;
-    batch.Put(Family::kInode, keys::Ino(e_), e.Encode());
+    EditInode(index, batch, b_, [](InodeRecord& b) { b.allocated_bytes += 3 * kBlock; });
+    EditInode(index, batch, e_, [](InodeRecord& e) { e.parent = kRootInode; });
     batch.Put(Family::kMeta, keys::kNextIno, EncodeMetaU64(3));
   });
   Report report = Check();
@@ -399,9 +399,9 @@ TEST_F(FsckTest, TypeMismatchStaleOrphanAndStrayRecordsAreRepaired) {
 TEST_F(FsckTest, DataPastEofIsTrimmed) {
   Populate();
   Damage([&](Index& index, Index::Batch& batch) {
-    InodeRecord b = *index.GetInode(b_);
-    b.size = 2 * kBlock + 1;  // keeps 3 blocks of 50
-    batch.Put(Family::kInode, keys::Ino(b_), b.Encode());
+    EditInode(index, batch, b_, [](InodeRecord& b) {
+      b.size = 2 * kBlock + 1;  // keeps 3 blocks of 50
+    });
   });
   Report report = Check();
   EXPECT_NE(Find(report, ProblemKind::kDataPastEof, b_), nullptr) << Describe(report);
@@ -528,11 +528,7 @@ TEST_F(FsckTest, ScrubNamesTheFileAndOffsetOfACorruptBlock) {
 
 TEST_F(FsckTest, RepairNeedsAWritableVolume) {
   Populate();
-  Damage([&](Index& index, Index::Batch& batch) {
-    InodeRecord a = *index.GetInode(a_);
-    a.nlink = 1;
-    batch.Put(Family::kInode, keys::Ino(a_), a.Encode());
-  });
+  Damage([&](Index& index, Index::Batch& batch) { EditInode(index, batch, a_, [](InodeRecord& a) { a.nlink = 1; }); });
   auto volume = Volume::Open(dir_, Volume::OpenOptions{.read_only = true});
   ASSERT_TRUE(volume.ok());
   Checker::Options options;
