@@ -137,6 +137,21 @@ class InspectorTest : public ::testing::Test {
     return *inspector_;
   }
 
+  // The stat and the du of "/" both count REFERENCED bytes over PHYSICAL
+  // ones, and the stat's dedup ratio is their quotient; *STAT gets the stat.
+  void ExpectDedupAccounting(Inspector& in, uint64_t referenced, uint64_t physical, json* stat = nullptr) {
+    auto s = in.Stat(RuntimeStats{});
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ((*s)["referenced_bytes"], referenced);
+    EXPECT_EQ((*s)["physical_bytes"], physical);
+    EXPECT_DOUBLE_EQ((*s)["dedup_ratio"].get<double>(), static_cast<double>(referenced) / physical);
+    auto du = in.Du("/");
+    ASSERT_TRUE(du.ok());
+    EXPECT_EQ((*du)["physical_bytes"], physical);
+    EXPECT_EQ((*du)["referenced_bytes"], referenced);
+    if (stat != nullptr) *stat = *s;
+  }
+
   InodeNumber Resolve(const std::string& path) {
     auto ino = inspector_->ResolvePath(path);
     EXPECT_TRUE(ino.ok()) << path << ": " << ino.status().ToString();
@@ -471,13 +486,10 @@ TEST_F(InspectorTest, SharedBlobsCountOnce) {
     ASSERT_TRUE(index.Commit(&batch, true).ok());
   }
   Inspector& in = Open();
-  auto stat = in.Stat(RuntimeStats{});
-  ASSERT_TRUE(stat.ok()) << stat.status().ToString();
-  EXPECT_EQ((*stat)["logical_bytes"], 6 * kBlock);
-  EXPECT_EQ((*stat)["referenced_bytes"], 6 * kBlock);
-  EXPECT_EQ((*stat)["physical_bytes"], 3 * kBlock);
-  EXPECT_DOUBLE_EQ((*stat)["dedup_ratio"].get<double>(), 2.0);
-  EXPECT_EQ((*stat)["files"], 3u);
+  json stat;
+  ASSERT_NO_FATAL_FAILURE(ExpectDedupAccounting(in, 6 * kBlock, 3 * kBlock, &stat));
+  EXPECT_EQ(stat["logical_bytes"], 6 * kBlock);
+  EXPECT_EQ(stat["files"], 3u);
 
   auto ls = in.Ls({"/"}, false, true);
   ASSERT_TRUE(ls.ok());
@@ -489,10 +501,6 @@ TEST_F(InspectorTest, SharedBlobsCountOnce) {
   EXPECT_EQ((*ls)[2]["extents"][1]["shared"], 1u);
   EXPECT_NE((*ls)[0]["extents"][0]["checksum"], (*ls)[1]["extents"][0]["checksum"]);
 
-  auto du = in.Du("/");
-  ASSERT_TRUE(du.ok());
-  EXPECT_EQ((*du)["physical_bytes"], 3 * kBlock);
-  EXPECT_EQ((*du)["referenced_bytes"], 6 * kBlock);
   auto one = in.Du("/one");
   ASSERT_TRUE(one.ok());
   EXPECT_EQ((*one)["physical_bytes"], 2 * kBlock);
@@ -528,14 +536,7 @@ TEST_F(InspectorTest, PhysicalBytesAreTheUnionOfRanges) {
     ASSERT_TRUE(index.Commit(&batch, true).ok());
   }
   Inspector& in = Open();
-  auto stat = in.Stat(RuntimeStats{});
-  ASSERT_TRUE(stat.ok()) << stat.status().ToString();
-  EXPECT_EQ((*stat)["referenced_bytes"], 8 * kBlock);
-  EXPECT_EQ((*stat)["physical_bytes"], 5 * kBlock);
-  EXPECT_DOUBLE_EQ((*stat)["dedup_ratio"].get<double>(), 8.0 / 5.0);
-  auto du = in.Du("/");
-  ASSERT_TRUE(du.ok());
-  EXPECT_EQ((*du)["physical_bytes"], 5 * kBlock);
+  ASSERT_NO_FATAL_FAILURE(ExpectDedupAccounting(in, 8 * kBlock, 5 * kBlock));
   auto one = in.Du("/p1002");
   ASSERT_TRUE(one.ok());
   EXPECT_EQ((*one)["physical_bytes"], 2 * kBlock);
