@@ -19,4 +19,10 @@ std::string RandomBytes(std::mt19937_64& rng, size_t n) {
   return out;
 }
 
+std::string RandomGarbage(std::mt19937_64& rng, size_t max_len) {
+  std::string out(rng() % max_len, '\0');
+  for (auto& c : out) c = static_cast<char>(rng());
+  return out;
+}
+
 }  // namespace spillfs::testing

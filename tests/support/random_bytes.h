@@ -16,6 +16,10 @@ void FillRandom(std::mt19937_64& rng, char* out, size_t n);
 // `n` bytes drawn from `rng` (which moves on by what it gave).
 std::string RandomBytes(std::mt19937_64& rng, size_t n);
 
+// Garbage for decoders: fewer than `max_len` bytes (the length drawn first),
+// one draw a byte.
+std::string RandomGarbage(std::mt19937_64& rng, size_t max_len);
+
 // `n` bytes from a generator seeded with `seed`, in a std::string or any
 // other container of bytes (RandomBytes<std::vector<uint8_t>>(n, seed)).
 template <typename Bytes = std::string>

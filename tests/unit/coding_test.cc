@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "spillfs/kvindex/keys.h"
+#include "support/random_bytes.h"
 
 namespace spillfs {
 namespace {
@@ -209,26 +210,27 @@ TEST(CodingTest, LengthPrefixedRoundTrip) {
   EXPECT_TRUE(reader.empty());
 }
 
-TEST(CodingTest, ReaderRefusesEveryTruncatedVarint) {
-  for (uint64_t value : UnsignedEdges()) {
+// Every proper prefix of each value's encoding (by PUT) is refused by GET,
+// which then leaves the reader empty.
+template <typename T, typename Get>
+void ExpectEveryTruncationRefused(const std::vector<T>& values, void (*put)(std::string*, T), Get get) {
+  for (T value : values) {
     std::string encoded;
-    coding::PutVarint64(&encoded, value);
+    put(&encoded, value);
     for (size_t len = 0; len < encoded.size(); ++len) {
       Reader reader(std::string_view(encoded).substr(0, len));
-      uint64_t decoded = 0;
-      EXPECT_FALSE(reader.GetVarint64(&decoded)) << value << " cut to " << len;
+      T decoded = 0;
+      EXPECT_FALSE(get(reader, &decoded)) << value << " cut to " << len;
       EXPECT_TRUE(reader.empty());
     }
   }
-  for (int64_t value : SignedEdges()) {
-    std::string encoded;
-    coding::PutVarsigned64(&encoded, value);
-    for (size_t len = 0; len < encoded.size(); ++len) {
-      Reader reader(std::string_view(encoded).substr(0, len));
-      int64_t decoded = 0;
-      EXPECT_FALSE(reader.GetVarsigned64(&decoded)) << value << " cut to " << len;
-    }
-  }
+}
+
+TEST(CodingTest, ReaderRefusesEveryTruncatedVarint) {
+  ExpectEveryTruncationRefused(UnsignedEdges(), coding::PutVarint64,
+                               [](Reader& r, uint64_t* v) { return r.GetVarint64(v); });
+  ExpectEveryTruncationRefused(SignedEdges(), coding::PutVarsigned64,
+                               [](Reader& r, int64_t* v) { return r.GetVarsigned64(v); });
 }
 
 TEST(CodingTest, ReaderRefusesOverlongVarints) {
@@ -352,8 +354,7 @@ TEST(CodingTest, RandomBytesNeverCrashTheReader) {
   std::mt19937_64 rng(20240601);
   int successes = 0;
   for (int i = 0; i < 20000; ++i) {
-    std::string s(rng() % 24, '\0');
-    for (auto& c : s) c = static_cast<char>(rng());
+    std::string s = testing::RandomGarbage(rng, 24);
     Reader r(s);
     size_t before = r.remaining().size();
     uint64_t v;
