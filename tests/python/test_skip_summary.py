@@ -7,43 +7,37 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tools", "skip-summary.py")
 
-LAST_TEST_LOG = """\
-1/4 Testing: python_feature_store
-1/4 Test: python_feature_store
-Output:
-----------------------------------------------------------
-........ss
-=========================== short test summary info ============================
-SKIPPED [20] tests/python/test_feature_store.py:75: no CUDA device
-SKIPPED [1] tests/python/test_feature_store.py:97: spillfs mount: needs root
-<end of output>
-Test Passed.
-2/4 Testing: GpuRuntime.PointerDevice
-2/4 Test: GpuRuntime.PointerDevice
-Output:
-----------------------------------------------------------
-[ RUN      ] GpuRuntime.PointerDevice
-/work/tests/cuda/gpu_test.cu:229: Skipped
-no CUDA device
-[  SKIPPED ] GpuRuntime.PointerDevice (0 ms)
-[  SKIPPED ] 1 test, listed below:
-[  SKIPPED ] GpuRuntime.PointerDevice
-<end of output>
-3/4 Testing: python_feature_store_pyg
-3/4 Test: python_feature_store_pyg
-Output:
-----------------------------------------------------------
-<end of output>
-Test Passed.
-4/4 Testing: DataTest.Plain
-4/4 Test: DataTest.Plain
-Output:
-----------------------------------------------------------
-[ RUN      ] DataTest.Plain
-[       OK ] DataTest.Plain (1 ms)
-<end of output>
-Test Passed.
-"""
+
+def log_entry(number, name, output, passed=True):
+    """One test's entry in ctest's LastTest.log: its name, its output, and "Test Passed." where it passed."""
+    rule = "-" * 58
+    head = f"{number}/4 Testing: {name}\n{number}/4 Test: {name}\nOutput:\n{rule}\n"
+    return head + output + "<end of output>\n" + ("Test Passed.\n" if passed else "")
+
+
+LAST_TEST_LOG = (
+    log_entry(
+        1,
+        "python_feature_store",
+        "........ss\n"
+        "=========================== short test summary info ============================\n"
+        "SKIPPED [20] tests/python/test_feature_store.py:75: no CUDA device\n"
+        "SKIPPED [1] tests/python/test_feature_store.py:97: spillfs mount: needs root\n",
+    )
+    + log_entry(
+        2,
+        "GpuRuntime.PointerDevice",
+        "[ RUN      ] GpuRuntime.PointerDevice\n"
+        "/work/tests/cuda/gpu_test.cu:229: Skipped\n"
+        "no CUDA device\n"
+        "[  SKIPPED ] GpuRuntime.PointerDevice (0 ms)\n"
+        "[  SKIPPED ] 1 test, listed below:\n"
+        "[  SKIPPED ] GpuRuntime.PointerDevice\n",
+        passed=False,
+    )
+    + log_entry(3, "python_feature_store_pyg", "")
+    + log_entry(4, "DataTest.Plain", "[ RUN      ] DataTest.Plain\n[       OK ] DataTest.Plain (1 ms)\n")
+)
 
 CONSOLE = """\
 1/4 Test #1: python_feature_store .............   Passed    3.00 sec
