@@ -1,4 +1,4 @@
-// The daemon's /dev/fuse loop (fs/fuse/fuse_device_loop.h): requests as large
+// The daemon's /dev/fuse loop (fs/fuse/include/spillfs/fuse/fuse_device_loop.h): requests as large
 // as `spillfs mount --max-request` where the kernel's fs.fuse.max_pages_limit
 // allows them, the kernel's read-ahead of one request, the kernel's limit
 // honoured where it is lower, bad values refused, and a signal ending the
@@ -205,22 +205,14 @@ TEST(FuseLoopTest, BadMaxRequestIsRefused) {
   MountedVolume volume;
   std::string error;
   ASSERT_TRUE(volume.Unmount(&error)) << error;
-  const std::string mount = "mount " + volume.volume() + " " + volume.mountpoint() + " ";
-  struct Case {
-    const char* args;
-    const char* says;
-  } cases[] = {
-      {"--max-request 129K", "--max-request: 129K is not a positive multiple of 4K"},
-      {"--max-request 64M", "--max-request: 64M is more than the most"},
-      {"--max-request 64K", "--max-request: 64K is less than the least"},
-      {"--max-request 0", "--max-request: 0 is not a positive multiple of 4K"},
-      {"--max-request 4M --fuse-uring", "--max-request cannot be used with --fuse-uring"},
-  };
-  for (const Case& c : cases) {
-    std::string out;
-    EXPECT_NE(RunSpillfs(mount + c.args, &out), 0) << c.args;
-    EXPECT_NE(out.find(c.says), std::string::npos) << c.args << " said: " << out;
-  }
+  ExpectMountsRefused(volume.volume(), volume.mountpoint(),
+                      {
+                          {"--max-request 129K", "--max-request: 129K is not a positive multiple of 4K"},
+                          {"--max-request 64M", "--max-request: 64M is more than the most"},
+                          {"--max-request 64K", "--max-request: 64K is less than the least"},
+                          {"--max-request 0", "--max-request: 0 is not a positive multiple of 4K"},
+                          {"--max-request 4M --fuse-uring", "--max-request cannot be used with --fuse-uring"},
+                      });
   EXPECT_TRUE(volume.Mount(&error)) << "the volume after the refused mounts: " << error;
 }
 

@@ -110,13 +110,16 @@ class ToolsTest : public ::testing::Test {
   std::string mnt_;
 };
 
-void ExpectStatOfTree(const json& s) {
+// The stat of the test tree, of VOLUME, mounted or not.
+void ExpectStatOfTree(const json& s, const std::string& volume, bool mounted) {
   ASSERT_TRUE(s.is_object()) << s;
   for (const char* key : {"capacity_bytes", "used_bytes", "free_bytes", "logical_bytes", "physical_bytes",
                           "dedup_ratio", "files", "directories", "ram_tier_bytes", "bytes_written_ssd",
-                          "bytes_read_ssd", "bytes_cancelled", "checksum_errors", "uuid", "mounted"}) {
+                          "bytes_read_ssd", "bytes_cancelled", "checksum_errors", "uuid", "mounted", "volume"}) {
     ASSERT_TRUE(s.contains(key)) << key;
   }
+  EXPECT_EQ(s.at("mounted"), mounted);
+  EXPECT_EQ(s.at("volume"), volume);
   EXPECT_EQ(s.at("capacity_bytes"), kCapacity);
   EXPECT_EQ(s.at("used_bytes").get<uint64_t>() + s.at("free_bytes").get<uint64_t>(), kCapacity);
   EXPECT_EQ(s.at("logical_bytes"), kLogical);
@@ -163,10 +166,8 @@ void ExpectExtentsMatchSizes(const json& entries) {
 TEST_F(ToolsTest, StatJsonOfUnmountedVolume) {
   Unmount();
   json s = RunJson("stat --json " + vol_);
-  ExpectStatOfTree(s);
-  EXPECT_EQ(s["mounted"], false);
+  ExpectStatOfTree(s, vol_, false);
   EXPECT_EQ(s["used_bytes"], kPhysical);
-  EXPECT_EQ(s["volume"], vol_);
   EXPECT_TRUE(s["mountpoint"].is_null());
   EXPECT_EQ(s["bytes_written_ssd"], 0u);
   // Twice in a row (nothing left locked or changed by the first).
@@ -316,22 +317,19 @@ TEST_F(ToolsTest, ErrorsExitOne) {
   // One bad path among good ones: the good ones are still listed.
   out = Run("ls --volume " + vol_ + " /nope /empty", 1);
   EXPECT_NE(out.find("/empty\n"), std::string::npos) << out;
-  out = Run("mount " + vol_ + " " + mnt_ + " --read-ahead 1T", 1);
-  EXPECT_NE(out.find("spillfs mount: --read-ahead: 1T is more than the most, 256.0 MiB"), std::string::npos) << out;
-  out = Run("mount " + vol_ + " " + mnt_ + " --read-ahead lots", 1);
-  EXPECT_NE(out.find("spillfs mount: --read-ahead: "), std::string::npos) << out;
-  out = Run("mount " + vol_ + " " + mnt_ + " --ram-tier-warm lots", 1);
-  EXPECT_NE(out.find("spillfs mount: --ram-tier-warm: "), std::string::npos) << out;
-  out = Run("mount " + vol_ + " " + mnt_ + " --flush-batch 4K", 1);
-  EXPECT_NE(out.find("spillfs mount: --flush-batch: 4K is less than the least, 256.0 KiB"), std::string::npos) << out;
-  out = Run("mount " + vol_ + " " + mnt_ + " --flush-batch 0", 1);
-  EXPECT_NE(out.find("spillfs mount: --flush-batch: 0 is less than the least, 256.0 KiB"), std::string::npos) << out;
-  out = Run("mount " + vol_ + " " + mnt_ + " --flush-batch 2G", 1);
-  EXPECT_NE(out.find("spillfs mount: --flush-batch: 2G is more than the most, 1.0 GiB"), std::string::npos) << out;
-  out = Run("mount " + vol_ + " " + mnt_ + " --bytes-per-sync -1", 1);
-  EXPECT_NE(out.find("spillfs mount: --bytes-per-sync: "), std::string::npos) << out;
-  out = Run("mount " + vol_ + " " + mnt_ + " --bytes-per-sync 4K", 1);
-  EXPECT_NE(out.find("spillfs mount: --bytes-per-sync: 4K is less than the least, 1.0 MiB"), std::string::npos) << out;
+  // Bad mount options: each is refused, naming the option and the bound.
+  ExpectMountsRefused(
+      vol_, mnt_,
+      {
+          {"--read-ahead 1T", "spillfs mount: --read-ahead: 1T is more than the most, 256.0 MiB"},
+          {"--read-ahead lots", "spillfs mount: --read-ahead: "},
+          {"--ram-tier-warm lots", "spillfs mount: --ram-tier-warm: "},
+          {"--flush-batch 4K", "spillfs mount: --flush-batch: 4K is less than the least, 256.0 KiB"},
+          {"--flush-batch 0", "spillfs mount: --flush-batch: 0 is less than the least, 256.0 KiB"},
+          {"--flush-batch 2G", "spillfs mount: --flush-batch: 2G is more than the most, 1.0 GiB"},
+          {"--bytes-per-sync -1", "spillfs mount: --bytes-per-sync: "},
+          {"--bytes-per-sync 4K", "spillfs mount: --bytes-per-sync: 4K is less than the least, 1.0 MiB"},
+      });
   // Nothing was left locked: the volume still mounts.
   std::string error;
   EXPECT_TRUE(volume_->Mount(&error)) << error;
@@ -409,10 +407,8 @@ TEST_F(ToolsTest, MountedVolumeDirectoryIsRefused) {
 TEST_F(ToolsTest, StatThroughTheMount) {
   sync();
   json s = RunJson("stat --json " + mnt_);
-  ExpectStatOfTree(s);
-  EXPECT_EQ(s["mounted"], true);
+  ExpectStatOfTree(s, vol_, true);
   EXPECT_EQ(s["mountpoint"], mnt_);
-  EXPECT_EQ(s["volume"], vol_);
   // Any path inside the mount names the mount.
   json inner = RunJson("stat --json " + mnt_ + "/d/sub");
   EXPECT_EQ(inner["uuid"], s["uuid"]);

@@ -18,7 +18,18 @@
 #include <stdexcept>
 #include <thread>
 
+#include <gtest/gtest.h>
+
 namespace spillfs::testing {
+
+void ExpectMountsRefused(const std::string& volume, const std::string& mountpoint,
+                         const std::vector<RefusedMount>& cases) {
+  for (const RefusedMount& c : cases) {
+    std::string out;
+    EXPECT_EQ(RunSpillfs("mount " + volume + " " + mountpoint + " " + c.args, &out), 1) << c.args << "\n" << out;
+    EXPECT_NE(out.find(c.says), std::string::npos) << c.args << " said: " << out;
+  }
+}
 
 bool IsMountPoint(const std::string& path) {
   struct stat self {

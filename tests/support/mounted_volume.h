@@ -28,6 +28,17 @@ const char* SpillfsBinary();
 // Runs `spillfs ARGS` and returns its exit status; stdout+stderr go to *output.
 int RunSpillfs(const std::string& args, std::string* output = nullptr);
 
+// `spillfs mount` arguments that must be refused, and what it says then.
+struct RefusedMount {
+  const char* args;
+  const char* says;
+};
+
+// Runs `spillfs mount VOLUME MOUNTPOINT ARGS` for each case: each must exit
+// with status 1 and print its `says` (checked with GoogleTest).
+void ExpectMountsRefused(const std::string& volume, const std::string& mountpoint,
+                         const std::vector<RefusedMount>& cases);
+
 // True where `path` is the root of a filesystem other than its parent's.
 bool IsMountPoint(const std::string& path);
 
