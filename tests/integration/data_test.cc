@@ -130,6 +130,14 @@ AssertionResult PwritePattern(int fd, uint64_t seed, uint64_t off, size_t len) {
   return PwriteAll(fd, data.data(), len, off);
 }
 
+// Creates PATH (a new file, read-write) into *FD, then writes the pattern of
+// `seed` over [off, off + len) at `off`.
+AssertionResult CreateWithPattern(const std::string& path, Fd* fd, uint64_t seed, uint64_t off, size_t len) {
+  fd->Reset(open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644));
+  if (!fd->valid()) return AssertionFailure() << "create " << path << ": " << Errno();
+  return PwritePattern(fd->get(), seed, off, len);
+}
+
 AssertionResult WriteAll(int fd, const char* data, size_t n) {
   while (n > 0) {
     ssize_t w = write(fd, data, n);
@@ -405,9 +413,8 @@ void CheckSparseLayout(int fd) {
 
 TEST_F(DataTest, SparseFile) {
   std::string path = Path("sparse");
-  Fd fd(open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644));
-  ASSERT_GE(fd.get(), 0) << Errno();
-  ASSERT_TRUE(PwritePattern(fd.get(), 5, kGiB, 4096));
+  Fd fd;
+  ASSERT_TRUE(CreateWithPattern(path, &fd, 5, kGiB, 4096));
   ASSERT_TRUE(PwritePattern(fd.get(), 6, 300 * kMiB + 1000, 3000));
   ASSERT_EQ(fsync(fd.get()), 0) << Errno();
   {
@@ -424,9 +431,8 @@ TEST_F(DataTest, SparseFile) {
 
 TEST_F(DataTest, TruncateExtendedFileIsAHole) {
   std::string path = Path("extended");
-  Fd fd(open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644));
-  ASSERT_GE(fd.get(), 0) << Errno();
-  ASSERT_TRUE(PwritePattern(fd.get(), 8, 0, 10000));
+  Fd fd;
+  ASSERT_TRUE(CreateWithPattern(path, &fd, 8, 0, 10000));
   ASSERT_EQ(ftruncate(fd.get(), static_cast<off_t>(kGiB)), 0) << Errno();
   ASSERT_TRUE(FileSizeIs(fd.get(), kGiB));
   std::vector<char> buf(kMiB);
@@ -443,9 +449,8 @@ TEST_F(DataTest, TruncateExtendedFileIsAHole) {
 
 TEST_F(DataTest, SeekDataAndSeekHole) {
   std::string path = Path("seek");
-  Fd fd(open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644));
-  ASSERT_GE(fd.get(), 0) << Errno();
-  ASSERT_TRUE(PwritePattern(fd.get(), 9, kGiB, 5));
+  Fd fd;
+  ASSERT_TRUE(CreateWithPattern(path, &fd, 9, kGiB, 5));
   ASSERT_EQ(fsync(fd.get()), 0) << Errno();
   const off_t size = static_cast<off_t>(kGiB + 5);
   off_t data_at = lseek(fd.get(), 0, SEEK_DATA);
