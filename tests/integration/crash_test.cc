@@ -130,9 +130,14 @@ class Writer : public KillableWorkload {
       at += piece;
       files_[path] = content.substr(0, at);
     }
-    bool sync = Pick(100) < 70;
-    if (sync) {
-      if (!Check(fsync(fd) == 0, "fsync " + path)) {
+    CloseSynced(fd, path, content, Pick(100) < 70 ? fsync : nullptr);
+  }
+
+  // Closes FD of PATH; with SYNC (fsync or fdatasync), syncs it first, after
+  // which CONTENT is what PATH must hold after a crash.
+  void CloseSynced(int fd, const std::string& path, const std::string& content, int (*sync)(int)) {
+    if (sync != nullptr) {
+      if (!Check(sync(fd) == 0, "fsync " + path)) {
         close(fd);
         return;
       }
@@ -170,15 +175,7 @@ class Writer : public KillableWorkload {
       if (content.size() < offset + data.size()) content.resize(offset + data.size(), '\0');
       content.replace(offset, data.size(), data);
     }
-    if (Pick(100) < 60) {
-      if (!Check((Pick(2) == 0 ? fsync(fd) : fdatasync(fd)) == 0, "fsync " + path)) {
-        close(fd);
-        return;
-      }
-      ++fsyncs_;
-      durable_[path] = content;
-    }
-    close(fd);
+    CloseSynced(fd, path, content, Pick(100) < 60 ? (Pick(2) == 0 ? fsync : fdatasync) : nullptr);
   }
 
   void Rename() {
