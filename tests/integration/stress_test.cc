@@ -244,11 +244,18 @@ class Worker {
     }
     seq_[path] = seq;
     version_[path] = 1;
-    if (Pick(4) == 0) {
-      if (fsync(fd) != 0) return close(fd), Fail("fsync " + path, errno);
+    SyncSometimesAndClose(fd, path, 4, fsync, "fsync ");
+  }
+
+  // One time in ODDS syncs FD (of PATH) with SYNC, then closes it; false
+  // (with the failure reported) where either fails.
+  bool SyncSometimesAndClose(int fd, const std::string& path, uint64_t odds, int (*sync)(int), const char* what) {
+    if (Pick(odds) == 0) {
+      if (sync(fd) != 0) return close(fd), Fail(what + path, errno), false;
       counters_->fsyncs++;
     }
-    if (close(fd) != 0) Fail("close " + path, errno);
+    if (close(fd) != 0) return Fail("close " + path, errno), false;
+    return true;
   }
 
   void CreateSealed() {
@@ -268,11 +275,7 @@ class Worker {
     files_[tmp].content = content;
     counters_->writes++;
     counters_->bytes_written += content.size();
-    if (Pick(4) == 0) {
-      if (fsync(fd) != 0) return close(fd), Fail("fsync " + tmp, errno);
-      counters_->fsyncs++;
-    }
-    if (close(fd) != 0) return Fail("close " + tmp, errno);
+    if (!SyncSometimesAndClose(fd, tmp, 4, fsync, "fsync ")) return;
     // Published under its final name, often in another shared directory.
     std::string target = (Pick(2) == 0 ? dir : AnyDir()) + "/" + name;
     if (rename(Abs(tmp).c_str(), Abs(target).c_str()) != 0) {
@@ -307,11 +310,7 @@ class Worker {
     counters_->bytes_written += data.size();
     if (file.content.size() < offset + length) file.content.resize(offset + length, '\0');
     file.content.replace(offset, length, data);
-    if (Pick(5) == 0) {
-      if (fdatasync(fd) != 0) return close(fd), Fail("fdatasync " + path, errno);
-      counters_->fsyncs++;
-    }
-    if (close(fd) != 0) Fail("close " + path, errno);
+    SyncSometimesAndClose(fd, path, 5, fdatasync, "fdatasync ");
   }
 
   void ReadOwn() {
