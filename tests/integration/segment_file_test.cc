@@ -431,6 +431,13 @@ class SegmentDedupTest : public ::testing::TestWithParam<bool> {  // true: the d
     return needed;
   }
 
+  // Unmounts the volume, which fsck then finds clean.
+  void ExpectCleanAfterUnmount() {
+    ASSERT_TRUE(volume_->Unmount());
+    std::string output;
+    EXPECT_EQ(RunSpillfs("fsck " + volume_->volume(), &output), 0) << output;
+  }
+
   std::unique_ptr<MountedVolume> volume_;
 };
 
@@ -470,9 +477,7 @@ TEST_P(SegmentDedupTest, SecondSaveMapsTheUnitsByReference) {
   ASSERT_EQ(unlink(volume_->Path("step1").c_str()), 0);
   ASSERT_TRUE(volume_->Remount());
   EXPECT_TRUE(ReadFile(volume_->Path("step2")) == data + tail);
-  ASSERT_TRUE(volume_->Unmount());
-  std::string output;
-  EXPECT_EQ(RunSpillfs("fsck " + volume_->volume(), &output), 0) << output;
+  ExpectCleanAfterUnmount();
 }
 
 // Bytes of the range still in the RAM tier (written through the mount
@@ -577,9 +582,7 @@ TEST_P(SegmentDedupTest, ScatteredUnitsInOneCall) {
   ASSERT_EQ(stat(volume_->Path("other").c_str(), &st), 0);
   EXPECT_EQ(st.st_size, 0) << "nothing mapped";
   f.reset();
-  ASSERT_TRUE(volume_->Unmount());
-  std::string output;
-  EXPECT_EQ(RunSpillfs("fsck " + volume_->volume(), &output), 0) << output;
+  ExpectCleanAfterUnmount();
 }
 
 // A save writes the units it knows are new while it asks about the others:
@@ -622,9 +625,7 @@ TEST_P(SegmentDedupTest, DedupWhileWritesOfOtherRangesAreInFlight) {
     EXPECT_EQ(SizeOf(volume_->Path(name)), want.size()) << "round " << round;
     EXPECT_TRUE(ReadFile(volume_->Path(name)) == want) << "round " << round;
   }
-  ASSERT_TRUE(volume_->Unmount());
-  std::string output;
-  EXPECT_EQ(RunSpillfs("fsck " + volume_->volume(), &output), 0) << output;
+  ExpectCleanAfterUnmount();
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, SegmentDedupTest, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& info) {
