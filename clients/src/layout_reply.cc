@@ -1,9 +1,14 @@
 #include "layout_reply.h"
 
 #include <cstring>
+#include <string_view>
 
 namespace spillfs::client {
 namespace {
+
+// JSON's one-letter escapes, and the characters they stand for.
+constexpr std::string_view kEscapes = "\"\\/bfnrt";
+constexpr std::string_view kEscaped = "\"\\/\b\f\n\r\t";
 
 class Reader {
  public:
@@ -37,62 +42,38 @@ class Reader {
     while (p_ < end_ && *p_ != '"') {
       if (*p_ == '\\') {
         if (++p_ >= end_) return Bad();
-        switch (*p_) {
-          case '"':
-            out->push_back('"');
-            break;
-          case '\\':
-            out->push_back('\\');
-            break;
-          case '/':
-            out->push_back('/');
-            break;
-          case 'b':
-            out->push_back('\b');
-            break;
-          case 'f':
-            out->push_back('\f');
-            break;
-          case 'n':
-            out->push_back('\n');
-            break;
-          case 'r':
-            out->push_back('\r');
-            break;
-          case 't':
-            out->push_back('\t');
-            break;
-          case 'u': {
-            if (end_ - p_ < 5) return Bad();
-            unsigned cp = 0;
-            for (int i = 1; i <= 4; ++i) {
-              char h = p_[i];
-              cp <<= 4;
-              if (h >= '0' && h <= '9')
-                cp |= static_cast<unsigned>(h - '0');
-              else if (h >= 'a' && h <= 'f')
-                cp |= static_cast<unsigned>(h - 'a' + 10);
-              else if (h >= 'A' && h <= 'F')
-                cp |= static_cast<unsigned>(h - 'A' + 10);
-              else
-                return Bad();
-            }
-            p_ += 4;
-            if (cp >= 0xd800 && cp < 0xe000) return Bad();  // surrogates: leave to the full parser
-            if (cp < 0x80) {
-              out->push_back(static_cast<char>(cp));
-            } else if (cp < 0x800) {
-              out->push_back(static_cast<char>(0xc0 | (cp >> 6)));
-              out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-            } else {
-              out->push_back(static_cast<char>(0xe0 | (cp >> 12)));
-              out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
-              out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-            }
-            break;
-          }
-          default:
+        const size_t simple = kEscapes.find(*p_);
+        if (simple != std::string_view::npos) {
+          out->push_back(kEscaped[simple]);
+          ++p_;
+          continue;
+        }
+        if (*p_ != 'u') return Bad();
+        if (end_ - p_ < 5) return Bad();
+        unsigned cp = 0;
+        for (int i = 1; i <= 4; ++i) {
+          char h = p_[i];
+          cp <<= 4;
+          if (h >= '0' && h <= '9')
+            cp |= static_cast<unsigned>(h - '0');
+          else if (h >= 'a' && h <= 'f')
+            cp |= static_cast<unsigned>(h - 'a' + 10);
+          else if (h >= 'A' && h <= 'F')
+            cp |= static_cast<unsigned>(h - 'A' + 10);
+          else
             return Bad();
+        }
+        p_ += 4;
+        if (cp >= 0xd800 && cp < 0xe000) return Bad();  // surrogates: leave to the full parser
+        if (cp < 0x80) {
+          out->push_back(static_cast<char>(cp));
+        } else if (cp < 0x800) {
+          out->push_back(static_cast<char>(0xc0 | (cp >> 6)));
+          out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+        } else {
+          out->push_back(static_cast<char>(0xe0 | (cp >> 12)));
+          out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+          out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
         }
         ++p_;
       } else {
