@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -175,28 +176,12 @@ std::string PathError(const std::string& arg, const std::string& volume_dir, con
 // ---- human output ----
 
 std::string ModeString(uint32_t mode) {
+  // The type letters of ls -l; '-' for a regular file (and anything else).
+  static constexpr std::pair<uint32_t, char> kTypes[] = {{S_IFDIR, 'd'},  {S_IFLNK, 'l'}, {S_IFIFO, 'p'},
+                                                         {S_IFSOCK, 's'}, {S_IFCHR, 'c'}, {S_IFBLK, 'b'}};
   std::string s(10, '-');
-  switch (mode & S_IFMT) {
-    case S_IFDIR:
-      s[0] = 'd';
-      break;
-    case S_IFLNK:
-      s[0] = 'l';
-      break;
-    case S_IFIFO:
-      s[0] = 'p';
-      break;
-    case S_IFSOCK:
-      s[0] = 's';
-      break;
-    case S_IFCHR:
-      s[0] = 'c';
-      break;
-    case S_IFBLK:
-      s[0] = 'b';
-      break;
-    default:
-      break;
+  for (const auto& [type, letter] : kTypes) {
+    if ((mode & S_IFMT) == type) s[0] = letter;
   }
   const char* rwx = "rwxrwxrwx";
   for (int i = 0; i < 9; ++i) {
