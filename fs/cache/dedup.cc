@@ -1,4 +1,4 @@
-#include "cache/dedup.h"
+#include "spillfs/cache/dedup.h"
 
 #include <fmt/format.h>
 #include <pthread.h>

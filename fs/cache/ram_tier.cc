@@ -1,4 +1,4 @@
-#include "cache/ram_tier.h"
+#include "spillfs/cache/ram_tier.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,6 +1,6 @@
 // RamTierFlusher: the RAM tier's flushes to the SSD (batches written with
 // io_uring, synced, then mapped by the committer) and the background thread.
-#include "cache/ram_tier_flusher.h"
+#include "spillfs/cache/ram_tier_flusher.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "cache/read_ahead.h"
+#include "spillfs/cache/read_ahead.h"
 
 #include <pthread.h>
 

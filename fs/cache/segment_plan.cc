@@ -1,5 +1,5 @@
 // PlanSegments: where a flush batch's or a write's segments go on the SSD.
-#include "cache/segment_plan.h"
+#include "spillfs/cache/segment_plan.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "control/control_plane.h"
+#include "spillfs/control/control_plane.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "core/filesystem.h"
+#include "spillfs/core/filesystem.h"
 #include "spillfs/common/clock.h"
 #include "spillfs/common/rounding.h"
 #include "spillfs/kvindex/keys.h"

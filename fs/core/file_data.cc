@@ -9,8 +9,8 @@
 
 #include <cstring>
 
-#include "core/extent_walk.h"
-#include "core/filesystem.h"
+#include "extent_walk.h"
+#include "spillfs/core/filesystem.h"
 #include "spillfs/common/block_checksum.h"
 #include "spillfs/common/clock.h"
 #include "spillfs/common/rounding.h"

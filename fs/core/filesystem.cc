@@ -4,7 +4,7 @@
 // extended attributes in xattr.cc; the RAM tier in ram_tier_io.cc (reads and
 // writes it serves) and flush_commit.cc (the commit of a batch the cache's
 // flusher wrote: FlushCommitter).
-#include "core/filesystem.h"
+#include "spillfs/core/filesystem.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -14,7 +14,7 @@
 
 #include <chrono>
 
-#include "core/inode_rules.h"
+#include "inode_rules.h"
 #include "spillfs/common/clock.h"
 #include "spillfs/kvindex/keys.h"
 

@@ -1,10 +1,10 @@
 // Filesystem's side of a RAM-tier flush (FlushCommitter): the commit of a
 // flushed batch's mapping, and the flush at close. The flush pipeline itself
-// is the cache's (cache/ram_tier_flusher.h); reads and writes served by the
+// is the cache's (spillfs/cache/ram_tier_flusher.h); reads and writes served by the
 // tier are in ram_tier_io.cc.
 #include <algorithm>
 
-#include "core/filesystem.h"
+#include "spillfs/core/filesystem.h"
 
 namespace spillfs {
 

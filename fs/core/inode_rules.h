@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "core/filesystem.h"
+#include "spillfs/core/filesystem.h"
 #include "spillfs/common/status.h"
 #include "spillfs/kvindex/records.h"
 

@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/filesystem.h"
-#include "core/inode_rules.h"
+#include "spillfs/core/filesystem.h"
+#include "inode_rules.h"
 #include "spillfs/common/clock.h"
 #include "spillfs/kvindex/keys.h"
 

@@ -1,11 +1,11 @@
 // Filesystem: reads and writes served by the write-back RAM tier (cached
 // writes, cached reads, the overlay of a cached file's attributes). The
-// flushes that take its data to the SSD are the cache's (cache/ram_tier_flusher.h).
+// flushes that take its data to the SSD are the cache's (spillfs/cache/ram_tier_flusher.h).
 #include <chrono>
 #include <cstring>
 #include <thread>
 
-#include "core/filesystem.h"
+#include "spillfs/core/filesystem.h"
 #include "spillfs/common/clock.h"
 #include "spillfs/common/rounding.h"
 

@@ -2,7 +2,7 @@
 #include <fmt/format.h>
 #include <sys/xattr.h>
 
-#include "core/filesystem.h"
+#include "spillfs/core/filesystem.h"
 #include "spillfs/common/clock.h"
 #include "spillfs/kvindex/keys.h"
 

@@ -1,5 +1,5 @@
 #define FUSE_USE_VERSION 314
-#include "spillfs/fs/fuse_daemon.h"
+#include "spillfs/fuse/fuse_daemon.h"
 
 #include <fmt/format.h>
 #include <fuse3/fuse_lowlevel.h>
@@ -9,10 +9,10 @@
 #include <fstream>
 #include <vector>
 
-#include "fuse/fuse_device_loop.h"
-#include "fuse/fuse_guard.h"
-#include "fuse/fuse_ops.h"
-#include "fuse/fuse_ring.h"
+#include "spillfs/fuse/fuse_device_loop.h"
+#include "spillfs/fuse/fuse_guard.h"
+#include "fuse_ops.h"
+#include "fuse_ring.h"
 #include "spillfs/common/mountinfo.h"
 
 namespace spillfs {

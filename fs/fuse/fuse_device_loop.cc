@@ -1,5 +1,5 @@
 #define FUSE_USE_VERSION 314
-#include "fuse/fuse_device_loop.h"
+#include "spillfs/fuse/fuse_device_loop.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

@@ -1,4 +1,4 @@
-#include "fuse/fuse_guard.h"
+#include "spillfs/fuse/fuse_guard.h"
 
 #include <linux/fuse.h>
 

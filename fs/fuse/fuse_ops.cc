@@ -2,7 +2,7 @@
 // on Filesystem (or the ControlPlane) and its answer; FuseDaemon (which owns
 // the session) is the request's userdata.
 #define FUSE_USE_VERSION 314
-#include "fuse/fuse_ops.h"
+#include "fuse_ops.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -14,8 +14,8 @@
 #include <memory>
 #include <vector>
 
-#include "fuse/fuse_guard.h"
-#include "spillfs/fs/fuse_daemon.h"
+#include "spillfs/fuse/fuse_guard.h"
+#include "spillfs/fuse/fuse_daemon.h"
 
 namespace spillfs {
 

@@ -1,5 +1,5 @@
 #define FUSE_USE_VERSION 314
-#include "fuse/fuse_ring.h"
+#include "fuse_ring.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

@@ -4,12 +4,12 @@
 // collecting problems (fsck_pass.cc). Repair edits that model, writes one
 // index batch that brings the index in line with it (fsck_repair.cc), and a
 // second Pass verifies the result.
-#include "spillfs/fs/fsck.h"
+#include "spillfs/inspect/fsck.h"
 
 #include <set>
 #include <tuple>
 
-#include "inspect/fsck_pass.h"
+#include "fsck_pass.h"
 
 namespace spillfs::fsck {
 namespace {

@@ -1,7 +1,7 @@
 // The checks of fsck's Pass across its whole model: the data area's
 // partition into mapped and free space, and the namespace (links, names,
 // reachability, inode numbers).
-#include "inspect/fsck_pass.h"
+#include "fsck_pass.h"
 
 #include <fmt/format.h>
 

@@ -2,7 +2,7 @@
 // extents without their checksums, free list), with the checks each record
 // allows on its own; the checks across the model are in fsck_checks.cc, the
 // scrub of the data in fsck_scrub.cc.
-#include "inspect/fsck_pass.h"
+#include "fsck_pass.h"
 
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -136,25 +136,33 @@ Status Pass::CheckMeta() {
   return Status::OK();
 }
 
-Status Pass::ScanInodes() {
-  auto cursor = index_.NewCursor(Family::kInode, "");
+Status Pass::EachRecord(Family family, std::string_view phase,
+                        const std::function<void(std::string_view key, std::string_view value)>& visit) {
+  auto cursor = index_.NewCursor(family, "");
   uint64_t n = 0;
   for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
-    if (++n % kProgressEvery == 0) Progress("inodes", n);
-    if (cursor->key().size() != 8) {
-      Add(ProblemKind::kBadRecord, 0, fmt::format("inode key of {} bytes (8 expected)", cursor->key().size()));
-      continue;
+    if (++n % kProgressEvery == 0 && !phase.empty()) Progress(phase, n);
+    visit(cursor->key(), cursor->value());
+  }
+  return cursor->status();
+}
+
+Status Pass::ScanInodes() {
+  Status status = EachRecord(Family::kInode, "inodes", [&](std::string_view key, std::string_view value) {
+    if (key.size() != 8) {
+      Add(ProblemKind::kBadRecord, 0, fmt::format("inode key of {} bytes (8 expected)", key.size()));
+      return;
     }
-    InodeNumber ino = keys::DecodeIno(cursor->key());
-    auto record = InodeRecord::Decode(cursor->value());
+    InodeNumber ino = keys::DecodeIno(key);
+    auto record = InodeRecord::Decode(value);
     if (!record.ok()) {
       Add(ProblemKind::kBadRecord, ino, fmt::format("inode {}: {}", ino, record.status().message()));
-      continue;
+      return;
     }
     if (!KnownType(record->mode)) {
       Add(ProblemKind::kBadRecord, ino,
           fmt::format("inode {} has an unknown file type (mode {:o})", ino, record->mode));
-      continue;
+      return;
     }
     max_ino_ = std::max(max_ino_, ino);
     ++report_.inodes;
@@ -174,8 +182,8 @@ Status Pass::ScanInodes() {
     }
     inodes_[ino].record = std::move(*record);
     inode_order_.push_back(ino);
-  }
-  SPILLFS_RETURN_IF_ERROR(cursor->status());
+  });
+  SPILLFS_RETURN_IF_ERROR(status);
   auto root = inodes_.find(kRootInode);
   if (root == inodes_.end() || !IsDirMode(root->second.record.mode)) {
     Add(ProblemKind::kBadRecord, kRootInode, "the root directory (inode 1) is missing or not a directory");
@@ -184,29 +192,25 @@ Status Pass::ScanInodes() {
 }
 
 Status Pass::ScanDirents() {
-  auto cursor = index_.NewCursor(Family::kDirent, "");
-  uint64_t n = 0;
-  for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
-    if (++n % kProgressEvery == 0) Progress("dirents", n);
+  Status status = EachRecord(Family::kDirent, "dirents", [&](std::string_view key, std::string_view value) {
     ++report_.dirents;
-    if (cursor->key().size() <= 8) {
-      Add(ProblemKind::kBadRecord, 0,
-          fmt::format("dirent key of {} bytes (more than 8 expected)", cursor->key().size()));
-      continue;
+    if (key.size() <= 8) {
+      Add(ProblemKind::kBadRecord, 0, fmt::format("dirent key of {} bytes (more than 8 expected)", key.size()));
+      return;
     }
     DirentInfo d;
-    d.parent = keys::DecodeIno(cursor->key());
-    d.name.assign(keys::DirentName(cursor->key()));
-    auto record = DirentRecord::Decode(cursor->value());
+    d.parent = keys::DecodeIno(key);
+    d.name.assign(keys::DirentName(key));
+    auto record = DirentRecord::Decode(value);
     if (!record.ok()) {
       Add(ProblemKind::kBadRecord, d.parent,
           fmt::format("dirent {:?} in directory {}: {}", d.name, d.parent, record.status().message()));
-      continue;
+      return;
     }
     d.record = *record;
     dirents_.push_back(std::move(d));
-  }
-  SPILLFS_RETURN_IF_ERROR(cursor->status());
+  });
+  SPILLFS_RETURN_IF_ERROR(status);
 
   // Which dirents are live, and the links they give.
   for (DirentInfo& d : dirents_) {
@@ -257,34 +261,30 @@ Status Pass::ScanDirents() {
 }
 
 Status Pass::ScanOrphans() {
-  auto cursor = index_.NewCursor(Family::kOrphan, "");
-  for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
-    if (cursor->key().size() != 8) {
-      Add(ProblemKind::kBadRecord, 0, fmt::format("orphan key of {} bytes (8 expected)", cursor->key().size()));
-      continue;
+  return EachRecord(Family::kOrphan, "", [&](std::string_view key, std::string_view /*value*/) {
+    if (key.size() != 8) {
+      Add(ProblemKind::kBadRecord, 0, fmt::format("orphan key of {} bytes (8 expected)", key.size()));
+      return;
     }
-    InodeNumber ino = keys::DecodeIno(cursor->key());
+    InodeNumber ino = keys::DecodeIno(key);
     ++report_.orphans;
     orphan_keys_.insert(ino);
     auto it = inodes_.find(ino);
     if (it != inodes_.end()) it->second.orphan = true;
-  }
-  return cursor->status();
+  });
 }
 
 Status Pass::ScanXattrs() {
-  auto cursor = index_.NewCursor(Family::kXattr, "");
-  for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
+  Status status = EachRecord(Family::kXattr, "", [&](std::string_view key, std::string_view /*value*/) {
     ++report_.xattrs;
-    if (cursor->key().size() <= 8) {
-      Add(ProblemKind::kBadRecord, 0,
-          fmt::format("xattr key of {} bytes (more than 8 expected)", cursor->key().size()));
-      continue;
+    if (key.size() <= 8) {
+      Add(ProblemKind::kBadRecord, 0, fmt::format("xattr key of {} bytes (more than 8 expected)", key.size()));
+      return;
     }
-    InodeNumber ino = keys::DecodeIno(cursor->key());
-    if (inodes_.find(ino) == inodes_.end()) stray_xattrs_[ino].emplace_back(cursor->key());
-  }
-  SPILLFS_RETURN_IF_ERROR(cursor->status());
+    InodeNumber ino = keys::DecodeIno(key);
+    if (inodes_.find(ino) == inodes_.end()) stray_xattrs_[ino].emplace_back(key);
+  });
+  SPILLFS_RETURN_IF_ERROR(status);
   for (const auto& [ino, keys] : stray_xattrs_) {
     Add(ProblemKind::kStrayXattr, ino, fmt::format("{} xattr(s) of missing inode {}", keys.size(), ino));
   }
@@ -398,18 +398,15 @@ Status Pass::ScanExtents() {
 }
 
 Status Pass::ScanFree() {
-  auto cursor = index_.NewCursor(Family::kFree, "");
-  uint64_t n = 0;
-  for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
-    if (++n % kProgressEvery == 0) Progress("free list", n);
+  return EachRecord(Family::kFree, "free list", [&](std::string_view key, std::string_view value) {
     FreeInfo f;
-    coding::Reader reader(cursor->value());
-    if (cursor->key().size() != 8 || !reader.GetVarint64(&f.length) || !reader.empty()) {
+    coding::Reader reader(value);
+    if (key.size() != 8 || !reader.GetVarint64(&f.length) || !reader.empty()) {
       Add(ProblemKind::kBadRecord, 0, "malformed free-space record");
-      bad_free_keys_.emplace_back(cursor->key());
-      continue;
+      bad_free_keys_.emplace_back(key);
+      return;
     }
-    f.offset = keys::DecodeIno(cursor->key());
+    f.offset = keys::DecodeIno(key);
     report_.bytes_free += f.length;
     if (f.length == 0 || f.offset % bs_ != 0 || f.length % bs_ != 0) {
       f.sane = false;
@@ -425,8 +422,7 @@ Status Pass::ScanFree() {
           {}, f.offset, f.length);
     }
     free_.push_back(f);
-  }
-  return cursor->status();
+  });
 }
 
 // Dedup blobs: each 'p' record is referenced by exactly `refs` extents that

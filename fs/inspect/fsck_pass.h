@@ -6,6 +6,7 @@
 
 #include <sys/stat.h>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -14,9 +15,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "spillfs/common/rounding.h"
 #include "spillfs/common/aligned_buffer.h"
-#include "spillfs/fs/fsck.h"
+#include "spillfs/common/rounding.h"
+#include "spillfs/inspect/fsck.h"
 #include "spillfs/kvindex/records.h"
 
 namespace spillfs::fsck::internal {
@@ -110,6 +111,10 @@ class Pass {
     if (options_.progress) options_.progress(phase, done, total);
   }
 
+  // Visits every record of `family` in key order, calling Progress(phase)
+  // every kProgressEvery records; the cursor's status at the end.
+  Status EachRecord(Family family, std::string_view phase,
+                    const std::function<void(std::string_view key, std::string_view value)>& visit);
   Status CheckMeta();
   Status ScanInodes();
   Status ScanDirents();

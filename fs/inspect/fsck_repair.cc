@@ -1,6 +1,6 @@
 // Repair: edits the model a Pass built so that every repairable problem is
 // gone, and writes one index batch that brings the index in line with it.
-#include "inspect/fsck_pass.h"
+#include "fsck_pass.h"
 
 #include <fmt/format.h>
 #include <sys/stat.h>

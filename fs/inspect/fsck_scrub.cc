@@ -1,6 +1,6 @@
 // fsck --scrub: every mapped block read back and checked against its
 // checksum, in large batches.
-#include "inspect/fsck_pass.h"
+#include "fsck_pass.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "spillfs/fs/inspector.h"
+#include "spillfs/inspect/inspector.h"
 
 #include <fmt/format.h>
 #include <sys/stat.h>

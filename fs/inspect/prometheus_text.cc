@@ -6,7 +6,7 @@
 #include <cmath>
 #include <string>
 
-#include "spillfs/fs/inspector.h"
+#include "spillfs/inspect/inspector.h"
 
 namespace spillfs {
 

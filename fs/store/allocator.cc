@@ -1,4 +1,4 @@
-#include "store/allocator.h"
+#include "spillfs/store/allocator.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "store/block_store.h"
+#include "spillfs/store/block_store.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "spillfs/common/mutex.h"
-#include "store/uring_engine.h"
+#include "spillfs/store/uring_engine.h"
 
 namespace spillfs {
 namespace {
@@ -55,7 +55,7 @@ class FileBlockStore final : public BlockStore {
   std::atomic<uint64_t> bytes_written_{0};
   std::atomic<uint64_t> bytes_read_{0};
   // Group commit of fdatasync (SyncData). A leaf in the lock order
-  // (core/filesystem.h): nothing is taken under it, and fdatasync runs
+  // (spillfs/core/filesystem.h): nothing is taken under it, and fdatasync runs
   // without it.
   mutable Mutex sync_mu_;
   CondVar sync_done_{&sync_mu_};

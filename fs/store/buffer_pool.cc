@@ -1,4 +1,4 @@
-#include "store/buffer_pool.h"
+#include "spillfs/store/buffer_pool.h"
 
 #include <sys/mman.h>
 

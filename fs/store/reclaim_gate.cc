@@ -1,4 +1,4 @@
-#include "store/reclaim_gate.h"
+#include "spillfs/store/reclaim_gate.h"
 
 namespace spillfs {
 

@@ -1,4 +1,4 @@
-#include "store/uring_engine.h"
+#include "spillfs/store/uring_engine.h"
 
 #include <fmt/format.h>
 #include <liburing.h>

@@ -1,4 +1,4 @@
-#include "spillfs/fs/volume.h"
+#include "spillfs/store/volume.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

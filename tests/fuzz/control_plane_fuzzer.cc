@@ -30,9 +30,9 @@
 #include <string_view>
 #include <vector>
 
-#include "control/control_plane.h"
+#include "spillfs/control/control_plane.h"
 #include "fuzz_util.h"
-#include "spillfs/fs/fsck.h"
+#include "spillfs/inspect/fsck.h"
 
 namespace {
 

@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "core/filesystem.h"
-#include "spillfs/fs/volume.h"
+#include "spillfs/core/filesystem.h"
+#include "spillfs/store/volume.h"
 
 // A broken property is a crash: libFuzzer keeps the input that caused it.
 #define FUZZ_CHECK(cond, what)                                                                                         \

@@ -14,9 +14,9 @@
 #include <string>
 #include <string_view>
 
-#include "control/control_plane.h"
+#include "spillfs/control/control_plane.h"
 #include "fuzz_util.h"
-#include "spillfs/fs/inspector.h"
+#include "spillfs/inspect/inspector.h"
 
 namespace {
 

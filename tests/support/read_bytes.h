@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/filesystem.h"
+#include "spillfs/core/filesystem.h"
 
 namespace spillfs::testing {
 

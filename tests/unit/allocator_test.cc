@@ -1,5 +1,5 @@
 // Unit tests for fs/allocator.h against a real Index in a temporary directory.
-#include "store/allocator.h"
+#include "spillfs/store/allocator.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

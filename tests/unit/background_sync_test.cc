@@ -1,4 +1,4 @@
-#include "core/background_sync.h"
+#include "spillfs/core/background_sync.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Unit tests for fs/block_store.h and fs/uring_engine.h on a temporary image
 // file: scatter/gather writes and reads at many offsets and lengths, checked
 // byte for byte (also against plain pread of the file), and refusals.
-#include "store/block_store.h"
+#include "spillfs/store/block_store.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "spillfs/common/aligned_buffer.h"
-#include "store/uring_engine.h"
+#include "spillfs/store/uring_engine.h"
 #include "support/temp_dir.h"
 
 namespace spillfs {

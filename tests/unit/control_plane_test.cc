@@ -3,7 +3,7 @@
 // spillfs/common/mountinfo.h, and ControlPlane, the one dispatcher of the
 // daemon, driven through its handles on a Filesystem over a fresh volume
 // (what the FUSE adapter does for MOUNT/.spillfs/control and .../stats).
-#include "control/control_plane.h"
+#include "spillfs/control/control_plane.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -20,7 +20,7 @@
 #include "spillfs/common/block_checksum.h"
 #include "spillfs/common/control_protocol.h"
 #include "spillfs/common/mountinfo.h"
-#include "spillfs/fs/volume.h"
+#include "spillfs/store/volume.h"
 #include "support/temp_dir.h"
 
 namespace spillfs {

@@ -23,10 +23,10 @@
 #include <thread>
 #include <vector>
 
-#include "core/filesystem.h"
-#include "spillfs/fs/volume.h"
+#include "spillfs/core/filesystem.h"
+#include "spillfs/store/volume.h"
 #include "spillfs/kvindex/keys.h"
-#include "store/block_store.h"
+#include "spillfs/store/block_store.h"
 #include "support/eventually.h"
 #include "support/read_bytes.h"
 #include "support/temp_dir.h"

@@ -1,5 +1,5 @@
 // Unit tests of checkpoint dedup on the direct path (Filesystem::DirectDedup,
-// DirectCommit's blobs, cache/dedup.h): units the volume holds are mapped by
+// DirectCommit's blobs, spillfs/cache/dedup.h): units the volume holds are mapped by
 // reference with their blob's checksums and reference counts, take no space,
 // and go with their last reference; a commit's run of whole units is one blob,
 // and a run of units found in one blob is mapped as one extent.
@@ -16,7 +16,7 @@
 #include "filesystem_fixture.h"
 #include "spillfs/common/aligned_buffer.h"
 #include "spillfs/common/block_checksum.h"
-#include "spillfs/fs/fsck.h"
+#include "spillfs/inspect/fsck.h"
 #include "support/random_bytes.h"
 
 namespace spillfs {

@@ -1,4 +1,4 @@
-// The fixture of the unit tests that drive the POSIX core (core/filesystem.h)
+// The fixture of the unit tests that drive the POSIX core (spillfs/core/filesystem.h)
 // directly, no FUSE: a fresh 64 MiB volume in a temporary directory, opened
 // as a Filesystem, and the helpers those tests share. The tests are filed by
 // concern: file_data_test.cc, namespace_ops_test.cc, ram_tier_test.cc,
@@ -18,11 +18,11 @@
 #include <utility>
 #include <vector>
 
-#include "core/filesystem.h"
 #include "spillfs/common/rounding.h"
-#include "spillfs/fs/volume.h"
+#include "spillfs/core/filesystem.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
+#include "spillfs/store/volume.h"
 #include "support/read_bytes.h"
 #include "support/temp_dir.h"
 

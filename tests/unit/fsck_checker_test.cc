@@ -2,7 +2,7 @@
 // Filesystem API, damaged through the Index API (or in the data area), and
 // the Checker must find each kind of damage, repair what it says it can,
 // leave the rest reported, and find the repaired volume clean and usable.
-#include "spillfs/fs/fsck.h"
+#include "spillfs/inspect/fsck.h"
 
 #include <gtest/gtest.h>
 #include <linux/falloc.h>
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "core/filesystem.h"
 #include "spillfs/common/aligned_buffer.h"
+#include "spillfs/core/filesystem.h"
 #include "spillfs/kvindex/coding.h"
 #include "spillfs/kvindex/keys.h"
 #include "support/read_bytes.h"

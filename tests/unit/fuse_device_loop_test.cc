@@ -1,9 +1,9 @@
-// FuseDeviceLoop (fs/fuse/fuse_device_loop.h) on a /dev/fuse descriptor with
+// FuseDeviceLoop (fs/fuse/include/spillfs/fuse/fuse_device_loop.h) on a /dev/fuse descriptor with
 // no mount behind it: every read() fails (EPERM), so Run must end with that
 // error rather than spin or hang, and the loop must be destroyed cleanly
 // afterwards (run under SPILLFS_SANITIZE=ON, a use of freed workers shows).
 #define FUSE_USE_VERSION 314
-#include "fuse/fuse_device_loop.h"
+#include "spillfs/fuse/fuse_device_loop.h"
 
 #include <fcntl.h>
 #include <fuse3/fuse_lowlevel.h>

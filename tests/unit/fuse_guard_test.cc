@@ -1,10 +1,10 @@
-// The FUSE boundary's last-resort catch (fs/fuse/fuse_guard.h): an operation
+// The FUSE boundary's last-resort catch (fs/fuse/include/spillfs/fuse/fuse_guard.h): an operation
 // that throws before it answers its request is answered ENOMEM (std::bad_alloc)
 // or EIO (any other exception) exactly once; one that answered first is not
 // answered again; nothing escapes into libfuse. The failure answer is
 // recorded here instead of going to the kernel, and the transports' notice
 // of each message written (NoteFuseWrite) is given by hand.
-#include "fuse/fuse_guard.h"
+#include "spillfs/fuse/fuse_guard.h"
 
 #include <gtest/gtest.h>
 #include <linux/fuse.h>

@@ -5,7 +5,7 @@
 // the control-interface dispatcher and the Prometheus text are checked
 // exactly; dedup accounting (shared blobs counted once) is checked on extent
 // records written straight into the index.
-#include "spillfs/fs/inspector.h"
+#include "spillfs/inspect/inspector.h"
 
 #include <gtest/gtest.h>
 #include <linux/falloc.h>
@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "control/control_plane.h"
-#include "core/filesystem.h"
-#include "spillfs/fs/volume.h"
+#include "spillfs/control/control_plane.h"
+#include "spillfs/core/filesystem.h"
 #include "spillfs/kvindex/keys.h"
+#include "spillfs/store/volume.h"
 #include "support/temp_dir.h"
 
 namespace spillfs {

@@ -1,4 +1,4 @@
-// Unit tests of the RAM tier (cache/ram_tier.h, cache/ram_tier_flusher.cc,
+// Unit tests of the RAM tier (spillfs/cache/ram_tier.h, cache/ram_tier_flusher.cc,
 // core/ram_tier_io.cc): the write-back flusher, room made for writers, reads
 // served from its chunks, and attributes while a flush commits.
 #include <gtest/gtest.h>

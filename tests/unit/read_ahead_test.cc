@@ -1,4 +1,4 @@
-// Unit tests of read-ahead (cache/read_ahead.h): streams detected and served
+// Unit tests of read-ahead (spillfs/cache/read_ahead.h): streams detected and served
 // from windows, windows dropped or made stale by a change, waits counted, and
 // the options derived from --read-ahead and --max-request.
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // Unit tests for fs/reclaim_gate.h: freed space is released only once every
 // reader that could still see the old mapping has left.
-#include "store/reclaim_gate.h"
+#include "spillfs/store/reclaim_gate.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Unit tests of space accounting through the POSIX core (the allocator and
-// the reclaim gate, store/allocator.h and store/reclaim_gate.h, under
+// the reclaim gate, spillfs/store/allocator.h and spillfs/store/reclaim_gate.h, under
 // core/file_data.cc): every block is free or mapped exactly once, deleting
 // gives all space back, a full volume gives ENOSPC and recovers, and freed
 // blocks are reused only when no reader and no power cut can still see them.

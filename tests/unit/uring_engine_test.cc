@@ -17,7 +17,7 @@
 #include <string>
 #include <thread>
 
-#include "store/uring_engine.h"
+#include "spillfs/store/uring_engine.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Unit tests of volumes (spillfs/fs/volume.h, store/volume.cc): create and
+// Unit tests of volumes (spillfs/store/volume.h, store/volume.cc): create and
 // its refusals, the volume lock, and open refusing a second holder or a
 // mismatched data area.
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "cache/waited_mutex.h"
+#include "spillfs/cache/waited_mutex.h"
 
 #include <gtest/gtest.h>
 

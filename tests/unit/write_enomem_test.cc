@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <string>
 
-#include "core/filesystem.h"
-#include "spillfs/fs/volume.h"
+#include "spillfs/core/filesystem.h"
+#include "spillfs/store/volume.h"
 #include "support/random_bytes.h"
 #include "support/read_bytes.h"
 #include "support/temp_dir.h"

@@ -15,8 +15,8 @@
 #include "sizes.h"
 #include "spillfs/common/control_protocol.h"
 #include "spillfs/common/mountinfo.h"
-#include "spillfs/fs/fsck.h"
-#include "spillfs/fs/volume.h"
+#include "spillfs/inspect/fsck.h"
+#include "spillfs/store/volume.h"
 
 namespace spillfs::cli {
 namespace {
@@ -208,15 +208,13 @@ int RunFsck(const FsckArgs& args) {
 }  // namespace
 
 void RegisterFsck(CLI::App& app, int* exit_code) {
-  auto args = std::make_shared<FsckArgs>();
-  CLI::App* cmd =
-      app.add_subcommand("fsck", "Check an unmounted volume (exit 0 clean, 1 problems found, 2 could not run)");
+  auto [cmd, args] = AddCommand<FsckArgs>(
+      app, "fsck", "Check an unmounted volume (exit 0 clean, 1 problems found, 2 could not run)", exit_code, RunFsck);
   cmd->add_option("VOLUME", args->volume, "The volume directory")->required();
   cmd->add_flag("--repair", args->repair, "Fix what is safely fixable (leaks, link counts, orphans, ...)");
   cmd->add_flag("--scrub", args->scrub, "Also read every written extent and verify its checksums");
   cmd->add_flag("--json", args->json, "Print the report as JSON");
   cmd->add_flag("--list-extents", args->list_extents, "With --json: include every file's extent map");
-  cmd->callback([args, exit_code] { *exit_code = RunFsck(*args); });
 }
 
 }  // namespace spillfs::cli

@@ -32,8 +32,8 @@
 #include "spillfs/common/control_protocol.h"
 #include "spillfs/common/mountinfo.h"
 #include "spillfs/common/stat_keys.h"
-#include "spillfs/fs/inspector.h"
-#include "spillfs/fs/volume.h"
+#include "spillfs/inspect/inspector.h"
+#include "spillfs/store/volume.h"
 
 namespace spillfs::cli {
 namespace {
@@ -533,17 +533,15 @@ int RunTop(const TopArgs& args) {
 }  // namespace
 
 void RegisterStat(CLI::App& app, int* exit_code) {
-  auto args = std::make_shared<StatArgs>();
-  CLI::App* cmd = app.add_subcommand("stat", "Show a volume's space, dedup and I/O counters");
+  auto [cmd, args] =
+      AddCommand<StatArgs>(app, "stat", "Show a volume's space, dedup and I/O counters", exit_code, RunStat);
   cmd->add_option("TARGET", args->target, "Mount point (or a path inside it), or an unmounted volume directory")
       ->required();
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
-  cmd->callback([args, exit_code] { *exit_code = RunStat(*args); });
 }
 
 void RegisterLs(CLI::App& app, int* exit_code) {
-  auto args = std::make_shared<LsArgs>();
-  CLI::App* cmd = app.add_subcommand("ls", "List files with their attributes and extents");
+  auto [cmd, args] = AddCommand<LsArgs>(app, "ls", "List files with their attributes and extents", exit_code, RunLs);
   cmd->add_option("PATH", args->paths,
                   "Paths inside a mounted spillfs, or unmounted volume directories (their root); with "
                   "--volume, paths inside that volume (default: . or /)");
@@ -552,27 +550,24 @@ void RegisterLs(CLI::App& app, int* exit_code) {
   cmd->add_flag("-d,--directory", args->directory, "List directories themselves, not their entries");
   cmd->add_flag("--extents", args->extents, "Show each file's extents");
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
-  cmd->callback([args, exit_code] { *exit_code = RunLs(*args); });
 }
 
 void RegisterDu(CLI::App& app, int* exit_code) {
-  auto args = std::make_shared<DuArgs>();
-  CLI::App* cmd = app.add_subcommand("du", "Logical and physical usage of a tree (shared bytes counted once)");
+  auto [cmd, args] = AddCommand<DuArgs>(app, "du", "Logical and physical usage of a tree (shared bytes counted once)",
+                                        exit_code, RunDu);
   cmd->add_option("PATH", args->path,
                   "A path inside a mounted spillfs or an unmounted volume directory; with --volume, a path "
                   "inside that volume");
   cmd->add_option("--volume", args->volume, "Unmounted volume whose path PATH names");
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
-  cmd->callback([args, exit_code] { *exit_code = RunDu(*args); });
 }
 
 void RegisterTop(CLI::App& app, int* exit_code) {
-  auto args = std::make_shared<TopArgs>();
-  CLI::App* cmd = app.add_subcommand("top", "Live throughput, IOPS and RAM-tier view of a mounted volume");
+  auto [cmd, args] =
+      AddCommand<TopArgs>(app, "top", "Live throughput, IOPS and RAM-tier view of a mounted volume", exit_code, RunTop);
   cmd->add_option("MOUNTPOINT", args->mountpoint, "Mount point of a spillfs volume")->required();
   cmd->add_option("--interval", args->interval, "Seconds between refreshes (default 1)");
   cmd->add_option("--count", args->count, "Stop after this many refreshes (default: run until interrupted)");
-  cmd->callback([args, exit_code] { *exit_code = RunTop(*args); });
 }
 
 }  // namespace spillfs::cli

@@ -3,7 +3,7 @@
 
 #include "commands.h"
 #include "sizes.h"
-#include "spillfs/fs/volume.h"
+#include "spillfs/store/volume.h"
 
 namespace spillfs::cli {
 namespace {
@@ -41,15 +41,14 @@ int RunMkfs(const MkfsArgs& args) {
 }  // namespace
 
 void RegisterMkfs(CLI::App& app, int* exit_code) {
-  auto args = std::make_shared<MkfsArgs>();
-  CLI::App* cmd = app.add_subcommand("mkfs", "Make a new volume: an index and a data area (image file or device)");
+  auto [cmd, args] = AddCommand<MkfsArgs>(
+      app, "mkfs", "Make a new volume: an index and a data area (image file or device)", exit_code, RunMkfs);
   cmd->add_option("VOLUME", args->volume, "Directory to hold the volume (created if missing)")->required();
   cmd->add_option("--size", args->size, "Size of the data area, e.g. 64G (default with --device: the whole device)");
   cmd->add_option("--device", args->device, "Block device to hold the data instead of VOLUME/data.img");
   cmd->add_flag("--force", args->force, "Replace an existing, unmounted volume");
   cmd->add_flag("--no-checksums", args->no_checksums, "Do not checksum data blocks");
   cmd->add_flag("--no-dedup", args->no_dedup, "Turn off deduplication for this volume");
-  cmd->callback([args, exit_code] { *exit_code = RunMkfs(*args); });
 }
 
 }  // namespace spillfs::cli

@@ -22,8 +22,8 @@
 #include "sizes.h"
 #include "spillfs/common/control_protocol.h"
 #include "spillfs/common/mountinfo.h"
-#include "spillfs/fs/fuse_daemon.h"
-#include "spillfs/fs/volume.h"
+#include "spillfs/fuse/fuse_daemon.h"
+#include "spillfs/store/volume.h"
 
 namespace spillfs::cli {
 namespace {
@@ -366,10 +366,9 @@ void RegisterMount(CLI::App& app, int* exit_code, const DaemonHooks& hooks) {
 }
 
 void RegisterUmount(CLI::App& app, int* exit_code) {
-  auto path = std::make_shared<std::string>();
-  CLI::App* cmd = app.add_subcommand("umount", "Unmount a spillfs mount point and wait for the daemon to finish");
+  auto [cmd, path] = AddCommand<std::string>(
+      app, "umount", "Unmount a spillfs mount point and wait for the daemon to finish", exit_code, RunUmount);
   cmd->add_option("MOUNTPOINT", *path, "Where the volume is mounted")->required();
-  cmd->callback([path, exit_code] { *exit_code = RunUmount(*path); });
 }
 
 }  // namespace spillfs::cli

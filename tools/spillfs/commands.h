@@ -4,9 +4,11 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <memory>
+#include <utility>
 
-#include "spillfs/fs/fuse_daemon.h"
-#include "spillfs/fs/volume.h"
+#include "spillfs/fuse/fuse_daemon.h"
+#include "spillfs/store/volume.h"
 
 namespace spillfs::cli {
 
@@ -38,6 +40,17 @@ void RegisterStat(CLI::App& app, int* exit_code);
 void RegisterLs(CLI::App& app, int* exit_code);
 void RegisterDu(CLI::App& app, int* exit_code);
 void RegisterTop(CLI::App& app, int* exit_code);
+
+// Adds subcommand `name`; its options bind to the returned Args (kept alive by
+// the callback), and its callback stores run(args) in *exit_code.
+template <typename Args, typename Run>
+std::pair<CLI::App*, std::shared_ptr<Args>> AddCommand(CLI::App& app, const char* name, const char* help,
+                                                       int* exit_code, Run run) {
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(name, help);
+  cmd->callback([args, exit_code, run] { *exit_code = run(*args); });
+  return {cmd, args};
+}
 
 // Prints "spillfs COMMAND: MESSAGE" to stderr and returns 1.
 int Fail(const std::string& command, const std::string& message);

@@ -1,5 +1,5 @@
 // The control protocol of a mount, written once for the daemon
-// (fs/control/control_plane.h), the spillfs tools and the client library.
+// (fs/control/include/spillfs/control/control_plane.h), the spillfs tools and the client library.
 //
 // The mount root holds a virtual directory MOUNT/.spillfs with two files:
 //   stats    (0444) Prometheus text of the `stat` object.

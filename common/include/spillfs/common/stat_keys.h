@@ -59,7 +59,7 @@ struct RuntimeStats {
   // FUSE requests answered over io_uring (mount --fuse-uring) since mount.
   uint64_t fuse_ring_requests = 0;
 
-  // The daemon's read-ahead for sequential readers (fs/cache/read_ahead.h).
+  // The daemon's read-ahead for sequential readers (fs/cache/include/spillfs/cache/read_ahead.h).
   uint64_t read_ahead_window_bytes = 0;   // one window (0: read-ahead off, or not mounted)
   uint64_t read_ahead_windows = 0;        // windows started since mount
   uint64_t read_ahead_bytes_fetched = 0;  // read from the SSD into windows

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "store/buffer_pool.h"
+#include "spillfs/store/buffer_pool.h"
 
 namespace spillfs::memory {
 

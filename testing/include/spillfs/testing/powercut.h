@@ -50,7 +50,7 @@
 #include <string>
 
 #include "spillfs/common/status.h"
-#include "spillfs/fs/volume.h"
+#include "spillfs/store/volume.h"
 
 namespace rocksdb {
 class FileSystem;

@@ -26,21 +26,21 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cache/dedup.h"
-#include "cache/inode_locks.h"
-#include "cache/ram_tier.h"
-#include "cache/ram_tier_flusher.h"
-#include "cache/read_ahead.h"
-#include "cache/segment_plan.h"
-#include "core/background_sync.h"
+#include "spillfs/cache/dedup.h"
+#include "spillfs/cache/inode_locks.h"
+#include "spillfs/cache/ram_tier.h"
+#include "spillfs/cache/ram_tier_flusher.h"
+#include "spillfs/cache/read_ahead.h"
+#include "spillfs/cache/segment_plan.h"
 #include "spillfs/common/aligned_buffer.h"
 #include "spillfs/common/mutex.h"
 #include "spillfs/common/status.h"
 #include "spillfs/common/thread_annotations.h"
-#include "spillfs/fs/volume.h"
+#include "spillfs/core/background_sync.h"
 #include "spillfs/kvindex/records.h"
-#include "store/allocator.h"
-#include "store/reclaim_gate.h"
+#include "spillfs/store/allocator.h"
+#include "spillfs/store/reclaim_gate.h"
+#include "spillfs/store/volume.h"
 
 namespace spillfs {
 

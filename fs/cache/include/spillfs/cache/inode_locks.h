@@ -39,7 +39,7 @@
 #include <array>
 #include <cstddef>
 
-#include "cache/waited_mutex.h"
+#include "spillfs/cache/waited_mutex.h"
 #include "spillfs/common/mutex.h"
 #include "spillfs/kvindex/records.h"
 

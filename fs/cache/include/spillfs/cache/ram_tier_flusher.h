@@ -21,13 +21,13 @@
 #include <utility>
 #include <vector>
 
-#include "cache/dedup.h"
-#include "cache/inode_locks.h"
-#include "cache/ram_tier.h"
-#include "cache/segment_plan.h"
+#include "spillfs/cache/dedup.h"
+#include "spillfs/cache/inode_locks.h"
+#include "spillfs/cache/ram_tier.h"
+#include "spillfs/cache/segment_plan.h"
 #include "spillfs/common/status.h"
-#include "store/allocator.h"
-#include "store/block_store.h"
+#include "spillfs/store/allocator.h"
+#include "spillfs/store/block_store.h"
 
 namespace spillfs {
 

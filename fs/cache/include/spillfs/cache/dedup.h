@@ -52,11 +52,11 @@
 #include <utility>
 #include <vector>
 
-#include "cache/ram_tier.h"
+#include "spillfs/cache/ram_tier.h"
 #include "spillfs/common/status.h"
 #include "spillfs/kvindex/index.h"
 #include "spillfs/kvindex/records.h"
-#include "store/block_store.h"
+#include "spillfs/store/block_store.h"
 
 namespace spillfs {
 

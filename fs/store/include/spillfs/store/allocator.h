@@ -32,7 +32,7 @@
 #include "spillfs/common/mutex.h"
 #include "spillfs/common/status.h"
 #include "spillfs/kvindex/index.h"
-#include "store/block_store.h"
+#include "spillfs/store/block_store.h"
 
 namespace spillfs {
 

@@ -12,9 +12,9 @@
 #include <memory>
 #include <string>
 
-#include "control/control_plane.h"
-#include "core/filesystem.h"
 #include "spillfs/common/status.h"
+#include "spillfs/control/control_plane.h"
+#include "spillfs/core/filesystem.h"
 
 struct fuse_session;
 

@@ -26,12 +26,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/filesystem.h"
 #include "spillfs/common/control_protocol.h"
 #include "spillfs/common/handle_table.h"
 #include "spillfs/common/mutex.h"
-#include "spillfs/fs/inspector.h"
-#include "store/reclaim_gate.h"
+#include "spillfs/core/filesystem.h"
+#include "spillfs/inspect/inspector.h"
+#include "spillfs/store/reclaim_gate.h"
 
 namespace spillfs {
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "spillfs/common/mutex.h"
-#include "store/block_store.h"
+#include "spillfs/store/block_store.h"
 
 namespace spillfs {
 

@@ -8,9 +8,9 @@
 #include <memory>
 #include <string>
 
-#include "store/block_store.h"
-#include "spillfs/kvindex/index.h"
 #include "spillfs/common/status.h"
+#include "spillfs/kvindex/index.h"
+#include "spillfs/store/block_store.h"
 
 namespace spillfs {
 

@@ -32,7 +32,7 @@
 #include "spillfs/common/status.h"
 #include "spillfs/common/thread_annotations.h"
 #include "spillfs/kvindex/records.h"
-#include "store/buffer_pool.h"
+#include "spillfs/store/buffer_pool.h"
 
 namespace spillfs {
 

@@ -36,9 +36,9 @@
 #include <string_view>
 #include <vector>
 
-#include "spillfs/fs/volume.h"
-#include "spillfs/kvindex/records.h"
 #include "spillfs/common/status.h"
+#include "spillfs/kvindex/records.h"
+#include "spillfs/store/volume.h"
 
 namespace spillfs::fsck {
 

@@ -11,11 +11,11 @@
 #include <utility>
 #include <vector>
 
-#include "cache/dedup.h"
+#include "spillfs/cache/dedup.h"
 #include "spillfs/common/status.h"
 #include "spillfs/kvindex/records.h"
-#include "store/allocator.h"
-#include "store/block_store.h"
+#include "spillfs/store/allocator.h"
+#include "spillfs/store/block_store.h"
 
 namespace spillfs {
 
