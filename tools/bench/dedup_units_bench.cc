@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
-#include "control/control_plane.h"
-#include "core/filesystem.h"
-#include "spillfs/fs/volume.h"
+#include "spillfs/control/control_plane.h"
+#include "spillfs/core/filesystem.h"
+#include "spillfs/store/volume.h"
 
 namespace spillfs {
 namespace {
