@@ -172,6 +172,25 @@ def test_transformer_bitwise(tmp_path, setting, policy):
         assert set(off.report.decisions.values()) <= {"keep", "host", "ssd"}
 
 
+def test_policy_none_runs_without_saved_tensor_hooks(tmp_path, monkeypatch):
+    """policy="none" keeps everything, so its steps install no saved-tensor hooks (no Python per saved
+    tensor, issue 43): torch sees no pack hook, the report says so, the gradients are keep's."""
+    from spillfs.torch._offload import saved_hooks
+    packs = []
+    real_pack = saved_hooks._SavedTensorHooks.pack
+    monkeypatch.setattr(saved_hooks._SavedTensorHooks, "pack", lambda self, t: packs.append(1) or real_pack(self, t))
+    ref = train(GPT, gpt_batch, gpt_loss)
+    got = train(GPT, gpt_batch, gpt_loss, offloader(tmp_path, "host_ample", "none", min_bytes=512))
+    assert_same(ref, got)
+    r = got[2].report
+    assert r.policy == "none" and r.saved_hooks is False
+    assert packs == [] and r.packed_count == 0 and r.offloaded_bytes == 0
+    assert "step_seconds" in r.measured
+    # the same model with policy="all" does go through pack: the check above can fail
+    all_ = train(GPT, gpt_batch, gpt_loss, offloader(tmp_path, "host_ample", "all", min_bytes=512))
+    assert all_[2].report.saved_hooks is True and packs and all_[2].report.packed_count > 0
+
+
 def test_transformer_on_mount(mount):
     """All to files on a spillfs mount: the segment I/O (direct path as root)."""
     d = os.path.join(mount, "act")

@@ -69,7 +69,8 @@ def offload_activations(dir=None, *, host_bytes=4 * _GiB, min_bytes=1 * _MiB, pr
             steps keeping everything, then choose per layer keep, host or SSD
             so that the step stays as fast as keeping; see
             :class:`AdaptivePolicy`), ``"all"`` (every layer, host tier first)
-            or ``"none"`` (keep; counts only).
+            or ``"none"`` (keep: its steps run without the saved-tensor hooks, so
+            nothing is counted and nothing costs per tensor; ``report.saved_hooks`` is False).
         layers (nn.Module or list of nn.Module, optional): the blocks whose
             hooks tag what each saves, time them and drive the prefetch; a
             model is searched for its repeated blocks (:func:`find_layers`:

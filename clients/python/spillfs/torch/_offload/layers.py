@@ -133,10 +133,11 @@ class _LayerHooks:
 
     # -- hooks ----------------------------------------------------------------
 
-    def install(self, pack, unpack):
-        """Routes the saved tensors through ``pack`` and ``unpack``, and hooks the modules."""
-        self._hooks_ctx = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
-        self._hooks_ctx.__enter__()
+    def install(self, pack, unpack, saved=True):
+        """Hooks the modules and, with `saved`, routes the saved tensors through ``pack`` and ``unpack``."""
+        if saved:
+            self._hooks_ctx = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+            self._hooks_ctx.__enter__()
         mm = torch.nn.modules.module
         self._handles = [mm.register_module_forward_pre_hook(self._global_pre_hook)]
         for i, layer in enumerate(self.layers):

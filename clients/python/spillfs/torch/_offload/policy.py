@@ -88,6 +88,11 @@ class Policy:
     def recompute_layers(self):
         return ()
 
+    def saves_tensors(self):
+        """Whether this step needs the saved-tensor hooks: ``"none"`` keeps every tensor where it is, so its
+        steps run without them (no Python per saved tensor)."""
+        return self.name != "none"
+
 
 def make_policy(policy):
     if isinstance(policy, (Policy, AdaptivePolicy)):
@@ -196,6 +201,10 @@ class AdaptivePolicy:
         if self._profiling:
             return ()
         return tuple(i for i, d in self.decisions.items() if d == "recompute")
+
+    def saves_tensors(self):
+        """Always: its profile and its quotas count each layer's saved bytes in the pack hook."""
+        return True
 
     def observe_io(self, kind, nbytes, submitted, seconds):
         if submitted is None or not seconds:

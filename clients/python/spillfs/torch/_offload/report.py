@@ -17,6 +17,8 @@ class OffloadReport(Report):
         step (int): index of the step (0 for the first ``with`` block).
         policy (str): ``"all"``, ``"none"``, ``"adaptive"`` (``"adaptive:profile"``
             while the adaptive policy profiles).
+        saved_hooks (bool): whether the step ran with the saved-tensor hooks; False with
+            ``policy="none"``, whose steps keep every tensor without them (the counts below stay 0).
         packed_count, packed_bytes: every tensor autograd saved inside the region.
         kept_count, kept_bytes: saved tensors left where they were, for any
             reason (see ``kept_reasons``: ``"small"``, ``"parameter"``,
@@ -81,7 +83,7 @@ class OffloadReport(Report):
         seconds (dict): host seconds in ``pack``, ``unpack``, ``prefetch``.
     """
 
-    _DEFAULTS = {"step": 0, "policy": "all",
+    _DEFAULTS = {"step": 0, "policy": "all", "saved_hooks": True,
                  **{f"{name}_{unit}": 0 for name in _COUNTERS for unit in ("count", "bytes")},
                  "kept_reasons": {}, "read_host_bytes": 0, "read_ssd_bytes": 0, "read_staged_bytes": 0,
                  "prefetch_hits": 0, "read_ahead_peak_bytes": 0, "read_beyond_freed_peak_bytes": 0,
