@@ -754,3 +754,71 @@ def test_dedup_with_a_library_without_dedup_units(tmp_path, monkeypatch):
     assert fake.dedup_calls == 8 and r2.dedup_requests == 4
     assert r2.bytes_shared == 4 * (1_200_000 // (256 * KIB)) * 256 * KIB
     assert_same(sd, torch.load(tmp_path / "s2.pt"))
+
+
+# -- a user who is not root ------------------------------------------------------
+
+_NOT_ROOT_CHILD = r"""
+import os, sys, warnings
+import torch, spillfs
+from spillfs import _native
+_native.segment_io()  # the library loaded while the interpreter's files are still readable
+# Become uid 65534 only now: the interpreter here lives where that user may not read (/root).
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+path = sys.argv[1]
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    t = torch.arange(1 << 20, dtype=torch.float32)
+    r1 = spillfs.save({"t": t}, path)
+    r2 = spillfs.save({"t": t}, path + ".2")
+    back = spillfs.load(path + ".2")
+assert torch.equal(back["t"], t)
+print("BACKEND", r1.backend, r1.io_path)
+for w in caught:
+    if "spillfs" in str(w.message):
+        print("WARNING", w.category.__name__, w.message)
+"""
+
+
+def test_a_user_who_is_not_root_is_told_once_and_loses_nothing():
+    """On a mount other users may use (allow_other), a save by uid 65534 has no direct path: it
+    writes through the mount, says so once per process (a RuntimeWarning), and the data comes back."""
+    import conftest
+    reason = conftest.mount_unavailable()
+    if reason:
+        pytest.skip(f"spillfs mount: {reason}")
+    if _native.segment_io() is None:
+        pytest.skip("libspillfs_client with the segment I/O is not available (set SPILLFS_CLIENT_LIB)")
+    lib = os.path.abspath(_native.library_path())
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="spillfs-notroot-")
+    os.chmod(tmp, 0o755)
+    volume, mnt = os.path.join(tmp, "vol"), os.path.join(tmp, "mnt")
+    os.mkdir(mnt)
+    home = os.path.join(tmp, "home")
+    os.mkdir(home)
+    os.chown(home, 65534, 65534)
+    subprocess.run([conftest.SPILLFS_BIN, "mkfs", volume, "--size", "1G"], check=True, capture_output=True)
+    subprocess.run([conftest.SPILLFS_BIN, "mount", volume, mnt, "-o", "allow_other"], check=True,
+                   capture_output=True)
+    try:
+        os.chmod(mnt, 0o755)
+        user_dir = os.path.join(mnt, "user")
+        os.mkdir(user_dir)
+        os.chown(user_dir, 65534, 65534)
+        env = dict(os.environ, PYTHONPATH=os.path.join(conftest.ROOT, "clients", "python"), HOME=home,
+                   SPILLFS_CLIENT_LIB=lib)
+        r = subprocess.run([sys.executable, "-c", _NOT_ROOT_CHILD, os.path.join(user_dir, "ckpt.pt")], env=env,
+                           capture_output=True, text=True, timeout=300, cwd=home)
+        assert r.returncode == 0, r.stdout + r.stderr
+        lines = [line for line in r.stdout.splitlines() if line.startswith("WARNING")]
+        assert "BACKEND native mount" in r.stdout, r.stdout + r.stderr  # the library, through the mount
+        assert len([x for x in lines if "not root" in x]) == 1, r.stdout + r.stderr
+        assert len([x for x in lines if "dedup is off" in x]) == 1, r.stdout + r.stderr
+        assert all("RuntimeWarning" in x for x in lines), lines
+        assert os.stat(os.path.join(user_dir, "ckpt.pt")).st_uid == 65534
+    finally:
+        subprocess.run([conftest.SPILLFS_BIN, "umount", mnt], check=False, capture_output=True)
+        subprocess.run(["rm", "-rf", tmp], check=False)

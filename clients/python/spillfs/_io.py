@@ -17,6 +17,7 @@ import ctypes
 import errno as _errno
 import os
 import threading
+import warnings
 from collections import namedtuple
 
 from . import _native
@@ -48,6 +49,18 @@ def io_pool():
 def crc_pool():
     """Threads computing CRC-32s (zlib drops the GIL), apart from the I/O's."""
     return _pool("crc")
+
+
+_warned = set()
+
+
+def _warn_once(key, message):
+    """A RuntimeWarning the first time `key` comes up in this process (no silent fallback)."""
+    with _pool_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def _after_fork():
@@ -196,6 +209,10 @@ class NativeFile:
         backend = getattr(lib, "spill_file_backend", None)
         code = backend(handle) if backend is not None else -1
         self.backend = _native.BACKEND_NAMES.get(code, "native")
+        if self.backend == "mount" and os.geteuid() != 0:
+            _warn_once("not-root", f"spillfs: {self.path}: not root, so no direct path (it opens the volume's "
+                                   "backing store, which is root's): I/O goes through the mount, slower; a fast "
+                                   "path for other users is not built yet")
         self.stats = {}  # spill_io_stats of the requests waited for, summed
         self.dedup_requests = 0  # dedup calls answered (each one round trip, up to 65536 units)
 
@@ -285,6 +302,9 @@ class NativeFile:
         if rc in (-_errno.EOPNOTSUPP, -_errno.ENOTSUP, -_errno.ENOSYS, -_errno.EACCES, -_errno.EPERM):
             # not a spillfs mount, a volume without dedup, or its control file is root's: nothing mapped
             self._dedup_supported = False
+            if rc in (-_errno.EACCES, -_errno.EPERM):
+                _warn_once("dedup-denied", f"spillfs: {self.path}: dedup is off: the mount's control file "
+                                           f"refused this user ({os.strerror(-rc)}); every byte is written")
             return None
         _native.check(rc, "dedup", self.path)
         self.dedup_requests += 1
