@@ -188,6 +188,7 @@ double MetaBench::MmapRandom(const std::string& path, uint64_t size) {
 // The figures of one side, each side in the same order.
 void MetaBench::Measure(const Side& side, std::vector<Figure>* out) {
   fmt::print("== {} ({})\n", side.name, side.dir);
+  DropCaches();  // what setup (the tar, mkfs) or the other side left dirty is written before the first phase
   auto add = [&](const std::string& what, double v, const char* unit) {
     fmt::print("  {:<34} {:>12.2f} {}\n", what, v, unit);
     std::fflush(stdout);
