@@ -14,8 +14,8 @@
 #include <memory>
 #include <vector>
 
-#include "spillfs/fuse/fuse_guard.h"
 #include "spillfs/fuse/fuse_daemon.h"
+#include "spillfs/fuse/fuse_guard.h"
 
 namespace spillfs {
 
@@ -36,8 +36,14 @@ FuseHandles::~FuseHandles() = default;
 
 namespace {
 
+// Attributes may change without a request the kernel sees (st_blocks when the
+// flusher maps cached data; the direct path invalidates what it changes), so
+// the kernel keeps them a second. Names change only through this mount's own
+// requests (the control plane creates, renames and removes none), so the
+// kernel keeps entries, and the absence of a name, for a day, as ext4's dcache
+// does: an unlink or stat of a name looked up before needs no LOOKUP.
 constexpr double kAttrTimeout = 1.0;
-constexpr double kEntryTimeout = 1.0;
+constexpr double kEntryTimeout = 86400.0;
 constexpr unsigned kMaxBackground = 64;
 
 FuseDaemon& Daemon(fuse_req_t req) { return *static_cast<FuseDaemon*>(fuse_req_userdata(req)); }
@@ -114,7 +120,13 @@ void OnDestroy(void* userdata) {
 void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   if (auto entry = Control(req).Lookup(parent, name)) return ReplyEntry(req, *entry);
   if (ControlPlane::Owns(parent)) return ReplyError(req, Status::NotFound());
-  ReplyEntry(req, Fs(req).Lookup(parent, name));
+  Result<Entry> entry = Fs(req).Lookup(parent, name);
+  if (!entry.ok() && entry.status().code() == ENOENT && !Reserved(parent, name)) {
+    fuse_entry_param negative{};  // ino 0: the kernel keeps the name's absence (see kEntryTimeout)
+    negative.entry_timeout = kEntryTimeout;
+    return static_cast<void>(fuse_reply_entry(req, &negative));
+  }
+  ReplyEntry(req, entry);
 }
 
 void OnForget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
