@@ -121,7 +121,7 @@ void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   if (auto entry = Control(req).Lookup(parent, name)) return ReplyEntry(req, *entry);
   if (ControlPlane::Owns(parent)) return ReplyError(req, Status::NotFound());
   Result<Entry> entry = Fs(req).Lookup(parent, name);
-  if (!entry.ok() && entry.status().code() == ENOENT && !Reserved(parent, name)) {
+  if (!entry.ok() && entry.status().code() == ENOENT) {
     fuse_entry_param negative{};  // ino 0: the kernel keeps the name's absence (see kEntryTimeout)
     negative.entry_timeout = kEntryTimeout;
     return static_cast<void>(fuse_reply_entry(req, &negative));

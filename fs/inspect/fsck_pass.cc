@@ -292,8 +292,6 @@ Status Pass::ScanXattrs() {
 }
 
 Status Pass::ScanExtents() {
-  auto cursor = index_.NewCursor(Family::kExtent, "");
-  uint64_t n = 0;
   InodeNumber last_ino = 0;
   uint64_t last_end = 0;
   // Extents of a missing or non-regular inode: reported once per inode.
@@ -312,21 +310,20 @@ Status Pass::ScanExtents() {
     }
     stray_count = stray_bytes = 0;
   };
-  for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
-    if (++n % kProgressEvery == 0) Progress("extents", n);
-    if (cursor->key().size() != 16) {
-      Add(ProblemKind::kBadRecord, 0, fmt::format("extent key of {} bytes (16 expected)", cursor->key().size()));
-      continue;
+  Status status = EachRecord(Family::kExtent, "extents", [&](std::string_view key, std::string_view value) {
+    if (key.size() != 16) {
+      Add(ProblemKind::kBadRecord, 0, fmt::format("extent key of {} bytes (16 expected)", key.size()));
+      return;
     }
     ExtentInfo e;
-    e.ino = keys::DecodeIno(cursor->key());
-    e.file_offset = keys::ExtentOffset(cursor->key());
-    auto record = ExtentRecord::Decode(cursor->value());
+    e.ino = keys::DecodeIno(key);
+    e.file_offset = keys::ExtentOffset(key);
+    auto record = ExtentRecord::Decode(value);
     if (!record.ok()) {
       Add(ProblemKind::kBadRecord, e.ino,
           fmt::format("extent of inode {} at file offset {}: {}", e.ino, e.file_offset, record.status().message()),
           e.file_offset);
-      continue;
+      return;
     }
     e.physical = record->physical;
     e.length = record->length;
@@ -392,9 +389,9 @@ Status Pass::ScanExtents() {
     last_ino = e.ino;
     last_end = std::max(last_end, e.file_offset + e.length);
     extents_.push_back(e);
-  }
+  });
   flush_stray();
-  return cursor->status();
+  return status;
 }
 
 Status Pass::ScanFree() {
@@ -428,27 +425,25 @@ Status Pass::ScanFree() {
 // Dedup blobs: each 'p' record is referenced by exactly `refs` extents that
 // lie inside it, and each 'h' record names a unit of a blob of that hash.
 Status Pass::ScanBlobs() {
-  auto cursor = index_.NewCursor(Family::kBlob, "");
   std::vector<std::pair<BlobUnitRef, std::string>> by_hash;  // the unit an 'h' record names, and its hash
   std::map<uint64_t, std::string> contents;                  // 'd' records: physical -> value
-  for (cursor->Seek(""); cursor->Valid(); cursor->Next()) {
-    std::string_view key = cursor->key();
+  Status status = EachRecord(Family::kBlob, "", [&](std::string_view key, std::string_view value) {
     if (key.size() == 9 && key[0] == 'd') {
-      contents.emplace(coding::DecodeFixed64BE(key.data() + 1), cursor->value());
+      contents.emplace(coding::DecodeFixed64BE(key.data() + 1), value);
     } else if (key.size() == 9 && key[0] == 'p') {
-      auto blob = BlobRecord::Decode(cursor->value());
+      auto blob = BlobRecord::Decode(value);
       if (!blob.ok()) {
         Add(ProblemKind::kBadRecord, 0, "malformed blob record: " + blob.status().message());
-        continue;
+        return;
       }
       blobs_.emplace(coding::DecodeFixed64BE(key.data() + 1), *blob);
-    } else if (auto at = BlobUnitRef::Decode(cursor->value()); key.size() == 17 && key[0] == 'h' && at.ok()) {
+    } else if (auto at = BlobUnitRef::Decode(value); key.size() == 17 && key[0] == 'h' && at.ok()) {
       by_hash.emplace_back(*at, key.substr(1));
     } else {
       Add(ProblemKind::kBadRecord, 0, "malformed blob key");
     }
-  }
-  SPILLFS_RETURN_IF_ERROR(cursor->status());
+  });
+  SPILLFS_RETURN_IF_ERROR(status);
   // A blob of several units: its head ('p') and content ('d') come together.
   for (const auto& [physical, value] : contents) {
     auto it = blobs_.find(physical);

@@ -112,7 +112,8 @@ class Pass {
   }
 
   // Visits every record of `family` in key order, calling Progress(phase)
-  // every kProgressEvery records; the cursor's status at the end.
+  // every kProgressEvery records (never where `phase` is empty); the
+  // cursor's status at the end.
   Status EachRecord(Family family, std::string_view phase,
                     const std::function<void(std::string_view key, std::string_view value)>& visit);
   Status CheckMeta();
