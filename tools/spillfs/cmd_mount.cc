@@ -320,9 +320,9 @@ int RunUmount(const std::string& path) {
 }  // namespace
 
 void RegisterMount(CLI::App& app, int* exit_code, const DaemonHooks& hooks) {
-  auto args = std::make_shared<MountArgs>();
+  auto [cmd, args] = AddCommand<MountArgs>(
+      app, "mount", "Mount a volume (runs the FUSE daemon, in the background unless -f)", exit_code, RunMount);
   args->hooks = hooks;
-  CLI::App* cmd = app.add_subcommand("mount", "Mount a volume (runs the FUSE daemon, in the background unless -f)");
   cmd->add_option("VOLUME", args->volume, "Volume directory made by spillfs mkfs")->required();
   cmd->add_option("MOUNTPOINT", args->mountpoint, "Existing empty directory to mount on")->required();
   cmd->add_flag("-f,--foreground", args->foreground, "Stay in the foreground");
@@ -362,7 +362,6 @@ void RegisterMount(CLI::App& app, int* exit_code, const DaemonHooks& hooks) {
       ->check(CLI::Range(0, 3600));
   cmd->add_option("--flush-age", args->flush_age_ms, "Flush non-ephemeral dirty data older than this many ms")
       ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
-  cmd->callback([args, exit_code] { *exit_code = RunMount(*args); });
 }
 
 void RegisterUmount(CLI::App& app, int* exit_code) {
