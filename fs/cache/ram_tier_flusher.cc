@@ -31,6 +31,17 @@ constexpr size_t kFlushBatchesInFlight = 4;
 // chunk being flushed, a truncate) or the file system stops. Ephemeral files
 // are flushed only to relieve pressure: no more than they hold then.
 constexpr uint64_t kBackgroundFlushBytes = 1 << 30;
+// Files flushed at once by FlushFiles, at most. A small file's flush is one
+// write and one sync of the data area, and concurrent syncs are shared, so N
+// files at once cost about one sync where one at a time cost N. Eight: enough
+// to hide a sync of several milliseconds behind the others' writes without
+// freezing more than eight files' batches of RAM-tier memory at a time; no
+// more than the CPUs, whose every other thread a flush competes with (its
+// hashing, its commits under the commit lock).
+size_t FilesFlushedAtOnce() {
+  static const size_t n = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
+  return n;
+}
 
 }  // namespace
 
@@ -99,13 +110,37 @@ std::unique_lock<SharedMutex> RamTierFlusher::IoLockUnlessHeld(InodeNumber ino, 
   return held ? std::unique_lock<SharedMutex>() : std::unique_lock<SharedMutex>(locks_.Io(ino));
 }
 
-Status RamTierFlusher::FlushAll() {
-  Status first;
-  for (InodeNumber ino : tier_.PickVictims(NowNs(), 0, /*all=*/true)) {
-    Status s = FlushFile(ino);
-    if (first.ok() && !s.ok()) first = s;
+Status RamTierFlusher::FlushAll() { return FlushFiles(tier_.PickVictims(NowNs(), 0, /*all=*/true), FlushScope::kAll); }
+
+Status RamTierFlusher::FlushFiles(const std::vector<InodeNumber>& inos, FlushScope scope) {
+  std::atomic<size_t> next{0};
+  std::vector<Status> results(inos.size());
+  auto work = [&] {
+    for (size_t i = next++; i < inos.size(); i = next++) {
+      if (scope == FlushScope::kBackground && stopping_) break;
+      results[i] = FlushFile(inos[i], scope);
+      if (!results[i].ok() && scope == FlushScope::kBackground) {
+        fmt::print(stderr, "spillfs: background flush of inode {} failed: {}\n", inos[i], results[i].ToString());
+      }
+    }
+  };
+  std::vector<std::future<void>> helpers;
+  for (size_t i = 1; i < std::min(inos.size(), FilesFlushedAtOnce()); ++i) {
+    try {
+      helpers.push_back(std::async(std::launch::async, [&work] {
+        pthread_setname_np(pthread_self(), "spillfs-flush");
+        work();
+      }));
+    } catch (const std::system_error&) {
+      break;  // no thread to be had: fewer files at once
+    }
   }
-  return first;
+  work();
+  for (auto& helper : helpers) helper.get();
+  for (const Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return Status::OK();
 }
 
 Status RamTierFlusher::FlushChunks(InodeNumber ino, FlushScope scope, bool locked) {
@@ -279,11 +314,8 @@ void RamTierFlusher::Loop() {
   const int64_t max_age_ns = options_.age_ms * 1000000;
   while (!stopping_) {
     tier_.WaitForWork(std::chrono::milliseconds(200));
-    for (InodeNumber ino : tier_.PickVictims(NowNs(), max_age_ns, /*all=*/false)) {
-      if (stopping_) break;
-      Status s = FlushFile(ino, FlushScope::kBackground);
-      if (!s.ok()) fmt::print(stderr, "spillfs: background flush of inode {} failed: {}\n", ino, s.ToString());
-    }
+    if (stopping_) break;
+    (void)FlushFiles(tier_.PickVictims(NowNs(), max_age_ns, /*all=*/false), FlushScope::kBackground);
   }
 }
 

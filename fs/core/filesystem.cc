@@ -78,6 +78,7 @@ Filesystem::Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& 
 Filesystem::~Filesystem() {
   flusher_.Stop();
   Status s = FlushAll();
+  if (s.ok()) s = SettleAll();  // the flag must not outlive a clean stop
   if (s.ok()) s = SyncAll();
   if (s.ok() && opened_) {
     // A clean stop: ephemeral files were flushed and survive the next mount.
@@ -150,7 +151,7 @@ Status Filesystem::ReclaimEphemeral() {
   auto inodes = index_.NewCursor(Family::kInode, "");
   for (inodes->Seek(""); inodes->Valid(); inodes->Next()) {
     SPILLFS_ASSIGN_OR_RETURN(InodeRecord record, InodeRecord::Decode(inodes->value()));
-    if ((record.flags & kInodeEphemeral) && S_ISREG(record.mode))
+    if ((record.flags & (kInodeEphemeral | kInodeUnsettled)) && S_ISREG(record.mode))
       doomed.emplace(keys::DecodeIno(inodes->key()), record);
   }
   SPILLFS_RETURN_IF_ERROR(inodes->status());
@@ -167,7 +168,12 @@ Status Filesystem::ReclaimEphemeral() {
     SPILLFS_RETURN_IF_ERROR(UnmapRange(&txn, ino, 0, UINT64_MAX, nullptr));
     DeleteInode(&txn, ino, record);
   }
-  fmt::print(stderr, "spillfs: reclaimed {} ephemeral files after an unclean stop\n", doomed.size());
+  size_t unsettled = 0;
+  for (const auto& [ino, record] : doomed) unsettled += (record.flags & kInodeUnsettled) != 0;
+  fmt::print(stderr,
+             "spillfs: reclaimed {} ephemeral files and {} files created since the last sync whose data was not "
+             "durable, after an unclean stop\n",
+             doomed.size() - unsettled, unsettled);
   SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
   return index_.Sync();
 }
@@ -285,6 +291,8 @@ void Filesystem::DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& recor
   txn->batch.Delete(Family::kInode, keys::Ino(ino));
   txn->batch.Delete(Family::kOrphan, keys::Ino(ino));
   allocator_.ReleaseHold(ram_tier_.Remove(ino, /*cancelled=*/true));  // unflushed data never reaches the SSD
+  MutexLock unsettled_lock(&unsettled_mu_);
+  unsettled_.erase(ino);
 }
 
 Result<Entry> Filesystem::CreateInode(InodeNumber parent, std::string_view name, InodeRecord record) {
@@ -298,6 +306,10 @@ Result<Entry> Filesystem::CreateInode(InodeNumber parent, std::string_view name,
   record.atime_ns = record.mtime_ns = record.ctime_ns = record.btime_ns = now;
   record.generation = 1;
   record.flags |= dir.flags & kInodeEphemeral;  // inherited
+  // A new file is unsettled until its data is durable: its close need not
+  // wait for the SSD (kInodeUnsettled). Ephemeral files promise less already.
+  const bool unsettled = S_ISREG(record.mode) && !(record.flags & kInodeEphemeral);
+  if (unsettled) record.flags |= kInodeUnsettled;
   if (dir.mode & S_ISGID) {
     record.gid = dir.gid;
     if (IsDir(record)) record.mode |= S_ISGID;
@@ -315,6 +327,10 @@ Result<Entry> Filesystem::CreateInode(InodeNumber parent, std::string_view name,
   txn.batch.Put(Family::kMeta, keys::kNextIno, EncodeMetaU64(ino + 1));
   SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
   ++next_ino_;
+  if (unsettled) {
+    MutexLock unsettled_lock(&unsettled_mu_);
+    unsettled_.insert(ino);
+  }
   CountLookup(ino);
   return MakeEntry(ino, record);
 }
@@ -360,6 +376,7 @@ Status Filesystem::FlushBeforeMapping(InodeNumber ino) {
 
 Status Filesystem::Fsync(InodeNumber ino, bool datasync) {
   SPILLFS_RETURN_IF_ERROR(flusher_.FlushFile(ino));
+  SPILLFS_RETURN_IF_ERROR(SettleAll());
   return SyncAll();
 }
 

@@ -1,5 +1,6 @@
 // Filesystem's side of a RAM-tier flush (FlushCommitter): the commit of a
-// flushed batch's mapping, and the flush at close. The flush pipeline itself
+// flushed batch's mapping, the flush at close, and the settling of files
+// created since the last sync (kInodeUnsettled). The flush pipeline itself
 // is the cache's (spillfs/cache/ram_tier_flusher.h); reads and writes served by the
 // tier are in ram_tier_io.cc.
 #include <algorithm>
@@ -11,10 +12,63 @@ namespace spillfs {
 Status Filesystem::Flush(InodeNumber ino) {
   auto file = ram_tier_.Find(ino);
   if (!file || file->ephemeral()) return Status::OK();
+  // A small file created since the last sync is not waited for: it is
+  // either reclaimed whole after a crash, or its data is durable
+  // (kInodeUnsettled). The background flusher takes it with others, sharing
+  // their syncs; an fsync of any file, a rename over a name, or a clean stop
+  // settles it. A larger one is flushed now, as a file that existed is: its
+  // sync costs little beside its writes, and its units are then at once
+  // there for dedup (a second checkpoint written after it shares them).
+  if (IsUnsettled(ino)) {
+    auto overlay = ram_tier_.GetOverlay(ino);
+    if (!overlay || overlay->dirty_bytes <= kSettleLaterBytes) return Status::OK();
+  }
   return flusher_.FlushFile(ino);
 }
 
 Status Filesystem::FlushAll() { return flusher_.FlushAll(); }
+
+bool Filesystem::IsUnsettled(InodeNumber ino) const {
+  MutexLock lock(&unsettled_mu_);
+  return unsettled_.count(ino) > 0;
+}
+
+Status Filesystem::SettleAll() {
+  std::vector<InodeNumber> inos;
+  {
+    MutexLock lock(&unsettled_mu_);
+    inos.assign(unsettled_.begin(), unsettled_.end());
+  }
+  return Settle(inos);
+}
+
+Status Filesystem::Settle(const std::vector<InodeNumber>& inos) {
+  if (inos.empty()) return Status::OK();
+  // Their data first (a flush that maps a file's last cached data clears its
+  // flag in the same batch: CommitBatch), then the flag of each file left:
+  // no cached data, or data written since. That data is a later flush's;
+  // the file keeps what this one made durable, as any settled file does.
+  SPILLFS_RETURN_IF_ERROR(flusher_.FlushFiles(inos, FlushScope::kAll));
+  MutexLock lock(&mu_);
+  Txn txn(index_);
+  std::vector<InodeNumber> cleared;
+  for (InodeNumber ino : inos) {
+    if (!IsUnsettled(ino)) continue;
+    auto record = LoadInode(ino);
+    if (!record.ok()) {
+      if (record.status().code() == ENOENT) continue;  // reclaimed meanwhile
+      return record.status();
+    }
+    record->flags &= ~kInodeUnsettled;
+    PutInode(&txn, ino, *record);
+    cleared.push_back(ino);
+  }
+  if (cleared.empty()) return Status::OK();
+  SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
+  MutexLock unsettled_lock(&unsettled_mu_);
+  for (InodeNumber ino : cleared) unsettled_.erase(ino);
+  return Status::OK();
+}
 
 Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
   // The bytes stay the same, but read-ahead windows started while they were
@@ -58,6 +112,10 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
   MapExtents(&txn, ino, extents);
   deduper_.MapShared(ino, batch->shared, &txn.batch, &txn.blob_refs);
   record->allocated_bytes += batch->total - unmapped;
+  // The file's last cached data: from this batch on its data is durable and
+  // mapped, so a crash no longer needs to reclaim it.
+  const bool settles = (record->flags & kInodeUnsettled) && ram_tier_.HoldsOnly(file, batch->chunks);
+  if (settles) record->flags &= ~kInodeUnsettled;
   if (overlay) {
     // Only data of this batch is committed; a size past it is still the
     // overlay's (later chunks keep the file in the cache until they commit).
@@ -77,6 +135,10 @@ Status Filesystem::CommitBatch(InodeNumber ino, FlushBatch* batch) {
   }
   counters_.bytes_deduplicated.fetch_add(batch->shared.size() * kDedupUnit, std::memory_order_relaxed);
   ram_tier_.FinishFlush(ino, file, batch->chunks);
+  if (settles) {
+    MutexLock unsettled_lock(&unsettled_mu_);
+    unsettled_.erase(ino);
+  }
   return Status::OK();
 }
 

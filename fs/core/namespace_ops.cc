@@ -6,9 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "spillfs/core/filesystem.h"
 #include "inode_rules.h"
 #include "spillfs/common/clock.h"
+#include "spillfs/core/filesystem.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {
@@ -159,6 +159,22 @@ Status Filesystem::Rmdir(InodeNumber parent, std::string_view name) {
   return CommitTxn(&txn);
 }
 
+Status Filesystem::SettleForRename(InodeNumber parent, std::string_view name, InodeNumber new_parent,
+                                   std::string_view new_name, unsigned flags) {
+  if (flags & RENAME_NOREPLACE) return Status::OK();  // replaces nothing
+  auto src = index_.GetDirent(parent, name);
+  auto dst = index_.GetDirent(new_parent, new_name);
+  if (!src.ok() || !dst.ok()) return Status::OK();  // nothing replaced (Rename reports what is missing)
+  std::vector<InodeNumber> inos;
+  if (IsUnsettled(src->ino)) inos.push_back(src->ino);
+  if ((flags & RENAME_EXCHANGE) && IsUnsettled(dst->ino)) inos.push_back(dst->ino);
+  if (inos.empty()) return Status::OK();
+  // Settled, the file's data is durable (mapped only after a data flush)
+  // and mapped before the rename's batch; a later write to it is flushed at
+  // close, as any settled file's is.
+  return Settle(inos);
+}
+
 Status Filesystem::Rename(InodeNumber parent, std::string_view name, InodeNumber new_parent, std::string_view new_name,
                           unsigned flags) {
   SPILLFS_RETURN_IF_ERROR(CheckName(name));
@@ -167,6 +183,7 @@ Status Filesystem::Rename(InodeNumber parent, std::string_view name, InodeNumber
   if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE)) {
     return Status::Error(EINVAL, "RENAME_NOREPLACE and RENAME_EXCHANGE together");
   }
+  SPILLFS_RETURN_IF_ERROR(SettleForRename(parent, name, new_parent, new_name, flags));
   MutexLock lock(&mu_);
   SPILLFS_ASSIGN_OR_RETURN(InodeRecord src_dir, LoadDir(parent));
   SPILLFS_ASSIGN_OR_RETURN(DirentRecord src, FindDirent(parent, name));

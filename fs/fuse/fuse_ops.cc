@@ -113,7 +113,9 @@ void OnInit(void* userdata, fuse_conn_info* conn) {
 }
 
 void OnDestroy(void* userdata) {
-  Status s = static_cast<FuseDaemon*>(userdata)->fs().SyncAll();
+  Filesystem& fs = static_cast<FuseDaemon*>(userdata)->fs();
+  Status s = fs.SettleAll();
+  if (s.ok()) s = fs.SyncAll();
   if (!s.ok()) fmt::print(stderr, "spillfs: sync at unmount failed: {}\n", s.ToString());
 }
 

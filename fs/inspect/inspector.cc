@@ -388,6 +388,7 @@ Result<nlohmann::json> Inspector::Ls(const std::vector<std::string>& paths, cons
       o["generation"] = r.generation;
       o["flags"] = r.flags;
       o["ephemeral"] = (r.flags & kInodeEphemeral) != 0;
+      o["unsettled"] = (r.flags & kInodeUnsettled) != 0;
       o["rdev"] = r.rdev;
     }
     if (options.extents) {

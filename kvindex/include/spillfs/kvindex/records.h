@@ -19,6 +19,12 @@ inline constexpr InodeNumber kRootInode = 1;
 
 // Inode flags.
 inline constexpr uint32_t kInodeEphemeral = 1u << 0;  // data need never be forced to disk
+// A regular file created since the last sync whose data is not yet all
+// durable and mapped: closed without waiting for the SSD, it is reclaimed
+// whole after an unclean stop (absent, a state it had), never seen with its
+// size committed and its data lost. Cleared in the batch that maps its last
+// cached data, or by the next sync (docs/design.md, "Crash order").
+inline constexpr uint32_t kInodeUnsettled = 1u << 1;
 
 struct InodeRecord {
   uint32_t mode = 0;  // file type and permission bits, as st_mode

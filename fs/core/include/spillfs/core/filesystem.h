@@ -24,6 +24,7 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "spillfs/cache/dedup.h"
@@ -187,10 +188,16 @@ class Filesystem : private FlushCommitter {
   using WriteAccepted = std::function<void(size_t)>;
   Result<size_t> Write(InodeNumber ino, uint64_t offset, const char* data, size_t size,
                        const WriteAccepted* accepted = nullptr);
-  // Writes the file's cached data and makes it and the index durable.
+  // Writes the file's cached data, settles every file (SettleAll) and makes
+  // the data area and the index durable: everything done before it survives
+  // a crash.
   Status Fsync(InodeNumber ino, bool datasync);
-  // Close of a handle: writes the file's cached data unless it is ephemeral.
+  // Close of a handle: writes the file's cached data, unless it is ephemeral
+  // or unsettled (created since the last sync, kInodeUnsettled) with at most
+  // kSettleLaterBytes cached: such a file is flushed in the background, many
+  // at once, and until then a crash reclaims it whole.
   Status Flush(InodeNumber ino);
+  static constexpr uint64_t kSettleLaterBytes = 1ull << 20;
   // Writes every cached file (ephemeral ones too).
   Status FlushAll();
   // mode: 0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE.
@@ -208,6 +215,11 @@ class Filesystem : private FlushCommitter {
   // data flush also reports a write-back lost since the last one (block_store.h).
   // Slow: not under mu_.
   Status SyncAll();
+  // Flushes the cached data of every unsettled file (several at once, so
+  // that they share their syncs of the data area) and clears the flag of
+  // each: a SyncAll after it makes every file created so far durable.
+  // REQUIRES: no lock of this Filesystem held (it takes files' flush locks).
+  Status SettleAll();
 
   // --- direct data path (direct_path.cc) ---
   // The committed layout after flushing the file's RAM-tier data. Hold a
@@ -297,6 +309,15 @@ class Filesystem : private FlushCommitter {
   Status DropLink(Txn* txn, InodeNumber ino, InodeRecord* record) REQUIRES(mu_);
   void DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& record) REQUIRES(mu_);
   Status CommitTxn(Txn* txn) REQUIRES(mu_);
+  bool IsUnsettled(InodeNumber ino) const;
+  // Settles the files of `inos` that are unsettled (SettleAll's steps).
+  Status Settle(const std::vector<InodeNumber>& inos);
+  // A rename that replaces a name settles an unsettled file that takes it
+  // first (both files of an exchange): a crash must not reclaim the file
+  // and so lose the name it replaced (ext4's auto_da_alloc, for the same
+  // reason).
+  Status SettleForRename(InodeNumber parent, std::string_view name, InodeNumber new_parent, std::string_view new_name,
+                         unsigned flags);
   void CountLookup(InodeNumber ino) REQUIRES(mu_);
   // The attributes of `ino`: `record` with the RAM tier's overlay (the size
   // and mtime of cached data) on top. A flush commits a file's size and then
@@ -423,6 +444,11 @@ class Filesystem : private FlushCommitter {
   Mutex mu_;
   InodeNumber next_ino_ GUARDED_BY(mu_) = 0;
   std::unordered_map<InodeNumber, InodeState> inodes_ GUARDED_BY(mu_);
+
+  // The inodes whose records carry kInodeUnsettled (none at Open: a clean
+  // stop settles every file, an unclean one's are reclaimed). A leaf lock.
+  mutable Mutex unsettled_mu_;
+  std::unordered_set<InodeNumber> unsettled_ GUARDED_BY(unsettled_mu_);
 };
 
 }  // namespace spillfs
