@@ -13,8 +13,8 @@
 By product: :mod:`spillfs.checkpoint` (save, load), :mod:`spillfs.gnn`
 (FeatureStore: GNN feature tables gathered through GPU and host caches;
 imported on its own, it needs torch), :mod:`spillfs.pyg` (its PyTorch
-Geometric stores) and :mod:`spillfs.torch` (activation offload; imported on
-its own). Below them the native layer: :mod:`spillfs.client` (Client),
+Geometric stores, and a neighbour sampler that needs no pyg-lib) and
+:mod:`spillfs.torch` (activation offload; imported on its own). Below them the native layer: :mod:`spillfs.client` (Client),
 :mod:`spillfs._native` (finding libspillfs_client.so: see there for
 $SPILLFS_CLIENT_LIB and $SPILLFS_IO), :mod:`spillfs._io` (file I/O through
 it, or Python's), :mod:`spillfs._report` (IOReport).
