@@ -118,30 +118,64 @@ class _Framing:
 
 
 def _records(tensors, entries, data_start, unit_aligned):
-    """The writer's records of the tensors laid out by `entries`: a tensor
-    that covers a whole unit is a big record from its first unit boundary on
-    (dedup, the direct path) and a small one before it; others are small."""
+    """The writer's records of the tensors laid out by `entries`, the data at
+    `data_start`. Unit-aligned, every whole 256 KiB unit of the data is a big
+    record (hashed, shared where the volume holds it, the direct path): a run
+    of units inside one tensor is a view of its memory; a unit over several
+    tensors (one's end, the next one's start, small ones between) is their
+    bytes gathered into a unit-sized buffer on their device. Only the last,
+    partial unit and the header are written every time. Otherwise (small
+    files) each tensor is a small record."""
     streams = {}
-    records = []
+    pieces = []  # (file offset, Source) of each tensor with bytes, in file order
     for e in entries:
-        if not e.nbytes:
-            continue
-        t = tensors[e.name]
-        storage = t.untyped_storage()
-        begin = t.storage_offset() * t.itemsize
-        at = data_start + e.begin
-        first_unit = align_up(at, BIG_ALIGN)
-        head = first_unit - at if unit_aligned and first_unit + BIG_ALIGN <= at + e.nbytes else e.nbytes
-        if head:
-            r = _zipfile.Record(e.name, head, SMALL_ALIGN, payload=_writer.Source(storage, streams, begin, head))
-            r.offset = r.data_offset = at
-            records.append(r)
-        if head < e.nbytes:
-            src = _writer.Source(storage, streams, begin + head, e.nbytes - head)
-            r = _zipfile.Record(e.name, src.nbytes, BIG_ALIGN, payload=src)
-            r.offset = r.data_offset = first_unit
-            records.append(r)
+        if e.nbytes:
+            t = tensors[e.name]
+            src = _writer.Source(t.untyped_storage(), streams, t.storage_offset() * t.itemsize, e.nbytes)
+            pieces.append((data_start + e.begin, src))
+    if not unit_aligned:
+        return [_record(at, src, SMALL_ALIGN) for at, src in pieces]
+    records, partial = [], []  # partial: (offset, Source) of the unit being gathered
+    for at, src in pieces:
+        a, b = at, at + src.nbytes
+        while a < b:
+            unit_end = a // BIG_ALIGN * BIG_ALIGN + BIG_ALIGN
+            if a % BIG_ALIGN == 0 and b >= unit_end:  # whole units of this tensor alone
+                n = (b - a) // BIG_ALIGN * BIG_ALIGN
+                records.append(_record(a, _view(src, a - at, n, streams), BIG_ALIGN))
+                a += n
+                continue
+            end = min(b, unit_end)
+            partial.append((a, _view(src, a - at, end - a, streams)))
+            a = end
+            if a == unit_end:
+                records.append(_record(partial[0][0], _gathered([p for _, p in partial], streams), BIG_ALIGN))
+                partial = []
+    records += [_record(at, src, SMALL_ALIGN) for at, src in partial]  # the end of the data, less than a unit
     return records
+
+
+def _record(offset, src, align):
+    r = _zipfile.Record("", src.nbytes, align, payload=src)
+    r.offset = r.data_offset = offset
+    return r
+
+
+def _view(src, begin, nbytes, streams):
+    """Bytes [begin, begin + nbytes) of `src`, a Source of its own."""
+    if begin == 0 and nbytes == src.nbytes:
+        return src
+    return _writer.Source(src.storage, streams, src.begin + begin, nbytes)
+
+
+def _gathered(sources, streams):
+    """A Source over the bytes of `sources` copied one after the other into
+    a buffer on their device (the CPU where they are on several)."""
+    torch = _torch()
+    parts = [s.byte_tensor() for s in sources]
+    if len({p.device for p in parts}) > 1:
+        parts = [p.cpu() for p in parts]
+    return _writer.Source(torch.cat(parts).untyped_storage(), streams)
 
 
 def save_file(tensors, filename, metadata=None, *, dedup=True, backend="auto", report=None):

@@ -59,12 +59,9 @@ def _tables():
 
 
 def dtype_name(dtype):
-    """The safetensors name of a torch dtype; KeyError (as the library's torch
-    binding raises) for one the format has not."""
-    try:
-        return _tables()[1][dtype]
-    except KeyError:
-        raise KeyError(str(dtype)) from None
+    """The safetensors name of a torch dtype; KeyError(dtype), as the
+    library's torch binding raises, for one the format has not."""
+    return _tables()[1][dtype]
 
 
 def torch_dtype(name):

@@ -66,8 +66,9 @@ def patch_transformers():
         pass
     replaced = []
     for module_name, module in list(sys.modules.items()):
-        if module is None or not (module_name == "safetensors" or module_name.startswith("safetensors.")
-                                  or module_name == "transformers" or module_name.startswith("transformers.")):
+        parts = module_name.split(".")
+        # the packages' public modules only: the library's own extension module keeps its functions
+        if module is None or parts[0] not in ("safetensors", "transformers") or any(p.startswith("_") for p in parts):
             continue
         for name, value in list(vars(module).items()):
             try:
