@@ -187,9 +187,11 @@ def save_file(tensors, filename, metadata=None, *, dedup=True, backend="auto", r
     The file is a safetensors file (the library reads it; ``load_file`` and
     ``safe_open`` here read the library's). Its layout is chosen for the
     volume's dedup (see :mod:`spillfs.safetensors._format`): with a tensor of
-    256 KiB or more, the header is padded with spaces to 256 KiB and tensors
-    of whole 256 KiB units come first, so a tensor saved again unchanged is
-    shared, not written. The bytes go as :func:`spillfs.save`'s: from the
+    256 KiB or more, the header is padded with spaces to a 256 KiB unit and
+    tensors of whole units come first, so the units of tensors saved again
+    unchanged are shared, not written: a second save writes the units of the
+    tensors that changed, the header's and the last one's. The bytes go as
+    :func:`spillfs.save`'s: from the
     tensors' memory (CUDA: GPU -> pinned pool -> disk, the units hashed on the
     GPU) by libspillfs_client's segment I/O, or ``os.pwritev`` without it;
     under a temporary name, fsync'ed and renamed over `filename`.

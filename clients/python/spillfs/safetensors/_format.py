@@ -12,11 +12,14 @@ The layout (:func:`plan`) uses that freedom for the volume's 256 KiB dedup
 units. Where some tensor is 256 KiB or more, the header is padded with
 spaces so the data starts on a unit boundary, and the tensors whose size is
 a whole number of units come first: each starts on a unit boundary, so a
-tensor saved again unchanged is the same units, shared. The other tensors
-follow, as the library orders them (by dtype, widest first, then by name:
-every tensor stays aligned to its element size); those of them that span a
-whole unit still share the units they cover from their first unit boundary
-on. Without such tensors the file is what the library writes, byte for byte.
+tensor saved again unchanged is the same units, read straight from its
+memory. The other tensors follow, as the library orders them (by dtype,
+widest first, then by name: every tensor stays aligned to its element size);
+their units are the same from save to save too while they do not change, and
+the writer gathers the units shared by several of them (``_files._records``).
+Without a tensor of a unit the file is what the library writes, byte for
+byte (with at most one ``__metadata__`` key: the library writes several in
+its hash map's order, which changes from run to run).
 """
 
 import json
