@@ -323,7 +323,10 @@ def tiny_llama():
 
 
 def _save_and_load_pretrained(model, directory):
+    import transformers.modeling_utils as modeling_utils
     with st.patch_transformers() as patch:
+        # what save_pretrained / from_pretrained call (transformers 4.x and 5.x bind these names)
+        assert modeling_utils.safe_save_file is st.save_file and modeling_utils.safe_open is st.safe_open
         assert patch.replaced
         model.save_pretrained(directory)
         back = type(model).from_pretrained(directory)
