@@ -111,6 +111,16 @@ def test_both_io_paths_write_the_same_file(tmp_path, backend):
     same(tensors, st.load_file(tmp_path / "a.safetensors", backend=backend))
 
 
+def test_units_over_several_tensors_past_the_gather_limit_are_written_the_same(tmp_path, monkeypatch):
+    from spillfs.safetensors import _files
+    tensors = mixed()
+    st.save_file(tensors, tmp_path / "gathered")
+    monkeypatch.setattr(_files, "_GATHER_LIMIT", UNIT)  # one unit gathered, the others small records
+    st.save_file(tensors, tmp_path / "limited")
+    assert (tmp_path / "gathered").read_bytes() == (tmp_path / "limited").read_bytes()
+    same(tensors, library.load_file(tmp_path / "limited"))
+
+
 def test_without_big_tensors_the_file_is_the_librarys_byte_for_byte(tmp_path):
     tensors = {k: v for k, v in mixed().items() if v.numel() * v.element_size() < UNIT}
     # one metadata key: the library writes several in its hash map's order, which changes from run to run

@@ -117,15 +117,22 @@ class _Framing:
         return [(0, memoryview(self.header))], self.file_size
 
 
+# Memory a save may copy units over several tensors into (on their device): a
+# state_dict of thousands of tensors of odd sizes would otherwise copy about
+# all of itself. Past it, those units are written as small records.
+_GATHER_LIMIT = 256 << 20
+
+
 def _records(tensors, entries, data_start, unit_aligned):
     """The writer's records of the tensors laid out by `entries`, the data at
     `data_start`. Unit-aligned, every whole 256 KiB unit of the data is a big
     record (hashed, shared where the volume holds it, the direct path): a run
     of units inside one tensor is a view of its memory; a unit over several
     tensors (one's end, the next one's start, small ones between) is their
-    bytes gathered into a unit-sized buffer on their device. Only the last,
-    partial unit and the header are written every time. Otherwise (small
-    files) each tensor is a small record."""
+    bytes gathered into a unit-sized buffer on their device (up to
+    _GATHER_LIMIT bytes of them a save; past it such units are written every
+    time). Only the last, partial unit and the header are written every time.
+    Otherwise (small files) each tensor is a small record."""
     streams = {}
     pieces = []  # (file offset, Source) of each tensor with bytes, in file order
     for e in entries:
@@ -135,7 +142,7 @@ def _records(tensors, entries, data_start, unit_aligned):
             pieces.append((data_start + e.begin, src))
     if not unit_aligned:
         return [_record(at, src, SMALL_ALIGN) for at, src in pieces]
-    records, partial = [], []  # partial: (offset, Source) of the unit being gathered
+    records, partial, gathered = [], [], 0  # partial: (offset, Source) of the unit being gathered
     for at, src in pieces:
         a, b = at, at + src.nbytes
         while a < b:
@@ -149,7 +156,11 @@ def _records(tensors, entries, data_start, unit_aligned):
             partial.append((a, _view(src, a - at, end - a, streams)))
             a = end
             if a == unit_end:
-                records.append(_record(partial[0][0], _gathered([p for _, p in partial], streams), BIG_ALIGN))
+                if gathered < _GATHER_LIMIT:
+                    records.append(_record(partial[0][0], _gathered([p for _, p in partial], streams), BIG_ALIGN))
+                    gathered += BIG_ALIGN
+                else:
+                    records += [_record(at, p, SMALL_ALIGN) for at, p in partial]
                 partial = []
     records += [_record(at, src, SMALL_ALIGN) for at, src in partial]  # the end of the data, less than a unit
     return records
