@@ -581,6 +581,34 @@ def test_on_a_spillfs_mount(mount):
     assert [n for n in os.listdir(mount) if "spillfs-tmp" in n] == []
 
 
+@pytest.mark.skipif("mmap" not in __import__("inspect").signature(torch.load).parameters,
+                    reason=f"torch.load(mmap=True) needs torch >= 2.1 (this is {torch.__version__})")
+def test_torch_load_mmap_of_a_save_through_the_mount(mount):
+    """torch.load(mmap=True) maps a spillfs.save file through the mount (its
+    big storages on page boundaries, dedup'd units among them) and reads
+    what was saved, the tensors views of the mapping."""
+    obj = {"big": torch.randn(300_000), "units": torch.randn(4, 256 * KIB // 4), "small": torch.arange(5),
+           "half": torch.randn(1000).half(), "bf16": torch.randn(70_000).bfloat16()}
+    path = os.path.join(mount, "mmap.pt")
+    spillfs.save(obj, path)
+    spillfs.save(obj, os.path.join(mount, "mmap-again.pt"))  # its units shared with the first's
+    for name in ("mmap.pt", "mmap-again.pt"):
+        got = torch.load(os.path.join(mount, name), mmap=True, weights_only=True)
+        assert_same(obj, got)
+        assert _mapped_from(got["big"].data_ptr()) == os.path.join(mount, name)  # a view of the mapping
+
+
+def _mapped_from(address):
+    """The file mapped at `address` in this process (/proc/self/maps), or None."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5].strip() if len(fields) == 6 else None
+    return None
+
+
 def _physical_bytes(mount):
     from conftest import SPILLFS_BIN
     import json

@@ -10,7 +10,9 @@
     with spillfs.Client("/mnt/spill") as c:                        # raw bytes, row tables
         rows = c.read_rows("feat.bin", 4096, [7, 3, 7])
 
-By product: :mod:`spillfs.checkpoint` (save, load), :mod:`spillfs.gnn`
+By product: :mod:`spillfs.checkpoint` (save, load), :mod:`spillfs.safetensors`
+(the safetensors library's save_file, load_file, safe_open; imported on its
+own), :mod:`spillfs.gnn`
 (FeatureStore: GNN feature tables gathered through GPU and host caches;
 imported on its own, it needs torch), :mod:`spillfs.pyg` (its PyTorch
 Geometric stores, and a neighbour sampler that needs no pyg-lib) and

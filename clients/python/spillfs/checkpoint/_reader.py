@@ -132,9 +132,16 @@ class Archive:
         return data
 
     def storage_keys(self):
-        """Keys of data/<key> records, in the order the pickler numbered them."""
+        """Keys of data/<key> records, in the order the pickler numbered them
+        (their local headers read first, all in one request)."""
+        self.locate_all("data/")
         keys = [n[5:] for n in self.entries if n.startswith("data/")]
         return sorted(keys, key=lambda k: (0, int(k), "") if k.isdigit() else (1, 0, k))
+
+    def locate(self, key):
+        """(data offset, size) of storage `key`'s record."""
+        name = "data/" + key
+        return self.data_offset(name), self.entry(name).size
 
 
 def _io_addr(buf):
@@ -189,19 +196,22 @@ class _Pending:
 
 
 class StorageLoader:
-    """Materializes storages of an archive on the device map_location says."""
+    """Materializes storages of a file on the device map_location says.
 
-    def __init__(self, archive, map_location, report, readahead_bytes=512 << 20):
+    `layout` tells where they lie (an :class:`Archive`, or a safetensors
+    header): ``file``, ``storage_keys()`` (in the order they will be asked
+    for: the read-ahead's) and ``locate(key)`` -> (offset, size)."""
+
+    def __init__(self, layout, map_location, report, readahead_bytes=512 << 20):
         torch = _torch()
         self.torch = torch
-        self.archive = archive
-        self.file = archive.file
+        self.layout = layout
+        self.file = layout.file
         self.map_location = map_location
         self.restore_location = restore_location_for(map_location)
         self.report = report
         self.readahead_bytes = readahead_bytes
-        archive.locate_all("data/")
-        self.order = archive.storage_keys()
+        self.order = layout.storage_keys()
         self.index = {k: i for i, k in enumerate(self.order)}
         self.pending = {}
         self.in_flight = 0
@@ -254,11 +264,9 @@ class StorageLoader:
 
     def _start(self, key, nbytes, target):
         torch = self.torch
-        name = "data/" + key
-        size = self.archive.entry(name).size
+        offset, size = self.layout.locate(key)
         if size < nbytes:
-            raise FormatError(f"record {name} holds {size} bytes, the storage {nbytes}")
-        offset = self.archive.data_offset(name)
+            raise FormatError(f"record data/{key} holds {size} bytes, the storage {nbytes}")
         host = None
         if target == "cpu":
             tensor = torch.empty(nbytes, dtype=torch.uint8)
@@ -287,7 +295,7 @@ class StorageLoader:
         while j < len(self.order) and self.in_flight < self.readahead_bytes:
             k = self.order[j]
             if k not in self.pending and k not in self.done:
-                size = self.archive.entry("data/" + k).size
+                size = self.layout.locate(k)[1]
                 try:
                     p = self._start(k, size, target)
                 except (MemoryError, RuntimeError):

@@ -210,7 +210,8 @@ def save(obj, f, pickle_module=pickle, pickle_protocol=DEFAULT_PROTOCOL, _use_ne
                 report.file_bytes = _writer.write_stream(f, records, records, cd_offset, opts, report)
                 f.flush()
             else:
-                _save_to_path(path, records, cd_offset, opts, backend, report)
+                save_records(path, records, _zipfile.Framing(records, cd_offset), cd_offset + 64 * 1024, opts,
+                             backend, report)
     _publish(report)
     return report
 
@@ -259,19 +260,22 @@ def _named(e, path):
     return e
 
 
-def _save_to_path(path, records, cd_offset, opts, backend, report):
+def save_records(path, records, framing, size_hint, opts, backend, report):
+    """Writes the planned `records` in their `framing` (see
+    :func:`_writer.write_by_offsets`) to `path`, as :func:`save` does: under a
+    temporary name in the same directory, fsync'ed, renamed over `path`;
+    errors name `path`. `size_hint`: about the file's size."""
     try:
         tmp = _temporary_name(path)
     except OSError as e:
         raise _named(e, path) from None
     file = None
     try:
-        size_hint = cd_offset + 64 * 1024
         file = _io.open_file(tmp, write=True, size_hint=size_hint, backend=backend)
         report.backend = "native" if file.native else "posix"
         report.io_path = file.backend
         report.dedup = False
-        file_size = _writer.write_by_offsets(file, records, records, cd_offset, opts, report)
+        file_size = _writer.write_by_offsets(file, records, framing, opts, report)
         with report.stage("sync"):
             file.sync()
         report.io_stats = dict(file.stats)

@@ -1,5 +1,7 @@
 """Writing the records of a torch.save archive: to a file by offsets (native or
-Python I/O), or to a file object in order.
+Python I/O), or to a file object in order. By offsets, the records of other
+containers too (safetensors files): what the container adds around them (zip
+headers and directory, a JSON header) is a *framing* (:class:`_zipfile.Framing`).
 
 By offsets, the file is written in two phases:
 
@@ -12,8 +14,8 @@ By offsets, the file is written in two phases:
    has answered about them; CRC-32s are computed meanwhile on threads;
 2. once their CRCs are known (the bigs' requests, and the dedup request,
    may still run), the *glue*:
-   every other byte (local headers, small records, big storages' tails, the
-   central directory), in regions that start 4 KiB-aligned and end where a
+   every other byte (the framing's: local headers and the central directory;
+   small records, big storages' tails), in regions that start 4 KiB-aligned and end where a
    big storage starts or at the end of file: no block of the bigs' bodies.
 
 So every segment the native I/O gets starts at a 4 KiB boundary and is a
@@ -40,20 +42,22 @@ def _torch():
 class Source:
     """A storage to save: its untyped storage (kept alive), where its bytes are."""
 
-    __slots__ = ("storage", "nbytes", "ptr", "device", "crc", "crc_future", "host_copy", "stream", "needed",
-                 "hashes", "early")
+    __slots__ = ("storage", "begin", "nbytes", "ptr", "device", "crc", "crc_future", "host_copy", "stream",
+                 "needed", "hashes", "early")
 
-    def __init__(self, storage, streams=None):
+    def __init__(self, storage, streams=None, begin=0, nbytes=None):
         """`streams`: {device: the current stream's handle}, filled as met
-        (one look-up a device, not one a storage)."""
+        (one look-up a device, not one a storage). `begin`, `nbytes`: the
+        bytes of the storage to save (default: all of it)."""
         torch = _torch()
         device = storage.device
         if device.type not in ("cpu", "cuda"):
             storage = storage.cpu()  # as torch.save does (meta and other devices raise there)
             device = storage.device
         self.storage = storage
-        self.nbytes = storage.nbytes()
-        self.ptr = storage.data_ptr()
+        self.begin = begin
+        self.nbytes = storage.nbytes() - begin if nbytes is None else nbytes
+        self.ptr = storage.data_ptr() + begin
         self.device = -1 if device.type == "cpu" else (device.index if device.index is not None
                                                        else torch.cuda.current_device())
         self.crc = 0
@@ -72,7 +76,7 @@ class Source:
     def byte_tensor(self):
         torch = _torch()
         t = torch.empty(0, dtype=torch.uint8, device=self.storage.device)
-        return t.set_(self.storage, 0, (self.nbytes,), (1,))
+        return t.set_(self.storage, self.begin, (self.nbytes,), (1,))
 
     def host_bytes(self, start=0, end=None):
         """A memoryview of bytes [start, end) in host memory (CUDA: copied)."""
@@ -190,19 +194,20 @@ class _InFlight:
             pass
 
 
-def write_by_offsets(file, records, cd_records, cd_offset, opts, report):
-    """Writes the planned `records` (and the central directory of
-    `cd_records` at `cd_offset`) into `file` (an ``_io`` file); returns the
-    file size. Every I/O and CRC it starts is over when it returns or raises."""
+def write_by_offsets(file, records, framing, opts, report):
+    """Writes the planned `records` and their `framing`'s bytes (a
+    :class:`_zipfile.Framing`, or another container's) into `file` (an
+    ``_io`` file); returns the file size. Every I/O and CRC it starts is over
+    when it returns or raises."""
     inflight = _InFlight()
     try:
-        return _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflight)
+        return _write_by_offsets(file, records, framing, opts, report, inflight)
     except BaseException:
         inflight.drain()
         raise
 
 
-def _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflight):
+def _write_by_offsets(file, records, framing, opts, report, inflight):
     pool = _io.crc_pool()
     bigs = sorted((r for r in records if isinstance(r.payload, Source) and r.align >= BIG_ALIGN),
                   key=lambda r: r.data_offset)
@@ -214,7 +219,7 @@ def _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflig
         staged = _write_bigs(file, bigs, opts, report, inflight, pool, dedup=asked is not None)
     glue = None
     if not staged:  # every CRC is known without the volume's answer: the glue goes beside the request
-        glue = _write_glue(file, records, bigs, cd_records, cd_offset, opts, report, inflight)
+        glue = _write_glue(file, records, bigs, framing, opts, report, inflight)
     if asked is not None:
         with report.stage("dedup"):
             late = asked.finish(report)
@@ -225,13 +230,13 @@ def _write_by_offsets(file, records, cd_records, cd_offset, opts, report, inflig
             src = r.payload
             src.crc = _stage_device(file, src, r.data_offset, body_end, want_crc, opts, report, inflight)
     if glue is None:
-        glue = _write_glue(file, records, bigs, cd_records, cd_offset, opts, report, inflight)
+        glue = _write_glue(file, records, bigs, framing, opts, report, inflight)
     with report.stage("write"):
         inflight.wait_all()  # the bigs' requests and the glue's (whose buffers `glue` keeps)
     return glue[0]
 
 
-def _write_glue(file, records, bigs, cd_records, cd_offset, opts, report, inflight):
+def _write_glue(file, records, bigs, framing, opts, report, inflight):
     """Once the CRCs are known, starts the write of the glue; it may go while
     the bigs' requests still run, as its blocks are none of theirs. Returns
     (file size, the glue's regions: to be kept until the request is done)."""
@@ -243,13 +248,13 @@ def _write_glue(file, records, bigs, cd_records, cd_offset, opts, report, inflig
                 r.payload.crc = r.payload.crc_future.result()
                 r.payload.crc_future = None
             r.crc = r.payload.crc
-        for r in records:
-            if not (isinstance(r.payload, Source) and r.align >= BIG_ALIGN):
-                r.crc = _crc_of_small(r, opts, report)
-    cd = _zipfile.central_directory(cd_records, cd_offset)
-    file_size = cd_offset + len(cd)
+        if framing.checksums:
+            for r in records:
+                if not (isinstance(r.payload, Source) and r.align >= BIG_ALIGN):
+                    r.crc = _crc_of_small(r, opts, report)
+    framed, file_size = framing.pieces(records)
     with report.stage("write"):
-        glue = _glue_regions(records, bigs, cd, cd_offset, file_size)
+        glue = _glue_regions(records, bigs, framed, file_size)
         segments = [_io.Segment(_addr(buf), len(buf), start, -1) for start, buf in glue]
         inflight.add(file.write(segments))
         report.bytes_written += sum(len(buf) for _, buf in glue)
@@ -318,20 +323,19 @@ def _addr(buf):
     return ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf)) if len(buf) else 0
 
 
-def _glue_regions(records, bigs, cd, cd_offset, file_size):
+def _glue_regions(records, bigs, framed, file_size):
     """[(offset, bytearray)]: the 4 KiB blocks outside the bigs' bodies that
-    hold bytes (headers, small records, tails, the central directory); the
-    rest (padding, gaps) stays a hole of zeros."""
-    pieces = []
+    hold bytes (the `framed` pieces, [(offset, bytes)]: headers, the central
+    directory; small records, tails); the rest (padding, gaps) stays a hole
+    of zeros."""
+    pieces = list(framed)
     for r in records:
-        pieces.append((r.offset, _zipfile.local_header_core(r)))
         if isinstance(r.payload, Source) and r.align >= BIG_ALIGN:
             body = r.payload.nbytes // BLOCK * BLOCK
             if body < r.payload.nbytes:
                 pieces.append((r.data_offset + body, r.payload.host_bytes(body)))
         elif r.size:
             pieces.append((r.data_offset, _payload_bytes(r)))
-    pieces.append((cd_offset, memoryview(cd)))
     pieces.sort(key=lambda p: p[0])
     # where big bodies start: blocks never extend into them
     limits = sorted(r.data_offset for r in bigs) + [file_size]

@@ -145,6 +145,27 @@ def local_header(record):
     return local_header_core(record) + bytes(max(record.pad - 4, 0))
 
 
+class Framing:
+    """What a zip archive adds around its records, for a writer by offsets:
+    each record's local header and the central directory (of `cd_records`,
+    in that order, at `cd_offset`). Another container gives the writer an
+    object with the same two members."""
+
+    checksums = True  # the records' CRC-32s are part of these bytes
+
+    def __init__(self, cd_records, cd_offset):
+        self.cd_records = cd_records
+        self.cd_offset = cd_offset
+
+    def pieces(self, records):
+        """[(offset, bytes)] of the framing of the placed `records` (their
+        CRC-32s known), and the file size."""
+        cd = central_directory(self.cd_records, self.cd_offset)
+        out = [(r.offset, local_header_core(r)) for r in records]
+        out.append((self.cd_offset, memoryview(cd)))
+        return out, self.cd_offset + len(cd)
+
+
 def central_directory(records, cd_offset):
     """The central directory of `records` (in the order given, the first one
     naming the archive folder), the ZIP64 end records and the end record,
