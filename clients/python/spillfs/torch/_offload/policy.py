@@ -29,7 +29,7 @@ waits.
 
 import time
 
-__all__ = ["make_policy", "Policy", "AdaptivePolicy", "pinned_copy_seconds"]
+__all__ = ["make_policy", "Policy", "AdaptivePolicy", "MixedPolicy", "IoClock", "pinned_copy_seconds"]
 
 _MiB = 1 << 20
 
@@ -57,12 +57,33 @@ def pinned_copy_seconds(device_buffer, host_buffer, stream=None):
     return d2h.elapsed_time(h2d) / 1e3, h2d.elapsed_time(done) / 1e3
 
 
+class IoClock:
+    """Bytes and busy seconds (the union of the requests' intervals) of file requests, per kind
+    (``"ssd_write"``, ``"ssd_read"``): the policies' measured bandwidths, the step's disk time."""
+
+    def __init__(self):
+        self.kinds = {}  # kind -> (bytes, busy seconds, end of the latest request)
+
+    def observe(self, kind, nbytes, submitted, seconds):
+        if submitted is None or not seconds:
+            return
+        total, busy, last_end = self.kinds.get(kind, (0, 0.0, 0.0))
+        end = submitted + seconds
+        busy += end - max(submitted, last_end) if end > last_end else 0.0  # union of the intervals
+        self.kinds[kind] = (total + nbytes, busy, max(end, last_end))
+
+    def busy_seconds(self):
+        """Seconds the disk was busy (writes and reads: a disk serves them in turn)."""
+        return sum(busy for _, busy, _ in self.kinds.values())
+
+
 class Policy:
     """``"all"`` (every layer to the host tier, then files) or ``"none"`` (keep)."""
 
     def __init__(self, name):
         if name not in ("all", "none"):
-            raise ValueError(f"policy must be 'adaptive', 'all', 'none' or an AdaptivePolicy, not {name!r}")
+            raise ValueError(f"policy must be 'adaptive', 'all', 'none', an AdaptivePolicy or a MixedPolicy, "
+                             f"not {name!r}")
         self.name = name
         self._bytes = {}
 
@@ -93,15 +114,42 @@ class Policy:
         steps run without them (no Python per saved tensor)."""
         return self.name != "none"
 
+    def hooked_layers(self):
+        """The layers whose saved tensors pass through the hooks this step (None: every tensor of the step)."""
+        return None
+
+    def wants_timing(self):
+        """Whether this step's layers are timed (CUDA events at their boundaries: the profile)."""
+        return False
+
+    def wants_memory(self):
+        """Whether this step samples the allocator's peak per phase (resets CUDA's peak statistics)."""
+        return False
+
 
 def make_policy(policy):
-    if isinstance(policy, (Policy, AdaptivePolicy)):
+    if isinstance(policy, (Policy, AdaptivePolicy)):  # MixedPolicy is an AdaptivePolicy
         return policy
     if policy == "adaptive":
         return AdaptivePolicy()
     if isinstance(policy, str):
         return Policy(policy)
     raise TypeError(f"policy must be a str or an AdaptivePolicy, not {type(policy).__name__}")
+
+
+def _largest_part(fits, cap):
+    """The largest part in [0, `cap`] of a layer for which `fits(part)` holds, by bisection (the
+    modelled step grows with the part moved); 0 where none does."""
+    if fits(cap):
+        return cap
+    lo, hi = 0.0, cap
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _elapsed(a, b):
@@ -154,7 +202,8 @@ class AdaptivePolicy:
         self.prediction = {}
         self._steps = 0
         self._last_peak_saved = 0
-        self._io = {}
+        self._last_peak_saved_by_layer = {}
+        self._io = IoClock()
         self._profiling = True
         # a part of a layer smaller than this is not worth a copy (a whole layer always is)
         self.min_part_bytes = 4 * _MiB
@@ -171,7 +220,7 @@ class AdaptivePolicy:
             report.predicted = dict(self.prediction)
             report.decisions.update(self.decisions)
             report.measured["baseline_seconds"] = self.profile.get("step_seconds")
-        self._io = {}
+        self._io = IoClock()
 
     def decide(self, group):
         if self._profiling:
@@ -206,13 +255,19 @@ class AdaptivePolicy:
         """Always: its profile and its quotas count each layer's saved bytes in the pack hook."""
         return True
 
+    def hooked_layers(self):
+        """None: every saved tensor passes through the hooks (its profile and quotas count them all)."""
+        return None
+
+    def wants_timing(self):
+        """While profiling: the layers' times are its profile."""
+        return self._profiling
+
+    def wants_memory(self):
+        return False
+
     def observe_io(self, kind, nbytes, submitted, seconds):
-        if submitted is None or not seconds:
-            return
-        total, busy, last_end = self._io.get(kind, (0, 0.0, 0.0))
-        end = submitted + seconds
-        busy += end - max(submitted, last_end) if end > last_end else 0.0  # union of the intervals
-        self._io[kind] = (total + nbytes, busy, max(end, last_end))
+        self._io.observe(kind, nbytes, submitted, seconds)
 
     def end_step(self, off, report, marks, seconds):
         self._steps += 1
@@ -224,10 +279,14 @@ class AdaptivePolicy:
                 self.profile["bandwidth"].update(self._probe(off))
                 self._decide(off)
         else:
-            bw = self.profile.setdefault("bandwidth", {})
-            for kind, (total, busy, _) in self._io.items():
-                if busy > 0 and total >= 4 * _MiB:
-                    bw[kind] = 0.5 * bw.get(kind, total / busy) + 0.5 * total / busy
+            self._refresh_bandwidth()
+
+    def _refresh_bandwidth(self):
+        """Bandwidths halfway to what this step's file requests measured."""
+        bw = self.profile.setdefault("bandwidth", {})
+        for kind, (total, busy, _) in self._io.kinds.items():
+            if busy > 0 and total >= 4 * _MiB:
+                bw[kind] = 0.5 * bw.get(kind, total / busy) + 0.5 * total / busy
 
     # -- profile ---------------------------------------------------------------
 
@@ -386,10 +445,15 @@ class AdaptivePolicy:
         # where the peak is (the start of backward), the originals gone are those the window forced out
         # (host copies of layers <= n - 1 - copy_window: the host runs ahead of the GPU, so a copy that
         # lands later is no help), those written to files by then, and the recomputed layers
-        self._last_peak_saved = (
-            sum(moved[i] for i, d in decisions.items() if d == "host" and (tight or i <= n - 1 - copy_window))
-            + sum(moved[i] for i, d in decisions.items() if d == "ssd" and written[i] <= t)
-            + sum(nbytes.get(i, 0) for i in range(n) if decisions.get(i) == "recompute"))
+        gone = {}
+        for i in range(n):
+            d = decisions.get(i, "keep")
+            if (d == "host" and (tight or i <= n - 1 - copy_window)) or (d == "ssd" and written[i] <= t):
+                gone[i] = moved[i]
+            elif d == "recompute":
+                gone[i] = nbytes.get(i, 0)
+        self._last_peak_saved_by_layer = gone
+        self._last_peak_saved = sum(gone.values())
         read_free = {"host": t, "ssd": max(t, free["ssd"])}
         ready, issued, stall = {}, set(), 0.0
         for j in range(n - 1, -1, -1):
@@ -413,18 +477,7 @@ class AdaptivePolicy:
             t, _ = self.simulate({**decisions, i: tier}, off.prefetch_layers, off.copy_window, {**fractions, i: f},
                                  getattr(off, "inflight_bytes", None))
             return t - base <= budget
-        if cap >= 1.0 and fits(1.0):
-            return 1.0
-        lo, hi = 0.0, min(cap, 1.0)
-        if fits(hi):
-            return hi
-        for _ in range(12):  # the modelled step grows with the part moved
-            mid = (lo + hi) / 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return _largest_part(fits, min(cap, 1.0))
 
     def _decide(self, off):
         p = self.profile
@@ -488,3 +541,359 @@ class AdaptivePolicy:
                            "peak_saved": int(self._last_peak_saved),
                            "stall_seconds": stall,
                            "fractions": dict(fractions)}
+
+
+class MixedPolicy(AdaptivePolicy):
+    r"""Chooses per layer keep, offload (host tier, files) or recompute, under a memory budget
+    or an overhead budget, from a profile of the first steps.
+
+    Recomputing a layer (non-reentrant :func:`torch.utils.checkpoint.checkpoint` around its
+    forward) costs about one more forward of it and frees all it saves but its input;
+    offloading a part of it costs the hooks' Python per saved tensor and whatever of the copy
+    its compute cannot hide. Layers whose copies cannot hide (a Llama layer at hidden 2048
+    saves ~1 GiB, ~20 ms on PCIe against ~3.5 ms of forward) are cheaper recomputed, so the
+    cheapest mix under a budget is usually some layers recomputed, parts of others offloaded
+    where their copies hide, the rest kept: the frontier of memory against step time this
+    policy walks.
+
+    Profile (``profile_steps``, 3 on CUDA, 2 on the CPU), keeping everything: the steps but
+    the last run with the saved-tensor hooks (each layer's bytes and saved tensors; the first
+    on CUDA is warm-up); the last without them, timed (each layer's forward and backward,
+    CUDA events on the compute stream; its input's bytes; on CUDA the allocator's peak of each
+    phase: forward with the head, then each layer's backward, which resets CUDA's peak
+    statistics in that step). The hooks' cost per saved tensor is the difference of the two
+    steps over the tensors saved. Then the tiers' bandwidths are probed as
+    :class:`AdaptivePolicy` does.
+
+    The model: a step is the measured keep step (timed, no hooks), plus what
+    :meth:`AdaptivePolicy.simulate` adds for the copies and the recomputed forwards, plus the
+    hooks' cost of every tensor saved in an offloaded layer (the hooks are installed around
+    those layers' forwards only: kept and recomputed layers save at no cost per tensor). The
+    peak is the largest of its phases' measured peaks, less what the plan frees in each: at
+    the head, the offloaded parts whose copies the window forced out and, of each recomputed
+    layer, its bytes but its input; in layer j's backward, those of the layers below j but the
+    ones read ahead (``prefetch_layers``). On the CPU (no allocator figures) the phases are
+    estimated from the layers' bytes.
+
+    The choice, greedy on that model from keeping everything: with `memory_budget`, the move
+    (a layer recomputed, a larger part of it offloaded) with the least added step time per
+    byte of excess removed, until the peak fits; then moves undone while it still fits and the
+    step gets shorter. With `overhead_budget` only, the move with the most bytes freed per
+    second added while the step stays within it. Files are used only for the part of a layer
+    whose write and read the model hides (within 1% of the layer's compute): a disk slower than
+    the compute would otherwise set the step's pace (files only at hidden 2048: 37x the keep
+    step); ``prediction["files"]`` says where and why they were refused.
+
+    Args:
+        memory_budget (int or float, optional): the activation peak to stay under: bytes above
+            what is allocated when the step begins (as ``torch.cuda.max_memory_allocated``
+            counts), or, as a float in (0, 1], a fraction of keep's peak (measured in the profile).
+        overhead_budget (float, optional): step time allowed above the keep step (0.03: 3%).
+            With `memory_budget` too, the plan that fits the memory is kept and a warning says
+            when it passes this. Neither given: ``overhead_budget=0.03``.
+        profile_steps (int, optional): at least 2 (3 on CUDA, 2 on the CPU by default).
+        probe_bytes (int, optional): bytes of each bandwidth probe (as :class:`AdaptivePolicy`).
+
+    Attributes:
+        decisions (dict): layer index -> ``"keep"``, ``"host"``, ``"ssd"`` or ``"recompute"``.
+        fractions (dict): layer index -> the part of its bytes offloaded (1 where absent).
+        plan (list): per layer, a dict: ``layer``, ``decision``, ``fraction``, ``bytes``,
+            ``saves`` (tensors saved), ``fwd_seconds``, ``bwd_seconds``, ``freed_at_peak``
+            (bytes gone at the head), ``added_seconds`` (the modelled step with this layer's
+            choice against the same plan with the layer kept).
+        profile (dict): as :class:`AdaptivePolicy`'s, plus ``saves`` (per layer),
+            ``inputs`` (bytes of each layer's input), ``hook_seconds_per_save``,
+            ``hooked_step_seconds`` and ``memory`` (``head``: the peak of forward and the head,
+            ``backward``: layer -> the peak of its backward; ``measured``: whether from the
+            allocator).
+        prediction (dict): ``step_seconds``, ``keep_step_seconds``, ``peak_bytes``,
+            ``keep_peak_bytes``, ``memory_saved``, ``hook_seconds``, ``recompute_seconds``,
+            ``stall_seconds``, ``budget`` (``"memory"`` or ``"overhead"``), ``memory_budget``
+            (bytes), ``overhead_budget``, ``budget_met``, ``files``, ``fractions``.
+
+    Raises:
+        ValueError: a budget out of range, fewer than 2 profile steps; at the first step,
+            an offloader without layers.
+
+    Example::
+
+        >>> policy = spillfs.torch.MixedPolicy(memory_budget=0.5)    # half of keep's peak
+        >>> offload = spillfs.torch.offload_activations(None, host_bytes=16 << 30,
+        ...                                             layers=model.model.layers, policy=policy)
+        >>> for step, batch in enumerate(batches):
+        ...     with offload:
+        ...         model(**batch).loss.backward()
+        >>> offload.report.plan, offload.report.predicted, offload.report.measured
+    """
+
+    name = "mixed"
+    # a copy "hides" where it adds at most this part of its layer's compute to the modelled step
+    hide_tolerance = 0.01
+    # parts of a layer the search tries for the host tier (with the part that hides)
+    host_fractions = (0.25, 0.5, 0.75, 1.0)
+
+    def __init__(self, memory_budget=None, overhead_budget=None, profile_steps=None, probe_bytes=None):
+        if memory_budget is not None and not memory_budget > 0:
+            raise ValueError(f"memory_budget must be a number of bytes or a fraction of keep's peak in (0, 1], "
+                             f"not {memory_budget!r}")
+        if overhead_budget is not None and overhead_budget < 0:
+            raise ValueError(f"overhead_budget must be >= 0, not {overhead_budget!r}")
+        if profile_steps is not None and profile_steps < 2:
+            raise ValueError(f"profile_steps must be >= 2 (one with the hooks, one timed), not {profile_steps!r}")
+        if memory_budget is None and overhead_budget is None:
+            overhead_budget = 0.03
+        super().__init__(profile_steps=profile_steps, max_overhead=overhead_budget or 0.0, probe_bytes=probe_bytes,
+                         recompute=True)
+        self.memory_budget = memory_budget
+        self.overhead_budget = overhead_budget
+        self.plan = []
+        self._timing = False
+        self._hooked_profile = {}
+
+    # -- the offloader's calls -------------------------------------------------
+
+    def begin_step(self, off, report):
+        if not off.layers:
+            raise ValueError("MixedPolicy decides per layer: give offload_activations the model or its layers "
+                             "(layers=model.model.layers)")
+        if self.profile_steps is None:
+            import torch
+            self.profile_steps = 3 if torch.cuda.is_available() else 2
+        self._profiling = self._steps < self.profile_steps
+        self._timing = self._profiling and self._steps == self.profile_steps - 1
+        report.policy = "mixed:profile" if self._profiling else "mixed"
+        if not self._profiling:
+            report.predicted = dict(self.prediction)
+            report.decisions.update(self.decisions)
+            report.plan = [dict(row) for row in self.plan]
+            report.measured["baseline_seconds"] = self.profile.get("step_seconds")
+        self._io = IoClock()
+
+    def decide(self, group):
+        if self._profiling or not isinstance(group, int) or group < 0:
+            return "keep"
+        return self.decisions.get(group, "keep")
+
+    def saves_tensors(self):
+        """Not in the timed profile step (keep's time); else for the hooked layers (or all, profiling)."""
+        return not self._timing
+
+    def hooked_layers(self):
+        """While profiling every layer; then the offloaded ones only."""
+        if self._profiling:
+            return None
+        return frozenset(i for i, d in self.decisions.items() if d in ("host", "ssd"))
+
+    def wants_timing(self):
+        return self._timing
+
+    def wants_memory(self):
+        return self._timing
+
+    def end_step(self, off, report, marks, seconds):
+        self._steps += 1
+        if not self._profiling:
+            self._refresh_bandwidth()
+            return
+        if not self._timing:  # a step with the hooks: bytes, tensors per layer, and its time
+            self._hooked_profile = {"bytes": dict(report.layer_bytes), "saves": dict(report.layer_saves),
+                                    "packed": report.packed_count, "step_seconds": seconds}
+            return
+        n = len(off.layers)
+        fwd, bwd, head = self._layer_times(marks, n)
+        hooked = self._hooked_profile
+        per_save = max(0.0, hooked.get("step_seconds", seconds) - seconds) / max(hooked.get("packed", 0), 1)
+        self.profile = {"fwd": fwd, "bwd": bwd, "head": head, "bytes": dict(hooked.get("bytes", {})),
+                        "saves": dict(hooked.get("saves", {})), "inputs": dict(report.layer_input_bytes),
+                        "step_seconds": seconds, "hooked_step_seconds": hooked.get("step_seconds"),
+                        "hook_seconds_per_save": per_save,
+                        "memory": self._memory_profile(report.memory_phases, n, hooked.get("bytes", {})),
+                        "bandwidth": dict(self.profile.get("bandwidth", {}))}
+        self.profile["bandwidth"].update(self._probe(off))
+        self._decide(off)
+
+    @staticmethod
+    def _memory_profile(phases, n, nbytes):
+        """The peak of forward with the head, and of each layer's backward (bytes above the step's
+        start), from the allocator's samples; estimated from the layers' bytes where there are none."""
+        if len(phases) == n + 1:
+            return {"head": phases[0][1], "backward": {n - k: phases[k][1] for k in range(1, n + 1)},
+                    "measured": True}
+        layer = [nbytes.get(i, 0) for i in range(n)]
+        below = [sum(layer[:j + 1]) for j in range(n)]
+        return {"head": sum(v for k, v in nbytes.items() if k != "head"), "backward": dict(enumerate(below)),
+                "measured": False}
+
+    # -- the model -------------------------------------------------------------
+
+    def _evaluate(self, decisions, fractions, off):
+        """(step seconds, peak bytes, peak per phase, stall seconds, bytes gone at the head) of a plan."""
+        p = self.profile
+        n = len(p["fwd"])
+        inflight = getattr(off, "inflight_bytes", None)
+        t, stall = self.simulate(decisions, off.prefetch_layers, off.copy_window, fractions, inflight)
+        gone = dict(self._last_peak_saved_by_layer)
+        inputs, nbytes = p.get("inputs", {}), p["bytes"]
+        for i, d in decisions.items():
+            if d == "recompute":  # its input stays (the checkpoint holds it)
+                gone[i] = max(0, nbytes.get(i, 0) - inputs.get(i, 0))
+        hooked = [i for i, d in decisions.items() if d in ("host", "ssd")]
+        if hooked and (getattr(off, "inflight_bytes", None) is not None
+                       or getattr(off, "read_ahead_bytes", None) is not None):
+            saves = sum(p["saves"].values())  # the memory-tight options hook every layer
+        else:
+            saves = sum(p["saves"].get(i, 0) for i in hooked)
+        step = p["step_seconds"] + (t - self._t_keep) + saves * p["hook_seconds_per_save"]
+        mem = p["memory"]
+        phases = [mem["head"] - sum(gone.values())]
+        pre = off.prefetch_layers
+        for j in range(n):
+            freed = 0  # of the layers below j: recomputed ones hold their inputs, offloaded ones are out
+            for i in range(j):  # but the `prefetch_layers` below j, read back while j's backward runs
+                d = decisions.get(i, "keep")
+                if d == "recompute":
+                    freed += gone.get(i, 0)
+                elif d in ("host", "ssd") and i < j - pre:
+                    freed += nbytes.get(i, 0) * fractions.get(i, 1.0)
+            extra = inputs.get(j, 0) if decisions.get(j) == "recompute" else 0
+            phases.append(mem["backward"].get(j, 0) - freed + extra)
+        return step, max(phases), phases, stall, gone
+
+    def _hiding_fraction(self, i, tier, off):
+        """The largest part of layer i alone (the rest kept) whose copies to `tier` add at most
+        ``hide_tolerance`` of its compute to the modelled step (0: none)."""
+        p = self.profile
+        inflight = getattr(off, "inflight_bytes", None)
+        allowed = self.hide_tolerance * (p["fwd"][i] + p["bwd"][i])
+
+        def hides(f):
+            t, _ = self.simulate({i: tier}, off.prefetch_layers, off.copy_window, {i: f}, inflight)
+            return t - self._t_keep <= allowed
+        return _largest_part(hides, 1.0)
+
+    def _moves(self, decisions, fractions, host_left, hide, off):
+        """The plans one step from this one: a layer recomputed, or a larger part of it offloaded."""
+        p = self.profile
+        min_part = max(self.min_part_bytes, 1)
+        for i in range(len(p["fwd"])):
+            size = p["bytes"].get(i, 0)
+            if size == 0:
+                continue
+            d = decisions.get(i, "keep")
+            f = fractions.get(i, 1.0) if d in ("host", "ssd") else 0.0
+            if d != "recompute" and size > p.get("inputs", {}).get(i, 0):
+                yield {**decisions, i: "recompute"}, {k: v for k, v in fractions.items() if k != i}
+            if d in ("keep", "host"):
+                room = (host_left + (f * size if d == "host" else 0.0)) / size
+                for g in sorted({hide[i]["host"], *self.host_fractions}):
+                    if f < g <= room and g * size >= min_part:
+                        yield {**decisions, i: "host"}, {**fractions, i: g}
+            if d == "keep" and hide[i].get("ssd", 0.0) * size >= min_part:
+                yield {**decisions, i: "ssd"}, {**fractions, i: hide[i]["ssd"]}
+
+    def _decide(self, off):
+        p = self.profile
+        n = len(p["fwd"])
+        inflight = getattr(off, "inflight_bytes", None)
+        self._t_keep, _ = self.simulate({}, off.prefetch_layers, off.copy_window, None, inflight)
+        keep_step, keep_peak, keep_phases, _, _ = self._evaluate({}, {}, off)
+        ssd_ok = off.dir is not None and "ssd_write" in p["bandwidth"]
+        hide = [{"host": self._hiding_fraction(i, "host", off) if off.host_bytes > 0 else 0.0,
+                 **({"ssd": self._hiding_fraction(i, "ssd", off)} if ssd_ok else {})} for i in range(n)]
+        budget_bytes = self.memory_budget
+        if isinstance(budget_bytes, float) and budget_bytes <= 1.0:
+            budget_bytes = int(budget_bytes * keep_peak)
+        limit = None if self.overhead_budget is None else keep_step * (1.0 + self.overhead_budget)
+
+        def used_host(dec, fr):
+            return sum(p["bytes"].get(i, 0) * fr.get(i, 1.0) for i, d in dec.items() if d == "host")
+
+        def excess(phases):  # memory mode: bytes over the budget, every phase (the peak alone can stall)
+            return sum(max(0.0, x - budget_bytes) for x in phases)
+
+        def memory_score(phases):  # overhead mode: the peak, the other phases as a tie-break
+            return max(phases) + 1e-3 * sum(phases)
+
+        decisions, fractions = {}, {}
+        step, peak, phases = keep_step, keep_peak, keep_phases
+        while True:
+            if budget_bytes is not None and peak <= budget_bytes:
+                break
+            best = None
+            for dec, fr in self._moves(decisions, fractions, off.host_bytes - used_host(decisions, fractions),
+                                       hide, off):
+                s, pk, ph, _, _ = self._evaluate(dec, fr, off)
+                if budget_bytes is not None:
+                    gain = excess(phases) - excess(ph)
+                    if gain <= 0:
+                        continue
+                    key = (s - step) / gain  # least time per byte of excess removed
+                else:
+                    gain = memory_score(phases) - memory_score(ph)
+                    if gain <= 0 or s > limit:
+                        continue
+                    key = -gain / max(s - step, 1e-9)  # most bytes per second added
+                if best is None or key < best[0]:
+                    best = (key, dec, fr, s, pk, ph)
+            if best is None:
+                break
+            _, decisions, fractions, step, peak, phases = best
+        if budget_bytes is not None:  # undo what the later moves made useless
+            improved = True
+            while improved:
+                improved = False
+                for i in sorted(decisions):
+                    dec = {k: v for k, v in decisions.items() if k != i}
+                    fr = {k: v for k, v in fractions.items() if k != i}
+                    s, pk, ph, _, _ = self._evaluate(dec, fr, off)
+                    if pk <= budget_bytes and s < step:
+                        decisions, fractions, step, peak, phases = dec, fr, s, pk, ph
+                        improved = True
+        self._finish_plan(decisions, fractions, off, keep_step, keep_peak, budget_bytes, limit, hide, ssd_ok)
+
+    def _finish_plan(self, decisions, fractions, off, keep_step, keep_peak, budget_bytes, limit, hide, ssd_ok):
+        import warnings
+        p = self.profile
+        n = len(p["fwd"])
+        step, peak, _, stall, gone = self._evaluate(decisions, fractions, off)
+        self.decisions = {i: decisions.get(i, "keep") for i in range(n)}
+        self.fractions = {i: f for i, f in fractions.items() if f < 1.0}
+        self.plan = []
+        for i in range(n):
+            d = self.decisions[i]
+            without, _, _, _, _ = self._evaluate({k: v for k, v in decisions.items() if k != i},
+                                                 {k: v for k, v in fractions.items() if k != i}, off)
+            self.plan.append({"layer": i, "decision": d,
+                              "fraction": fractions.get(i, 1.0) if d in ("host", "ssd") else None,
+                              "bytes": p["bytes"].get(i, 0), "saves": p["saves"].get(i, 0),
+                              "fwd_seconds": p["fwd"][i], "bwd_seconds": p["bwd"][i],
+                              "freed_at_peak": int(gone.get(i, 0)), "added_seconds": step - without})
+        hooked = [i for i, d in decisions.items() if d in ("host", "ssd")]
+        met = ((budget_bytes is None or peak <= budget_bytes) and (limit is None or step <= limit * (1 + 1e-9)))
+        files = None
+        if ssd_ok:
+            refused = [i for i in range(n) if hide[i]["ssd"] * p["bytes"].get(i, 0) < max(self.min_part_bytes, 1)]
+            used = sorted(i for i, d in decisions.items() if d == "ssd")
+            files = {"used": used, "refused": refused}
+            if refused:
+                i = max(refused, key=lambda k: p["bytes"].get(k, 0))
+                rate = p["bandwidth"].get("ssd_write", 0.0)
+                files["why"] = (f"layer {i}'s {p['bytes'].get(i, 0) / _MiB:.0f} MiB take "
+                                f"{p['bytes'].get(i, 0) / max(rate, 1.0) * 1e3:.1f} ms to write at "
+                                f"{rate / 1e9:.2f} GB/s against {(p['fwd'][i] + p['bwd'][i]) * 1e3:.1f} ms of "
+                                f"its compute: the disk would set the step's pace")
+        self.prediction = {
+            "step_seconds": step, "keep_step_seconds": keep_step, "peak_bytes": int(peak),
+            "keep_peak_bytes": int(keep_peak), "memory_saved": int(sum(gone.values())),
+            "peak_saved": int(keep_peak - peak),
+            "hook_seconds": sum(p["saves"].get(i, 0) for i in hooked) * p["hook_seconds_per_save"],
+            "recompute_seconds": sum(p["fwd"][i] for i, d in decisions.items() if d == "recompute"),
+            "stall_seconds": stall, "budget": "memory" if budget_bytes is not None else "overhead",
+            "memory_budget": budget_bytes, "overhead_budget": self.overhead_budget, "budget_met": met,
+            "memory_measured": p["memory"]["measured"], "files": files, "fractions": dict(self.fractions)}
+        if not met:
+            what = (f"an activation peak of {budget_bytes / 2**30:.2f} GiB" if budget_bytes is not None
+                    and peak > budget_bytes else f"a step within {self.overhead_budget:.1%} of keep's")
+            warnings.warn(f"spillfs.torch.MixedPolicy: no plan reaches {what}; the closest found: peak "
+                          f"{peak / 2**30:.2f} GiB (keep {keep_peak / 2**30:.2f}), step {step * 1e3:.1f} ms "
+                          f"(keep {keep_step * 1e3:.1f})", RuntimeWarning, stacklevel=2)

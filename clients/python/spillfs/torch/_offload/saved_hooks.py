@@ -95,6 +95,9 @@ class _SavedTensorHooks:
         r = state.report
         nbytes = t.numel() * t.element_size()
         r.count("packed", nbytes)
+        stack = self._layers.group_stack
+        if stack:  # the hooks' cost is per tensor saved, whatever becomes of it (the mixed policy's model)
+            r.layer_saves[stack[-1]] = r.layer_saves.get(stack[-1], 0) + 1
         if copies.inflight:  # originals whose copy landed go, whatever happens to this tensor
             with self._lock:
                 copies.poll()
