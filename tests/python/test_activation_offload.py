@@ -703,9 +703,11 @@ def test_views_with_gaps(tmp_path, setting):
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("transformers") is None,
                     reason="transformers is not installed (it is on the GPU machine)")
+@pytest.mark.parametrize("policy", ["all", "mixed"])
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_hugging_face_models(tmp_path, arch):
-    """GPT-2 and Llama built from a config (random weights, nothing downloaded): layers found, exact."""
+def test_hugging_face_models(tmp_path, arch, policy):
+    """GPT-2 and Llama built from a config (random weights, nothing downloaded): layers found, exact;
+    the mixed policy's plan (a layer recomputed, one hooked and offloaded, one kept) on their layers."""
     import transformers
 
     def make():
@@ -726,12 +728,16 @@ def test_hugging_face_models(tmp_path, arch):
         return out.logits.float().log_softmax(-1).gather(-1, y.unsqueeze(-1)).mean()
 
     device = "cuda" if CUDA else "cpu"
+    chosen = "all" if policy == "all" else _FixedMixed({0: "recompute", 1: "host", 2: "keep"})
     got = train(make, batch, loss_fn, device=device,
                 offload=lambda m: st.offload_activations(str(tmp_path / "act"), host_bytes=64 << 10, min_bytes=1024,
-                                                         policy="all", layers=m))
+                                                         policy=chosen, layers=m))
     assert_matches(lambda: train(make, batch, loss_fn, device=device), got)
     assert len(got[2].layers) == 3
     assert got[2].report.offloaded_bytes > 0
+    if policy == "mixed":
+        assert set(got[2].report.layer_saves) == {1}, got[2].report.layer_saves
+        assert all("forward" not in layer.__dict__ for layer in got[2].layers)
 
 
 def test_adaptive_recompute_exact(tmp_path):

@@ -20,7 +20,13 @@ The hooks of a step (installed at ``__enter__``, removed at ``__exit__``):
   which fires as that layer's backward begins: backward's phase starts there,
   and the prefetcher reads from that layer down (:mod:`.read_ahead`);
 - :meth:`mark` times the layers for the policy's profile (CUDA events on the
-  compute stream where CUDA is initialized, else the host clock);
+  compute stream where CUDA is initialized, else the host clock), in the steps
+  the policy times (``wants_timing``), with the allocator's peak per phase
+  where it asks (``wants_memory``);
+- where the policy names the layers whose saved tensors it stores
+  (``hooked_layers``), the saved-tensor hooks are pushed by those layers'
+  pre-hooks and popped by their post-hooks, not held for the whole step; a
+  step with no saved-tensor hooks and no timing installs no module hook;
 - the layers the policy recomputes run under non-reentrant activation
   checkpointing for the step (:meth:`wrap_recompute`).
 

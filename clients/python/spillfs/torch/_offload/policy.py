@@ -1,4 +1,6 @@
-"""Which layers go where: ``"all"``, ``"none"`` and the adaptive policy.
+"""Which layers go where: ``"all"``, ``"none"``, the adaptive policy and the mixed one
+(:class:`MixedPolicy`: keep, offload or recompute per layer under a budget, on the adaptive
+policy's model; its docstring says how it profiles and chooses).
 
 The adaptive policy keeps everything for its first ``profile_steps`` steps
 and measures, per layer, the bytes of offload candidates it saves and its
