@@ -558,13 +558,14 @@ class MixedPolicy(AdaptivePolicy):
     where their copies hide, the rest kept: the frontier of memory against step time this
     policy walks.
 
-    Profile (``profile_steps``, 3 on CUDA, 2 on the CPU), keeping everything: the steps but
-    the last run with the saved-tensor hooks (each layer's bytes and saved tensors; the first
-    on CUDA is warm-up); the last without them, timed (each layer's forward and backward,
-    CUDA events on the compute stream; its input's bytes; on CUDA the allocator's peak of each
-    phase: forward with the head, then each layer's backward, which resets CUDA's peak
-    statistics in that step). The hooks' cost per saved tensor is the difference of the two
-    steps over the tensors saved. Then the tiers' bandwidths are probed as
+    Profile (``profile_steps``, 4 on CUDA, 2 on the CPU), keeping everything: the first steps
+    run with the saved-tensor hooks (each layer's bytes and saved tensors; the first on CUDA
+    is warm-up), the last (2 from 4 profile steps, else 1) without them, timed (each layer's
+    forward and backward, CUDA events on the compute stream, and the step: their means; its
+    input's bytes; on CUDA the allocator's peak of each phase: forward with the head, then
+    each layer's backward, which resets CUDA's peak statistics in those steps). The hooks'
+    cost per saved tensor is the last hooked step's time less the timed steps', over the
+    tensors saved. Then the tiers' bandwidths are probed as
     :class:`AdaptivePolicy` does.
 
     The model: a step is the measured keep step (timed, no hooks), plus what
@@ -593,7 +594,7 @@ class MixedPolicy(AdaptivePolicy):
         overhead_budget (float, optional): step time allowed above the keep step (0.03: 3%).
             With `memory_budget` too, the plan that fits the memory is kept and a warning says
             when it passes this. Neither given: ``overhead_budget=0.03``.
-        profile_steps (int, optional): at least 2 (3 on CUDA, 2 on the CPU by default).
+        profile_steps (int, optional): at least 2 (4 on CUDA, 2 on the CPU by default).
         probe_bytes (int, optional): bytes of each bandwidth probe (as :class:`AdaptivePolicy`).
 
     Attributes:
@@ -651,6 +652,7 @@ class MixedPolicy(AdaptivePolicy):
         self.plan = []
         self._timing = False
         self._hooked_profile = {}
+        self._timed_samples = []  # (fwd, bwd, head, step seconds) of the timed profile steps
 
     # -- the offloader's calls -------------------------------------------------
 
@@ -660,9 +662,10 @@ class MixedPolicy(AdaptivePolicy):
                              "(layers=model.model.layers)")
         if self.profile_steps is None:
             import torch
-            self.profile_steps = 3 if torch.cuda.is_available() else 2
+            self.profile_steps = 4 if torch.cuda.is_available() else 2
         self._profiling = self._steps < self.profile_steps
-        self._timing = self._profiling and self._steps == self.profile_steps - 1
+        timed_steps = 2 if self.profile_steps >= 4 else 1  # the keep step's time: what every prediction adds to
+        self._timing = self._profiling and self._steps >= self.profile_steps - timed_steps
         report.policy = "mixed:profile" if self._profiling else "mixed"
         if not self._profiling:
             report.predicted = dict(self.prediction)
@@ -702,7 +705,15 @@ class MixedPolicy(AdaptivePolicy):
                                     "packed": report.packed_count, "step_seconds": seconds}
             return
         n = len(off.layers)
-        fwd, bwd, head = self._layer_times(marks, n)
+        self._timed_samples.append((*self._layer_times(marks, n), seconds))
+        if self._steps < self.profile_steps:
+            return
+        samples, self._timed_samples = self._timed_samples, []
+        k = len(samples)
+        fwd = [sum(s[0][i] for s in samples) / k for i in range(n)]
+        bwd = [sum(s[1][i] for s in samples) / k for i in range(n)]
+        head = sum(s[2] for s in samples) / k
+        seconds = sum(s[3] for s in samples) / k
         hooked = self._hooked_profile
         per_save = max(0.0, hooked.get("step_seconds", seconds) - seconds) / max(hooked.get("packed", 0), 1)
         self.profile = {"fwd": fwd, "bwd": bwd, "head": head, "bytes": dict(hooked.get("bytes", {})),
