@@ -205,6 +205,7 @@ class AdaptivePolicy:
         self._steps = 0
         self._last_peak_saved = 0
         self._last_peak_saved_by_layer = {}
+        self._last_input_gone = {}
         self._io = IoClock()
         self._profiling = True
         # a part of a layer smaller than this is not worth a copy (a whole layer always is)
@@ -371,7 +372,8 @@ class AdaptivePolicy:
 
     # -- the model -------------------------------------------------------------
 
-    def simulate(self, decisions, prefetch_layers, copy_window=1, fractions=None, inflight_bytes=None):
+    def simulate(self, decisions, prefetch_layers, copy_window=1, fractions=None, inflight_bytes=None,
+                 input_tiers=None):
         """Modelled seconds of a step (forward, head, backward; no optimizer)
         under `decisions` (layer -> "keep"/"host"/"ssd"/"recompute") and
         `fractions` (layer -> the part of its bytes moved; 1 where absent), and
@@ -384,12 +386,21 @@ class AdaptivePolicy:
         forward runs (it ends no earlier than the forward), each layer and the
         head begin only once all but the newest `inflight_bytes` copied bytes
         landed, and the head waits for every host copy (the drain); the last
-        layer, not forwarded then, is read back when backward begins."""
+        layer, not forwarded then, is read back when backward begins.
+        `input_tiers` (layer -> "host"/"ssd"): the input of a recomputed layer
+        (``profile["inputs"]``: the checkpoint saves it as the layer begins)
+        goes to that tier, its copy from the layer's start; backward reads it
+        back as it reads a layer."""
         p = self.profile
         fwd, bwd, nbytes, bw = p["fwd"], p["bwd"], p["bytes"], p["bandwidth"]
         fractions = fractions or {}
         n = len(fwd)
         moved = {i: nbytes.get(i, 0) * fractions.get(i, 1.0) for i in range(n)}
+        tiers = {i: d for i, d in decisions.items() if d in ("host", "ssd")}
+        for i, tier in (input_tiers or {}).items():
+            if decisions.get(i) == "recompute":
+                tiers[i] = tier
+                moved[i] = p.get("inputs", {}).get(i, 0)
         t = 0.0
         # a recomputed layer saves (almost) nothing and runs its forward again in backward
         bwd = [b + (fwd[i] if decisions.get(i) == "recompute" else 0.0) for i, b in enumerate(bwd)]
@@ -425,12 +436,17 @@ class AdaptivePolicy:
             begin = window_wait(i, t)
             fwd_stall += begin - t
             t = begin + fwd[i]
-            tier = decisions.get(i, "keep")
-            if tier in ("keep", "recompute"):
+            tier = tiers.get(i)
+            if tier is None:
                 continue
             key = "host_write" if tier == "host" else "ssd"
             rate = bw.get(tier + "_write") or 1.0
-            if tight and tier == "host":
+            if decisions.get(i) == "recompute":  # its input, saved as it begins
+                start = max(begin, free[key])
+                free[key] = start + moved[i] / rate
+                if tight and tier == "host":
+                    host_copies.append((moved[i], start, free[key]))
+            elif tight and tier == "host":
                 # the copy streams as the layer saves (from its start), and ends no earlier than its forward
                 start = max(begin, free[key])
                 free[key] = max(start + moved[i] / rate, t)
@@ -448,22 +464,26 @@ class AdaptivePolicy:
         # (host copies of layers <= n - 1 - copy_window: the host runs ahead of the GPU, so a copy that
         # lands later is no help), those written to files by then, and the recomputed layers
         gone = {}
+        self._last_input_gone = {}
         for i in range(n):
-            d = decisions.get(i, "keep")
-            if (d == "host" and (tight or i <= n - 1 - copy_window)) or (d == "ssd" and written[i] <= t):
-                gone[i] = moved[i]
-            elif d == "recompute":
+            d, tier = decisions.get(i, "keep"), tiers.get(i)
+            out = (tier == "host" and (tight or i <= n - 1 - copy_window)) or (tier == "ssd" and written[i] <= t)
+            if d == "recompute":
                 gone[i] = nbytes.get(i, 0)
+                if out:
+                    self._last_input_gone[i] = moved[i]
+            elif out:
+                gone[i] = moved[i]
         self._last_peak_saved_by_layer = gone
         self._last_peak_saved = sum(gone.values())
         read_free = {"host": t, "ssd": max(t, free["ssd"])}
         ready, issued, stall = {}, set(), 0.0
         for j in range(n - 1, -1, -1):
             for i in range(j, max(j - prefetch_layers, 0) - 1, -1):
-                if i in issued or decisions.get(i, "keep") in ("keep", "recompute"):
+                if i in issued or i not in tiers:
                     continue
                 issued.add(i)
-                tier = decisions[i]
+                tier = tiers[i]
                 rate = bw.get(tier + "_read") or 1.0
                 start = max(t, written[i], read_free[tier])
                 read_free[tier] = start + moved[i] / rate
@@ -578,8 +598,14 @@ class MixedPolicy(AdaptivePolicy):
     ones read ahead (``prefetch_layers``). On the CPU (no allocator figures) the phases are
     estimated from the layers' bytes.
 
+    A recomputed layer's input, which the checkpoint keeps (it saves it as the layer begins,
+    through the offloader's hooks, which the checkpoint's own replace inside the layer), may
+    go to the host tier too: a copy of one tensor from the layer's start, read back before the
+    layer's backward recomputes it (files only where that hides).
+
     The choice, greedy on that model from keeping everything: with `memory_budget`, the move
-    (a layer recomputed, a larger part of it offloaded) with the least added step time per
+    (a layer recomputed, a larger part of it offloaded, a recomputed layer's input offloaded)
+    with the least added step time per
     byte of excess removed, until the peak fits; then moves undone while it still fits and the
     step gets shorter. With `overhead_budget` only, the move with the most bytes freed per
     second added while the step stays within it. Files are used only for the part of a layer
@@ -600,7 +626,11 @@ class MixedPolicy(AdaptivePolicy):
     Attributes:
         decisions (dict): layer index -> ``"keep"``, ``"host"``, ``"ssd"`` or ``"recompute"``.
         fractions (dict): layer index -> the part of its bytes offloaded (1 where absent).
+        input_tiers (dict): recomputed layer index -> ``"host"`` or ``"ssd"``, where its input
+            (which the checkpoint saves as the layer begins, through the offloader's hooks) is
+            offloaded too.
         plan (list): per layer, a dict: ``layer``, ``decision``, ``fraction``, ``bytes``,
+            ``input_to`` (a recomputed layer's input's tier, or None), ``input_bytes``,
             ``saves`` (tensors saved), ``fwd_seconds``, ``bwd_seconds``, ``freed_at_peak``
             (bytes gone at the head), ``added_seconds`` (the modelled step with this layer's
             choice against the same plan with the layer kept).
@@ -612,7 +642,8 @@ class MixedPolicy(AdaptivePolicy):
         prediction (dict): ``step_seconds``, ``keep_step_seconds``, ``peak_bytes``,
             ``keep_peak_bytes``, ``memory_saved``, ``hook_seconds``, ``recompute_seconds``,
             ``stall_seconds``, ``budget`` (``"memory"`` or ``"overhead"``), ``memory_budget``
-            (bytes), ``overhead_budget``, ``budget_met``, ``files``, ``fractions``.
+            (bytes), ``overhead_budget``, ``budget_met``, ``files``, ``fractions``,
+            ``input_tiers``.
 
     Raises:
         ValueError: a budget out of range, fewer than 2 profile steps; at the first step,
@@ -650,6 +681,7 @@ class MixedPolicy(AdaptivePolicy):
         self.memory_budget = memory_budget
         self.overhead_budget = overhead_budget
         self.plan = []
+        self.input_tiers = {}
         self._timing = False
         self._hooked_profile = {}
         self._timed_samples = []  # (fwd, bwd, head, step seconds) of the timed profile steps
@@ -677,17 +709,21 @@ class MixedPolicy(AdaptivePolicy):
     def decide(self, group):
         if self._profiling or not isinstance(group, int) or group < 0:
             return "keep"
-        return self.decisions.get(group, "keep")
+        d = self.decisions.get(group, "keep")
+        if d == "recompute":  # what its hooks see is the input the checkpoint saves
+            return self.input_tiers.get(group, "keep")
+        return d
 
     def saves_tensors(self):
-        """Not in the timed profile step (keep's time); else for the hooked layers (or all, profiling)."""
+        """Not in the timed profile steps (keep's time); else for the hooked layers (or all, profiling)."""
         return not self._timing
 
     def hooked_layers(self):
-        """While profiling every layer; then the offloaded ones only."""
+        """While profiling every layer; then the offloaded ones and the recomputed ones whose input is
+        offloaded (the checkpoint saves the input through the hooks, before its own take over)."""
         if self._profiling:
             return None
-        return frozenset(i for i, d in self.decisions.items() if d in ("host", "ssd"))
+        return frozenset(i for i, d in self.decisions.items() if d in ("host", "ssd") or i in self.input_tiers)
 
     def wants_timing(self):
         return self._timing
@@ -739,23 +775,25 @@ class MixedPolicy(AdaptivePolicy):
 
     # -- the model -------------------------------------------------------------
 
-    def _evaluate(self, decisions, fractions, off):
-        """(step seconds, peak bytes, peak per phase, stall seconds, bytes gone at the head) of a plan."""
+    def _evaluate(self, plan, off):
+        """(step seconds, peak bytes, peak per phase, stall seconds, bytes gone at the head per layer)
+        of `plan` (a :class:`_Plan`)."""
         p = self.profile
         n = len(p["fwd"])
         inflight = getattr(off, "inflight_bytes", None)
-        t, stall = self.simulate(decisions, off.prefetch_layers, off.copy_window, fractions, inflight)
+        t, stall = self.simulate(plan.decisions, off.prefetch_layers, off.copy_window, plan.fractions, inflight,
+                                 plan.inputs)
         gone = dict(self._last_peak_saved_by_layer)
         inputs, nbytes = p.get("inputs", {}), p["bytes"]
-        for i, d in decisions.items():
-            if d == "recompute":  # its input stays (the checkpoint holds it)
-                gone[i] = max(0, nbytes.get(i, 0) - inputs.get(i, 0))
-        hooked = [i for i, d in decisions.items() if d in ("host", "ssd")]
+        for i, d in plan.decisions.items():
+            if d == "recompute":  # its input stays (the checkpoint saves it), unless offloaded
+                gone[i] = max(0, nbytes.get(i, 0) - inputs.get(i, 0)) + self._last_input_gone.get(i, 0)
+        hooked = plan.hooked()
         if hooked and (getattr(off, "inflight_bytes", None) is not None
                        or getattr(off, "read_ahead_bytes", None) is not None):
             saves = sum(p["saves"].values())  # the memory-tight options hook every layer
-        else:
-            saves = sum(p["saves"].get(i, 0) for i in hooked)
+        else:  # a recomputed layer's hooks see its input alone (the checkpoint's own take the rest)
+            saves = sum(1 if i in plan.inputs else p["saves"].get(i, 0) for i in hooked)
         step = p["step_seconds"] + (t - self._t_keep) + saves * p["hook_seconds_per_save"]
         mem = p["memory"]
         phases = [mem["head"] - sum(gone.values())]
@@ -763,63 +801,76 @@ class MixedPolicy(AdaptivePolicy):
         for j in range(n):
             freed = 0  # of the layers below j: recomputed ones hold their inputs, offloaded ones are out
             for i in range(j):  # but the `prefetch_layers` below j, read back while j's backward runs
-                d = decisions.get(i, "keep")
+                d = plan.decisions.get(i, "keep")
                 if d == "recompute":
-                    freed += gone.get(i, 0)
+                    freed += max(0, nbytes.get(i, 0) - inputs.get(i, 0))
+                    if i in plan.inputs and i < j - pre:
+                        freed += inputs.get(i, 0)
                 elif d in ("host", "ssd") and i < j - pre:
-                    freed += nbytes.get(i, 0) * fractions.get(i, 1.0)
-            extra = inputs.get(j, 0) if decisions.get(j) == "recompute" else 0
+                    freed += nbytes.get(i, 0) * plan.fractions.get(i, 1.0)
+            extra = inputs.get(j, 0) if plan.decisions.get(j) == "recompute" else 0
             phases.append(mem["backward"].get(j, 0) - freed + extra)
         return step, max(phases), phases, stall, gone
 
-    def _hiding_fraction(self, i, tier, off):
-        """The largest part of layer i alone (the rest kept) whose copies to `tier` add at most
-        ``hide_tolerance`` of its compute to the modelled step (0: none)."""
+    def _hides(self, plan, i, off):
+        """Whether `plan`'s copies of layer i alone (the rest kept) add at most ``hide_tolerance`` of
+        its compute to the modelled step."""
         p = self.profile
-        inflight = getattr(off, "inflight_bytes", None)
-        allowed = self.hide_tolerance * (p["fwd"][i] + p["bwd"][i])
+        alone = _Plan({i: plan.decisions[i]}, {i: plan.fractions[i]} if i in plan.fractions else {},
+                      {i: plan.inputs[i]} if i in plan.inputs else {})
+        t, _ = self.simulate(alone.decisions, off.prefetch_layers, off.copy_window, alone.fractions,
+                             getattr(off, "inflight_bytes", None), alone.inputs)
+        t_base, _ = self.simulate({i: "recompute"} if i in plan.inputs else {}, off.prefetch_layers,
+                                  off.copy_window, None, getattr(off, "inflight_bytes", None))
+        return t - t_base <= self.hide_tolerance * (p["fwd"][i] + p["bwd"][i])
 
-        def hides(f):
-            t, _ = self.simulate({i: tier}, off.prefetch_layers, off.copy_window, {i: f}, inflight)
-            return t - self._t_keep <= allowed
-        return _largest_part(hides, 1.0)
-
-    def _moves(self, decisions, fractions, host_left, hide, off):
-        """The plans one step from this one: a layer recomputed, or a larger part of it offloaded."""
+    def _moves(self, plan, host_left, hide, off):
+        """The plans one step from `plan`: a layer recomputed, a larger part of it offloaded, or a
+        recomputed layer's input offloaded (host tier; files where the copy hides)."""
         p = self.profile
         min_part = max(self.min_part_bytes, 1)
+        inputs = p.get("inputs", {})
         for i in range(len(p["fwd"])):
             size = p["bytes"].get(i, 0)
             if size == 0:
                 continue
-            d = decisions.get(i, "keep")
-            f = fractions.get(i, 1.0) if d in ("host", "ssd") else 0.0
-            if d != "recompute" and size > p.get("inputs", {}).get(i, 0):
-                yield {**decisions, i: "recompute"}, {k: v for k, v in fractions.items() if k != i}
+            d = plan.decisions.get(i, "keep")
+            f = plan.fractions.get(i, 1.0) if d in ("host", "ssd") else 0.0
+            if d != "recompute" and size > inputs.get(i, 0):
+                yield plan.replace(i, "recompute")
             if d in ("keep", "host"):
                 room = (host_left + (f * size if d == "host" else 0.0)) / size
                 for g in sorted({hide[i]["host"], *self.host_fractions}):
                     if f < g <= room and g * size >= min_part:
-                        yield {**decisions, i: "host"}, {**fractions, i: g}
+                        yield plan.replace(i, "host", g)
             if d == "keep" and hide[i].get("ssd", 0.0) * size >= min_part:
-                yield {**decisions, i: "ssd"}, {**fractions, i: hide[i]["ssd"]}
+                yield plan.replace(i, "ssd", hide[i]["ssd"])
+            if d == "recompute" and i not in plan.inputs and inputs.get(i, 0) >= min_part:
+                if inputs[i] <= host_left:
+                    yield plan.replace(i, "recompute", input_tier="host")
+                elif "ssd" in hide[i]:
+                    moved = plan.replace(i, "recompute", input_tier="ssd")
+                    if self._hides(moved, i, off):
+                        yield moved
 
     def _decide(self, off):
         p = self.profile
         n = len(p["fwd"])
         inflight = getattr(off, "inflight_bytes", None)
         self._t_keep, _ = self.simulate({}, off.prefetch_layers, off.copy_window, None, inflight)
-        keep_step, keep_peak, keep_phases, _, _ = self._evaluate({}, {}, off)
+        keep = _Plan()
+        keep_step, keep_peak, keep_phases, _, _ = self._evaluate(keep, off)
         ssd_ok = off.dir is not None and "ssd_write" in p["bandwidth"]
-        hide = [{"host": self._hiding_fraction(i, "host", off) if off.host_bytes > 0 else 0.0,
-                 **({"ssd": self._hiding_fraction(i, "ssd", off)} if ssd_ok else {})} for i in range(n)]
+        hide = []
+        for i in range(n):
+            parts = {"host": self._hiding_fraction(i, "host", off) if off.host_bytes > 0 else 0.0}
+            if ssd_ok:
+                parts["ssd"] = self._hiding_fraction(i, "ssd", off)
+            hide.append(parts)
         budget_bytes = self.memory_budget
         if isinstance(budget_bytes, float) and budget_bytes <= 1.0:
             budget_bytes = int(budget_bytes * keep_peak)
         limit = None if self.overhead_budget is None else keep_step * (1.0 + self.overhead_budget)
-
-        def used_host(dec, fr):
-            return sum(p["bytes"].get(i, 0) * fr.get(i, 1.0) for i, d in dec.items() if d == "host")
 
         def excess(phases):  # memory mode: bytes over the budget, every phase (the peak alone can stall)
             return sum(max(0.0, x - budget_bytes) for x in phases)
@@ -827,15 +878,11 @@ class MixedPolicy(AdaptivePolicy):
         def memory_score(phases):  # overhead mode: the peak, the other phases as a tie-break
             return max(phases) + 1e-3 * sum(phases)
 
-        decisions, fractions = {}, {}
-        step, peak, phases = keep_step, keep_peak, keep_phases
-        while True:
-            if budget_bytes is not None and peak <= budget_bytes:
-                break
+        plan, step, peak, phases = keep, keep_step, keep_peak, keep_phases
+        while budget_bytes is None or peak > budget_bytes:
             best = None
-            for dec, fr in self._moves(decisions, fractions, off.host_bytes - used_host(decisions, fractions),
-                                       hide, off):
-                s, pk, ph, _, _ = self._evaluate(dec, fr, off)
+            for move in self._moves(plan, off.host_bytes - plan.host_bytes(p), hide, off):
+                s, pk, ph, _, _ = self._evaluate(move, off)
                 if budget_bytes is not None:
                     gain = excess(phases) - excess(ph)
                     if gain <= 0:
@@ -847,46 +894,51 @@ class MixedPolicy(AdaptivePolicy):
                         continue
                     key = -gain / max(s - step, 1e-9)  # most bytes per second added
                 if best is None or key < best[0]:
-                    best = (key, dec, fr, s, pk, ph)
+                    best = (key, move, s, pk, ph)
             if best is None:
                 break
-            _, decisions, fractions, step, peak, phases = best
+            _, plan, step, peak, phases = best
         if budget_bytes is not None:  # undo what the later moves made useless
             improved = True
             while improved:
                 improved = False
-                for i in sorted(decisions):
-                    dec = {k: v for k, v in decisions.items() if k != i}
-                    fr = {k: v for k, v in fractions.items() if k != i}
-                    s, pk, ph, _, _ = self._evaluate(dec, fr, off)
-                    if pk <= budget_bytes and s < step:
-                        decisions, fractions, step, peak, phases = dec, fr, s, pk, ph
-                        improved = True
-        self._finish_plan(decisions, fractions, off, keep_step, keep_peak, budget_bytes, limit, hide, ssd_ok)
+                for i in sorted(plan.decisions):
+                    for lighter in plan.lighter(i):
+                        s, pk, ph, _, _ = self._evaluate(lighter, off)
+                        if pk <= budget_bytes and s < step:
+                            plan, step, peak, phases = lighter, s, pk, ph
+                            improved = True
+                            break
+        self._finish_plan(plan, off, keep_step, keep_peak, budget_bytes, limit, hide, ssd_ok)
 
-    def _finish_plan(self, decisions, fractions, off, keep_step, keep_peak, budget_bytes, limit, hide, ssd_ok):
+    def _hiding_fraction(self, i, tier, off):
+        """The largest part of layer i alone (the rest kept) whose copies to `tier` add at most
+        ``hide_tolerance`` of its compute to the modelled step (0: none)."""
+        return _largest_part(lambda f: self._hides(_Plan({i: tier}, {i: f}), i, off), 1.0)
+
+    def _finish_plan(self, plan, off, keep_step, keep_peak, budget_bytes, limit, hide, ssd_ok):
         import warnings
         p = self.profile
         n = len(p["fwd"])
-        step, peak, _, stall, gone = self._evaluate(decisions, fractions, off)
-        self.decisions = {i: decisions.get(i, "keep") for i in range(n)}
-        self.fractions = {i: f for i, f in fractions.items() if f < 1.0}
+        step, peak, _, stall, gone = self._evaluate(plan, off)
+        self.decisions = {i: plan.decisions.get(i, "keep") for i in range(n)}
+        self.fractions = {i: f for i, f in plan.fractions.items() if f < 1.0}
+        self.input_tiers = dict(plan.inputs)
         self.plan = []
         for i in range(n):
             d = self.decisions[i]
-            without, _, _, _, _ = self._evaluate({k: v for k, v in decisions.items() if k != i},
-                                                 {k: v for k, v in fractions.items() if k != i}, off)
+            without, _, _, _, _ = self._evaluate(plan.replace(i, "keep"), off)
             self.plan.append({"layer": i, "decision": d,
-                              "fraction": fractions.get(i, 1.0) if d in ("host", "ssd") else None,
-                              "bytes": p["bytes"].get(i, 0), "saves": p["saves"].get(i, 0),
+                              "fraction": plan.fractions.get(i, 1.0) if d in ("host", "ssd") else None,
+                              "input_to": plan.inputs.get(i), "bytes": p["bytes"].get(i, 0),
+                              "input_bytes": p.get("inputs", {}).get(i, 0), "saves": p["saves"].get(i, 0),
                               "fwd_seconds": p["fwd"][i], "bwd_seconds": p["bwd"][i],
                               "freed_at_peak": int(gone.get(i, 0)), "added_seconds": step - without})
-        hooked = [i for i, d in decisions.items() if d in ("host", "ssd")]
         met = ((budget_bytes is None or peak <= budget_bytes) and (limit is None or step <= limit * (1 + 1e-9)))
         files = None
         if ssd_ok:
             refused = [i for i in range(n) if hide[i]["ssd"] * p["bytes"].get(i, 0) < max(self.min_part_bytes, 1)]
-            used = sorted(i for i, d in decisions.items() if d == "ssd")
+            used = sorted(i for i in range(n) if "ssd" in (plan.decisions.get(i), plan.inputs.get(i)))
             files = {"used": used, "refused": refused}
             if refused:
                 i = max(refused, key=lambda k: p["bytes"].get(k, 0))
@@ -895,18 +947,61 @@ class MixedPolicy(AdaptivePolicy):
                                 f"{p['bytes'].get(i, 0) / max(rate, 1.0) * 1e3:.1f} ms to write at "
                                 f"{rate / 1e9:.2f} GB/s against {(p['fwd'][i] + p['bwd'][i]) * 1e3:.1f} ms of "
                                 f"its compute: the disk would set the step's pace")
+        hooked = plan.hooked()
         self.prediction = {
             "step_seconds": step, "keep_step_seconds": keep_step, "peak_bytes": int(peak),
             "keep_peak_bytes": int(keep_peak), "memory_saved": int(sum(gone.values())),
             "peak_saved": int(keep_peak - peak),
-            "hook_seconds": sum(p["saves"].get(i, 0) for i in hooked) * p["hook_seconds_per_save"],
-            "recompute_seconds": sum(p["fwd"][i] for i, d in decisions.items() if d == "recompute"),
+            "hook_seconds": sum(1 if i in plan.inputs else p["saves"].get(i, 0) for i in hooked)
+            * p["hook_seconds_per_save"],
+            "recompute_seconds": sum(p["fwd"][i] for i, d in plan.decisions.items() if d == "recompute"),
             "stall_seconds": stall, "budget": "memory" if budget_bytes is not None else "overhead",
             "memory_budget": budget_bytes, "overhead_budget": self.overhead_budget, "budget_met": met,
-            "memory_measured": p["memory"]["measured"], "files": files, "fractions": dict(self.fractions)}
+            "memory_measured": p["memory"]["measured"], "files": files, "fractions": dict(self.fractions),
+            "input_tiers": dict(plan.inputs)}
         if not met:
             what = (f"an activation peak of {budget_bytes / 2**30:.2f} GiB" if budget_bytes is not None
                     and peak > budget_bytes else f"a step within {self.overhead_budget:.1%} of keep's")
             warnings.warn(f"spillfs.torch.MixedPolicy: no plan reaches {what}; the closest found: peak "
                           f"{peak / 2**30:.2f} GiB (keep {keep_peak / 2**30:.2f}), step {step * 1e3:.1f} ms "
                           f"(keep {keep_step * 1e3:.1f})", RuntimeWarning, stacklevel=2)
+
+
+class _Plan:
+    """A mixed plan: `decisions` (layer -> "host", "ssd" or "recompute"; keep where absent),
+    `fractions` (layer -> the part of an offloaded layer moved; 1 where absent) and `inputs`
+    (recomputed layer -> the tier its input goes to). Immutable: moves make new ones."""
+
+    __slots__ = ("decisions", "fractions", "inputs")
+
+    def __init__(self, decisions=None, fractions=None, inputs=None):
+        self.decisions, self.fractions, self.inputs = dict(decisions or {}), dict(fractions or {}), dict(inputs or {})
+
+    def replace(self, i, decision, fraction=1.0, input_tier=None):
+        """This plan with layer i's choice replaced ("keep": none)."""
+        dec = {k: v for k, v in self.decisions.items() if k != i}
+        frac = {k: v for k, v in self.fractions.items() if k != i}
+        inp = {k: v for k, v in self.inputs.items() if k != i}
+        if decision != "keep":
+            dec[i] = decision
+        if decision in ("host", "ssd") and fraction < 1.0:
+            frac[i] = fraction
+        if decision == "recompute" and input_tier is not None:
+            inp[i] = input_tier
+        return _Plan(dec, frac, inp)
+
+    def lighter(self, i):
+        """Plans with layer i's choice undone: its input kept (where offloaded), else the layer kept."""
+        if i in self.inputs:
+            yield self.replace(i, "recompute")
+        yield self.replace(i, "keep")
+
+    def hooked(self):
+        """The layers whose saved tensors pass through the offloader's hooks."""
+        return sorted(i for i, d in self.decisions.items() if d in ("host", "ssd") or i in self.inputs)
+
+    def host_bytes(self, profile):
+        """Bytes this plan puts in the host tier."""
+        nbytes, inputs = profile["bytes"], profile.get("inputs", {})
+        return (sum(nbytes.get(i, 0) * self.fractions.get(i, 1.0) for i, d in self.decisions.items() if d == "host")
+                + sum(inputs.get(i, 0) for i, tier in self.inputs.items() if tier == "host"))
