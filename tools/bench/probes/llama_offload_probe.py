@@ -20,6 +20,7 @@ import argparse
 import json
 import statistics
 import time
+import traceback
 
 import torch
 
@@ -106,10 +107,13 @@ def run_row(c, model, ids, device, mode, policy=None):
 def targets(rows, overhead):
     """Issue 43's targets, measured: a list of (what, PASS/FAIL, figures)."""
     keep = next(r for r in rows if r["mode"] == "keep")
-    ckpt = next((r for r in rows if r["mode"] == "checkpoint"), None)
+    ckpt = next((r for r in rows if r["mode"] == "checkpoint" and "error" not in r), None)
     out = []
     for r in rows:
         if r["mode"] != "mixed":
+            continue
+        if "error" in r:
+            out.append((f"{r['label']}: ran", False, r["error"]))
             continue
         if "predicted_step_ms" in r:
             ok = abs(r["prediction_error"]) <= 0.10
@@ -137,8 +141,18 @@ def run_config(name, c, device):
     rows, ref = [], None
     modes = c.modes.split(",")
 
-    def add(row, grads, **extra):
+    def add(mode, policy=None, **extra):
         nonlocal ref
+        try:
+            row, grads = run_row(c, model, ids, device, mode, policy)
+        except Exception as e:  # one row's failure is reported, and the others still run
+            traceback.print_exc()
+            row = {"mode": mode, "config": name, "label": extra.pop("label", mode), "error": repr(e), **extra}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            return
         row.update(config=name, **extra)
         row.setdefault("label", row["mode"])
         if ref is None:
@@ -148,15 +162,17 @@ def run_config(name, c, device):
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    add(*run_row(c, model, ids, device, "keep"))
+    add("keep")
     keep = rows[0]
+    if "error" in keep:
+        return rows, []
     if "checkpoint" in modes:
-        add(*run_row(c, model, ids, device, "checkpoint"))
+        add("checkpoint")
     for mode in ("none", "all"):
         if mode in modes:
-            add(*run_row(c, model, ids, device, mode))
+            add(mode)
     if "mixed" in modes:
-        ckpt = next((r for r in rows if r["mode"] == "checkpoint"), None)
+        ckpt = next((r for r in rows if r["mode"] == "checkpoint" and "error" not in r), None)
         budgets = []
         if device == "cuda" and ckpt is not None:
             lo, hi = ckpt["activation_peak_gib"], keep["activation_peak_gib"]
@@ -167,15 +183,18 @@ def run_config(name, c, device):
         for k, budget in budgets:
             b = int(budget) if budget > 1 else float(budget)
             label = f"mixed mem {budget / 2**30:.2f} GiB" if budget > 1 else f"mixed mem x{budget:.2f}"
-            add(*run_row(c, model, ids, device, "mixed", st.MixedPolicy(memory_budget=b)), label=label,
-                budget_index=k, memory_budget_gib=budget / 2**30 if budget > 1 else None)
-        add(*run_row(c, model, ids, device, "mixed", st.MixedPolicy(overhead_budget=c.overhead)),
-            label=f"mixed overhead {c.overhead:.0%}", overhead_budget=c.overhead)
+            add("mixed", st.MixedPolicy(memory_budget=b), label=label, budget_index=k,
+                memory_budget_gib=budget / 2**30 if budget > 1 else None)
+        add("mixed", st.MixedPolicy(overhead_budget=c.overhead), label=f"mixed overhead {c.overhead:.0%}",
+            overhead_budget=c.overhead)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
     print(f"\n{name}: hidden {c.hidden}, {c.layers} layers, seq {c.seq}, batch {c.batch}")
     for r in rows:
+        if "error" in r:
+            print(f"{r['label']:<26} ERROR {r['error']}")
+            continue
         extra = ""
         if "predicted_step_ms" in r:
             plan = "".join({"keep": "k", "host": "h", "ssd": "s", "recompute": "r"}[p["decision"]] for p in r["plan"])
@@ -208,6 +227,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="start no config once this many seconds passed, or if the last one's time would pass it")
     ap.add_argument("--json-out")
     a = ap.parse_args()
     configs = []
@@ -218,14 +239,25 @@ def main():
         configs.append((name, c))
     out = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
            "args": vars(a), "configs": {}}
+    started, last = time.perf_counter(), 0.0
     for name, c in configs:
+        elapsed = time.perf_counter() - started
+        if a.deadline_s is not None and elapsed + last > a.deadline_s:
+            print(f"\n{name}: skipped (--deadline-s {a.deadline_s:.0f}: {elapsed:.0f} s passed, the last config "
+                  f"took {last:.0f} s)", flush=True)
+            out["configs"][name] = {"skipped": f"deadline: {elapsed:.0f} s passed, the last config {last:.0f} s"}
+            if a.json_out:
+                with open(a.json_out, "w") as f:
+                    json.dump(out, f, indent=1)
+            continue
+        t0 = time.perf_counter()
         rows, checks = run_config(name, c, a.device)
-        out["configs"][name] = {"config": {k: getattr(c, k) for k in ("hidden", "inter", "layers", "heads",
-                                                                      "kv_heads", "seq", "batch", "vocab")},
-                                "rows": rows, "targets": checks}
-    if a.json_out:
-        with open(a.json_out, "w") as f:
-            json.dump(out, f, indent=1)
+        last = time.perf_counter() - t0
+        shape = {k: getattr(c, k) for k in ("hidden", "inter", "layers", "heads", "kv_heads", "seq", "batch", "vocab")}
+        out["configs"][name] = {"seconds": last, "config": shape, "rows": rows, "targets": checks}
+        if a.json_out:  # after each config: what ran survives a later one's failure
+            with open(a.json_out, "w") as f:
+                json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":
