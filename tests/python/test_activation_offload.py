@@ -1389,3 +1389,43 @@ def test_files_that_cannot_keep_up_warn_once(tmp_path, monkeypatch):
     with st.offload_activations(None, host_bytes=1 << 20, min_bytes=512, policy="all", layers=model) as host_only:
         gpt_loss(model(x), y).backward()
     assert host_only.report.files_keep_up is None
+
+
+@needs_cuda
+@pytest.mark.parametrize("fraction", [0.7, 0.4])
+def test_cuda_mixed_memory_budget(fraction):
+    """On the GPU the mixed policy's plan keeps the measured activation peak within its memory budget
+    (a fraction of keep's, which its profile measured), with the gradients of keeping (bf16, bitwise
+    where keeping is reproducible), and predicts its peak within a tenth of keep's."""
+    h, depth, t, b = 1024, 8, 512, 8
+    torch.manual_seed(0)
+    model = GPT(vocab=512, h=h, heads=8, depth=depth, ctx=t).cuda().to(torch.bfloat16)
+    x = torch.randint(0, 512, (b, t), device="cuda")
+
+    def step(off):
+        torch.cuda.synchronize()
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with (off if off is not None else contextlib.nullcontext()):
+            gpt_loss(model(x), x).backward()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base, [p.grad.clone() for p in model.parameters()]
+
+    for _ in range(2):
+        keep_peak, keep_grads = step(None)
+    pol = st.MixedPolicy(memory_budget=fraction)
+    off = st.offload_activations(None, host_bytes=16 << 30, min_bytes=1 << 20, policy=pol, layers=model)
+    for _ in range(pol.profile_steps or 4):
+        step(off)
+    for _ in range(2):
+        peak, grads = step(off)
+    pred = off.report.predicted
+    assert off.report.policy == "mixed" and pred["budget_met"], pred
+    assert pred["keep_peak_bytes"] == pytest.approx(keep_peak, rel=0.05), (pred["keep_peak_bytes"], keep_peak)
+    assert peak <= fraction * pred["keep_peak_bytes"] * 1.05, (peak, pred, off.report.decisions)
+    assert abs(peak - pred["peak_bytes"]) <= 0.1 * keep_peak, (peak, pred)
+    assert all(torch.equal(a, b) for a, b in zip(keep_grads, grads)) or not all(
+        torch.equal(a, b) for a, b in zip(keep_grads, step(None)[1]))
+    off.close()
