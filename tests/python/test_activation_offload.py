@@ -974,6 +974,20 @@ def test_cuda_pack_does_not_block_host(gaps):
     off.close()
 
 
+def _cuda_gpt_step(model, x, off, set_to_none=True):
+    """One step of the GPU tests' GPT (in `off`'s block where given): its activation peak (bytes
+    above the step's start) and the gradients."""
+    torch.cuda.synchronize()
+    model.zero_grad(set_to_none=set_to_none)
+    gc.collect()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with (off if off is not None else contextlib.nullcontext()):
+        gpt_loss(model(x), x).backward()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base, [p.grad.clone() for p in model.parameters()]
+
+
 @needs_cuda
 def test_cuda_offloaded_layer_then_kept_layers_lowers_peak():
     """Layer 0 to the host tier, the others kept: layer 0's memory is gone before the peak
@@ -985,15 +999,8 @@ def test_cuda_offloaded_layer_then_kept_layers_lowers_peak():
 
     def peak(off):
         for _ in range(2):
-            torch.cuda.synchronize()
-            model.zero_grad(set_to_none=False)
-            gc.collect()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            with (off if off is not None else contextlib.nullcontext()):
-                gpt_loss(model(x), x).backward()
-            torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
+            measured, _ = _cuda_gpt_step(model, x, off, set_to_none=False)
+        return measured
 
     keep = peak(None)
     off = st.offload_activations(None, host_bytes=8 << 30, min_bytes=1 << 20, layers=model,
@@ -1403,15 +1410,7 @@ def test_cuda_mixed_memory_budget(fraction):
     x = torch.randint(0, 512, (b, t), device="cuda")
 
     def step(off):
-        torch.cuda.synchronize()
-        model.zero_grad(set_to_none=True)
-        gc.collect()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        with (off if off is not None else contextlib.nullcontext()):
-            gpt_loss(model(x), x).backward()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base, [p.grad.clone() for p in model.parameters()]
+        return _cuda_gpt_step(model, x, off)
 
     for _ in range(2):
         keep_peak, keep_grads = step(None)
