@@ -1156,7 +1156,8 @@ def _mixed_profile(n=8, fwd=0.0035, nbytes=int(1.06 * (1 << 30)), inputs=32 << 2
     them all makes them."""
     layer = [nbytes] * n
     return {"fwd": [fwd] * n, "bwd": [2 * fwd] * n, "head": head, "bytes": dict(enumerate(layer)),
-            "saves": {i: saves for i in range(n)}, "inputs": {i: inputs for i in range(n)},
+            "saves": {i: saves for i in range(n)}, "regions": {i: saves // 4 for i in range(n)},
+            "inputs": {i: inputs for i in range(n)},
             "step_seconds": n * 3 * fwd + head, "hook_seconds_per_save": per_save,
             "memory": {"head": sum(layer) + head_bytes, "measured": True,
                        "backward": {j: sum(layer[:j + 1]) + (256 << 20) for j in range(n)}},
@@ -1251,6 +1252,30 @@ def test_mixed_offloads_where_copies_hide():
     pol = _mixed_with(prof, host_bytes=3 << 30, memory_budget=int(0.75 * keep_peak))
     host = sum(prof["bytes"][i] * pol.fractions.get(i, 1.0) for i, d in pol.decisions.items() if d == "host")
     assert 0 < host <= 3 << 30
+
+
+def test_mixed_calibrates_once_from_a_planned_step():
+    """Where the second planned step is slower than predicted (the profile measured the hooks keeping,
+    not storing), the excess becomes a cost per stored tensor and the plan is chosen again with it:
+    fewer tensors stored, the prediction within the budget; a step as predicted changes nothing."""
+    prof = _mixed_profile(fwd=0.040, nbytes=2 << 30, inputs=128 << 20, per_save=5e-6)
+    pol = _mixed_with(prof, overhead_budget=0.03)
+    off = _offloader_like(1 << 40, False)
+    plan = _Plan({i: d for i, d in pol.decisions.items() if d != "keep"}, pol.fractions, pol.input_tiers)
+    stored = plan.stored_tensors(pol.profile)
+    assert stored > 0, pol.decisions
+    before = dict(pol.decisions), pol.prediction["step_seconds"]
+
+    class Report:
+        host_count, ssd_count = int(stored), 0
+    pol._calibrate(off, Report, before[1] + 0.001 * prof["step_seconds"])  # within 2%: noise
+    assert pol.decisions == before[0] and pol.profile.get("store_seconds_per_tensor", 0.0) == 0
+    pol._calibrate(off, Report, before[1] + 0.05 * prof["step_seconds"])  # 5% of keep more than predicted
+    assert pol.profile["store_seconds_per_tensor"] == pytest.approx(0.05 * prof["step_seconds"] / int(stored))
+    after = _Plan({i: d for i, d in pol.decisions.items() if d != "keep"}, pol.fractions, pol.input_tiers)
+    assert after.stored_tensors(pol.profile) < stored, (before[0], pol.decisions)
+    assert pol.prediction["step_seconds"] <= 1.03 * pol.prediction["keep_step_seconds"] + 1e-12
+    assert pol.prediction["calibrated_from"]["residual_seconds"] == pytest.approx(0.05 * prof["step_seconds"])
 
 
 def test_mixed_refuses_files_that_cannot_hide():

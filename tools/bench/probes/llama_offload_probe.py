@@ -56,7 +56,7 @@ def run_row(c, model, ids, device, mode, policy=None):
         ctx = st.offload_activations(None, host_bytes=c.host_gib << 30, policy=mode, layers=model.model.layers)
     elif mode == "mixed":
         ctx = st.offload_activations(None, host_bytes=c.host_gib << 30, policy=policy, layers=model.model.layers)
-        warmup += (4 if device == "cuda" else 2)  # its profile steps come first
+        warmup += (4 if device == "cuda" else 2) + 1  # its profile steps, and the plan calibrated once
     model.train()
     times, peaks = [], []
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

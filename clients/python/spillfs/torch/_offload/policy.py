@@ -603,6 +603,12 @@ class MixedPolicy(AdaptivePolicy):
     go to the host tier too: a copy of one tensor from the layer's start, read back before the
     layer's backward recomputes it (files only where that hides).
 
+    Once, after the plan's second step (``calibration_step``; the first allocates the host
+    tier), where the measured step exceeds the prediction by over 2% of the keep step, the
+    excess becomes a cost per tensor stored (the profile measured the hooks keeping, not
+    storing) or, where nothing was stored, per tensor a recomputed layer saves; the plan is
+    chosen again with it (``prediction["calibrated_from"]``).
+
     The choice, greedy on that model from keeping everything: with `memory_budget`, the move
     (a layer recomputed, a larger part of it offloaded, a recomputed layer's input offloaded)
     with the least added step time per
@@ -634,8 +640,9 @@ class MixedPolicy(AdaptivePolicy):
             ``saves`` (tensors saved), ``fwd_seconds``, ``bwd_seconds``, ``freed_at_peak``
             (bytes gone at the head), ``added_seconds`` (the modelled step with this layer's
             choice against the same plan with the layer kept).
-        profile (dict): as :class:`AdaptivePolicy`'s, plus ``saves`` (per layer),
-            ``inputs`` (bytes of each layer's input), ``hook_seconds_per_save``,
+        profile (dict): as :class:`AdaptivePolicy`'s, plus ``saves`` and ``regions`` (per
+            layer), ``inputs`` (bytes of each layer's input), ``hook_seconds_per_save``,
+            ``store_seconds_per_tensor`` and ``recompute_seconds_per_save`` (0 until calibrated),
             ``hooked_step_seconds`` and ``memory`` (``head``: the peak of forward and the head,
             ``backward``: layer -> the peak of its backward; ``measured``: whether from the
             allocator).
@@ -665,6 +672,8 @@ class MixedPolicy(AdaptivePolicy):
     hide_tolerance = 0.01
     # parts of a layer the search tries for the host tier (with the part that hides)
     host_fractions = (0.25, 0.5, 0.75, 1.0)
+    # the planned step after which the model is calibrated once (:meth:`_calibrate`; 0: never)
+    calibration_step = 2
 
     def __init__(self, memory_budget=None, overhead_budget=None, profile_steps=None, probe_bytes=None):
         if memory_budget is not None and not memory_budget > 0:
@@ -682,6 +691,7 @@ class MixedPolicy(AdaptivePolicy):
         self.overhead_budget = overhead_budget
         self.plan = []
         self.input_tiers = {}
+        self._planned_steps = 0
         self._timing = False
         self._hooked_profile = {}
         self._timed_samples = []  # (fwd, bwd, head, step seconds) of the timed profile steps
@@ -735,10 +745,14 @@ class MixedPolicy(AdaptivePolicy):
         self._steps += 1
         if not self._profiling:
             self._refresh_bandwidth()
+            self._planned_steps += 1
+            if self._planned_steps == self.calibration_step:
+                self._calibrate(off, report, seconds)
             return
         if not self._timing:  # a step with the hooks: bytes, tensors per layer, and its time
             self._hooked_profile = {"bytes": dict(report.layer_bytes), "saves": dict(report.layer_saves),
-                                    "packed": report.packed_count, "step_seconds": seconds}
+                                    "regions": dict(report.layer_regions), "packed": report.packed_count,
+                                    "step_seconds": seconds}
             return
         n = len(off.layers)
         self._timed_samples.append((*self._layer_times(marks, n), seconds))
@@ -753,13 +767,37 @@ class MixedPolicy(AdaptivePolicy):
         hooked = self._hooked_profile
         per_save = max(0.0, hooked.get("step_seconds", seconds) - seconds) / max(hooked.get("packed", 0), 1)
         self.profile = {"fwd": fwd, "bwd": bwd, "head": head, "bytes": dict(hooked.get("bytes", {})),
-                        "saves": dict(hooked.get("saves", {})), "inputs": dict(report.layer_input_bytes),
+                        "saves": dict(hooked.get("saves", {})), "regions": dict(hooked.get("regions", {})),
+                        "inputs": dict(report.layer_input_bytes), "store_seconds_per_tensor": 0.0,
+                        "recompute_seconds_per_save": 0.0,
                         "step_seconds": seconds, "hooked_step_seconds": hooked.get("step_seconds"),
                         "hook_seconds_per_save": per_save,
                         "memory": self._memory_profile(report.memory_phases, n, hooked.get("bytes", {})),
                         "bandwidth": dict(self.profile.get("bandwidth", {}))}
         self.profile["bandwidth"].update(self._probe(off))
         self._decide(off)
+
+    def _calibrate(self, off, report, seconds):
+        """Once, after the plan's ``calibration_step``-th step (the first allocates the host tier's
+        slabs): what the measured step exceeds the prediction by, where over 2% of the keep step,
+        is the offloader's cost per tensor stored (its copies, events and reads: the profile
+        measured the hooks only keeping), or, where nothing was stored, the checkpoint's per tensor
+        a recomputed layer saves; then the plan is chosen again with it."""
+        p = self.profile
+        residual = seconds - self.prediction.get("step_seconds", seconds)
+        self.prediction["calibrated_from"] = {"measured_seconds": seconds, "residual_seconds": residual}
+        if residual <= 0.02 * p["step_seconds"]:
+            return
+        stored = report.host_count + report.ssd_count
+        recomputed = sum(p["saves"].get(i, 0) for i, d in self.decisions.items() if d == "recompute")
+        if stored:
+            p["store_seconds_per_tensor"] = p.get("store_seconds_per_tensor", 0.0) + residual / stored
+        elif recomputed:
+            p["recompute_seconds_per_save"] = p.get("recompute_seconds_per_save", 0.0) + residual / recomputed
+        else:
+            return
+        self._decide(off)
+        self.prediction["calibrated_from"] = {"measured_seconds": seconds, "residual_seconds": residual}
 
     @staticmethod
     def _memory_profile(phases, n, nbytes):
@@ -794,7 +832,10 @@ class MixedPolicy(AdaptivePolicy):
             saves = sum(p["saves"].values())  # the memory-tight options hook every layer
         else:  # a recomputed layer's hooks see its input alone (the checkpoint's own take the rest)
             saves = sum(1 if i in plan.inputs else p["saves"].get(i, 0) for i in hooked)
-        step = p["step_seconds"] + (t - self._t_keep) + saves * p["hook_seconds_per_save"]
+        step = (p["step_seconds"] + (t - self._t_keep) + saves * p["hook_seconds_per_save"]
+                + plan.stored_tensors(p) * p.get("store_seconds_per_tensor", 0.0)
+                + sum(p["saves"].get(i, 0) for i, d in plan.decisions.items() if d == "recompute")
+                * p.get("recompute_seconds_per_save", 0.0))
         mem = p["memory"]
         phases = [mem["head"] - sum(gone.values())]
         pre = off.prefetch_layers
@@ -999,6 +1040,13 @@ class _Plan:
     def hooked(self):
         """The layers whose saved tensors pass through the offloader's hooks."""
         return sorted(i for i, d in self.decisions.items() if d in ("host", "ssd") or i in self.inputs)
+
+    def stored_tensors(self, profile):
+        """About how many tensors the offloader stores under this plan: a layer's regions in
+        proportion to the part of its bytes moved, and one input per recomputed layer offloaded."""
+        regions = profile.get("regions", {})
+        return (sum(regions.get(i, 0) * self.fractions.get(i, 1.0) for i, d in self.decisions.items()
+                    if d in ("host", "ssd")) + len(self.inputs))
 
     def host_bytes(self, profile):
         """Bytes this plan puts in the host tier."""

@@ -74,6 +74,7 @@ class OffloadReport(Report):
             ``decision``, ``fraction``, ``bytes``, ``freed_at_peak``, ``added_seconds``...;
             see ``MixedPolicy.plan``); empty for the other policies.
         layer_bytes (dict): layer index -> bytes of offload candidates saved.
+        layer_regions (dict): layer index -> regions kept (each once), as ``layer_bytes`` counts them.
         layer_saves (dict): layer index -> tensors saved through the hooks in its forward.
         layer_input_bytes (dict): layer index -> bytes of its tensor arguments (timed
             profile steps only).
@@ -102,7 +103,7 @@ class OffloadReport(Report):
                  "prefetch_hits": 0, "read_ahead_peak_bytes": 0, "read_beyond_freed_peak_bytes": 0,
                  "inflight_peak_bytes": 0, "inflight_at_backward_bytes": 0, "diagnosis": {}, "stalls": 0,
                  "stall_seconds": 0.0, "copy_waits": 0, "write_errors": 0, "decisions": {}, "plan": [], "layer_bytes": {},
-                 "layer_saves": {}, "layer_input_bytes": {}, "memory_phases": [], "files_keep_up": None,
+                 "layer_regions": {}, "layer_saves": {}, "layer_input_bytes": {}, "memory_phases": [], "files_keep_up": None,
                  "predicted": {}, "measured": {}, "io_backend": None, "host_peak_bytes": 0, "seconds": {}}
 
     def __init__(self, step=0, policy="all"):
@@ -125,7 +126,7 @@ class OffloadReport(Report):
         """The attributes as a plain dict (for ``json.dumps``: layer keys as strings)."""
         d = super().as_dict()
         d["decisions"] = {str(k): v for k, v in self.decisions.items()}
-        for name in ("layer_bytes", "layer_saves", "layer_input_bytes"):
+        for name in ("layer_bytes", "layer_regions", "layer_saves", "layer_input_bytes"):
             d[name] = {str(k): v for k, v in getattr(self, name).items()}
         d["plan"] = [dict(row) for row in self.plan]
         return d

@@ -87,6 +87,7 @@ class _SavedTensorHooks:
             self._kept_keys.add(key)
             r = self._state.report
             r.layer_bytes[group] = r.layer_bytes.get(group, 0) + nbytes
+            r.layer_regions[group] = r.layer_regions.get(group, 0) + 1
 
     def _pack_inner(self, t):
         # What stays is returned detached: the tensor itself, where it is the output of the node saving it,
