@@ -37,7 +37,8 @@ def build(c, device):
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(hidden_size=c.hidden, intermediate_size=c.inter, num_hidden_layers=c.layers,
                       num_attention_heads=c.heads, num_key_value_heads=c.kv_heads, vocab_size=c.vocab,
-                      max_position_embeddings=c.seq, attn_implementation="sdpa")
+                      max_position_embeddings=c.seq, attn_implementation="sdpa",
+                      use_cache=False)  # training: no KV cache (a forward's cache update would change a recomputation)
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     with torch.device(device):  # initialized where it runs: no CPU init of a GPU model
@@ -56,7 +57,7 @@ def run_row(c, model, ids, device, mode, policy=None):
         ctx = st.offload_activations(None, host_bytes=c.host_gib << 30, policy=mode, layers=model.model.layers)
     elif mode == "mixed":
         ctx = st.offload_activations(None, host_bytes=c.host_gib << 30, policy=policy, layers=model.model.layers)
-        warmup += (4 if device == "cuda" else 2) + 1  # its profile steps, and the plan calibrated once
+        warmup += (5 if device == "cuda" else 3) - (0 if policy.selective else 1) + 1  # its profile, calibration
     model.train()
     times, peaks = [], []
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -93,7 +94,9 @@ def run_row(c, model, ids, device, mode, policy=None):
                        predicted_peak_gib=pred["peak_bytes"] / 2**30,
                        prediction_error=pred["step_seconds"] * 1e3 / row["step_ms"] - 1.0,
                        budget_met_in_model=pred["budget_met"], files=pred["files"],
-                       plan=[{k: v for k, v in p.items() if k in ("layer", "decision", "fraction")} for p in r.plan],
+                       plan=[{k: v for k, v in p.items() if k in ("layer", "decision", "fraction", "input_to")}
+                             for p in r.plan],
+                       calibrated_from=pred.get("calibrated_from"),
                        keep_step_ms_profiled=pred["keep_step_seconds"] * 1e3,
                        keep_peak_gib_profiled=pred["keep_peak_bytes"] / 2**30,
                        memory_measured=pred["memory_measured"],
@@ -144,7 +147,16 @@ def run_config(name, c, device):
     def add(mode, policy=None, **extra):
         nonlocal ref
         try:
-            row, grads = run_row(c, model, ids, device, mode, policy)
+            try:
+                row, grads = run_row(c, model, ids, device, mode, policy)
+            except Exception:
+                if mode != "mixed" or not policy.selective:
+                    raise
+                traceback.print_exc()  # once more without selective recomputation, the row saying so
+                policy = st.MixedPolicy(memory_budget=policy.memory_budget, overhead_budget=policy.overhead_budget,
+                                        selective=False)
+                row, grads = run_row(c, model, ids, device, mode, policy)
+                row["selective_failed"] = True
         except Exception as e:  # one row's failure is reported, and the others still run
             traceback.print_exc()
             row = {"mode": mode, "config": name, "label": extra.pop("label", mode), "error": repr(e), **extra}
@@ -197,7 +209,10 @@ def run_config(name, c, device):
             continue
         extra = ""
         if "predicted_step_ms" in r:
-            plan = "".join({"keep": "k", "host": "h", "ssd": "s", "recompute": "r"}[p["decision"]] for p in r["plan"])
+            # k keep, h host tier, f files, r recompute (R: its input offloaded), s selective recompute
+            plan = "".join("R" if p["decision"] == "recompute" and p.get("input_to") else
+                           {"keep": "k", "host": "h", "ssd": "f", "recompute": "r", "selective": "s"}[p["decision"]]
+                           for p in r["plan"])
             extra = (f"  predicted {r['predicted_step_ms']:7.1f} ms ({r['prediction_error']:+.1%})"
                      f" peak {r['predicted_peak_gib']:.2f}  plan {plan}")
         print(f"{r['label']:<26} {r['step_ms']:8.1f} ms  x{r['step_ms'] / keep['step_ms']:.3f}"

@@ -261,7 +261,7 @@ class ActivationOffloader:
         self._layer_hooks.record_inputs = policy.wants_timing()
         self._layer_hooks.install(self._saved_hooks.pack, self._saved_hooks.unpack, saved=report.saved_hooks,
                                   hooked=hooked, timed=policy.wants_timing(), memory=policy.wants_memory())
-        self._layer_hooks.wrap_recompute(self.policy.recompute_layers())
+        self._layer_hooks.wrap_recompute(policy.recompute_layers(), policy.selective_layers())
         self._t0 = time.perf_counter()
         self._layer_hooks.mark("step_start", None)
         return self

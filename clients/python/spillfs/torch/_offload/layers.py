@@ -68,6 +68,33 @@ def find_layers(model):
     return []
 
 
+# What selective checkpointing keeps: the outputs of the matrix products and of attention (the costly
+# ops); everything else (norms, activations, rotary embeddings, casts: cheap, memory-bound, and much of
+# what a transformer block saves) is recomputed in backward.
+_SELECTIVE_SAVE_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
+                       "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                       "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
+                       "_efficient_attention_forward")
+
+
+def selective_available():
+    """Whether this torch has selective activation checkpointing (2.4 and later)."""
+    import torch.utils.checkpoint as checkpoint
+    return hasattr(checkpoint, "create_selective_checkpoint_contexts")
+
+
+def selective_context():
+    """The ``context_fn`` of :func:`torch.utils.checkpoint.checkpoint` for a selectively
+    recomputed layer: the outputs of ``_SELECTIVE_SAVE_OPS`` kept, the rest recomputed."""
+    import torch.utils.checkpoint as checkpoint
+    ops = []
+    for name in _SELECTIVE_SAVE_OPS:
+        packet = getattr(torch.ops.aten, name, None)
+        for overload in (packet.overloads() if packet is not None else ()):
+            ops.append(getattr(packet, overload))
+    return checkpoint.create_selective_checkpoint_contexts(ops)
+
+
 class _LayerHooks:
     """Module hooks: groups, parameters, layer boundaries, backward's start, timing, recompute.
 
@@ -190,21 +217,24 @@ class _LayerHooks:
             self._handles.append(layer.register_forward_pre_hook(self._make_pre_hook(i)))
             self._handles.append(layer.register_forward_hook(self._make_post_hook(i)))
 
-    def wrap_recompute(self, indices):
-        """Runs the layers at `indices` under non-reentrant activation checkpointing (this step)."""
+    def wrap_recompute(self, indices, selective=()):
+        """Runs the layers at `indices` under non-reentrant activation checkpointing (this step);
+        those at `selective` under selective checkpointing (:func:`selective_context`: the outputs
+        of matrix products and attention kept, the rest recomputed)."""
         import functools
 
         import torch.utils.checkpoint as checkpoint
         self._wrapped = []
-        for i in indices:
+        for i in sorted(set(indices) | set(selective)):
             layer = self.layers[i]
             had = "forward" in layer.__dict__
             previous = layer.__dict__.get("forward")
             inner = layer.forward
+            extra = {"context_fn": selective_context} if i in selective else {}
 
-            def forward(*args, _inner=inner, **kwargs):
+            def forward(*args, _inner=inner, _extra=extra, **kwargs):
                 fn = functools.partial(_inner, **kwargs) if kwargs else _inner
-                return checkpoint.checkpoint(fn, *args, use_reentrant=False)
+                return checkpoint.checkpoint(fn, *args, use_reentrant=False, **_extra)
             layer.forward = forward
             self._wrapped.append((layer, had, previous))
 

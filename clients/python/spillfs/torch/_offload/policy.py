@@ -111,6 +111,10 @@ class Policy:
     def recompute_layers(self):
         return ()
 
+    def selective_layers(self):
+        """Indices of the layers to run under selective checkpointing this step."""
+        return ()
+
     def saves_tensors(self):
         """Whether this step needs the saved-tensor hooks: ``"none"`` keeps every tensor where it is, so its
         steps run without them (no Python per saved tensor)."""
@@ -253,6 +257,10 @@ class AdaptivePolicy:
         if self._profiling:
             return ()
         return tuple(i for i, d in self.decisions.items() if d == "recompute")
+
+    def selective_layers(self):
+        """Indices of the layers to run under selective checkpointing this step (none: see MixedPolicy)."""
+        return ()
 
     def saves_tensors(self):
         """Always: its profile and its quotas count each layer's saved bytes in the pack hook."""
@@ -566,8 +574,8 @@ class AdaptivePolicy:
 
 
 class MixedPolicy(AdaptivePolicy):
-    r"""Chooses per layer keep, offload (host tier, files) or recompute, under a memory budget
-    or an overhead budget, from a profile of the first steps.
+    r"""Chooses per layer keep, offload (host tier, files), recompute or recompute selectively,
+    under a memory budget or an overhead budget, from a profile of the first steps.
 
     Recomputing a layer (non-reentrant :func:`torch.utils.checkpoint.checkpoint` around its
     forward) costs about one more forward of it and frees all it saves but its input;
@@ -576,14 +584,25 @@ class MixedPolicy(AdaptivePolicy):
     saves ~1 GiB, ~20 ms on PCIe against ~3.5 ms of forward) are cheaper recomputed, so the
     cheapest mix under a budget is usually some layers recomputed, parts of others offloaded
     where their copies hide, the rest kept: the frontier of memory against step time this
-    policy walks.
+    policy walks. Selective recomputation (:func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`:
+    the outputs of matrix products and attention kept, norms, activations, rotary embeddings and
+    casts recomputed) frees much of a transformer layer (its elementwise ops' outputs, the
+    float32 copies of its norms) for a small part of its forward: the frontier's cheap end.
 
-    Profile (``profile_steps``, 4 on CUDA, 2 on the CPU), keeping everything: the first steps
+    Train without a KV cache (``use_cache=False`` in a `transformers` config, as its own
+    gradient checkpointing sets): a cache the forward updates changes what a recomputation runs
+    (selective checkpointing then raises).
+
+    Profile (``profile_steps``, 5 on CUDA, 3 on the CPU), keeping everything: the first steps
     run with the saved-tensor hooks (each layer's bytes and saved tensors; the first on CUDA
-    is warm-up), the last (2 from 4 profile steps, else 1) without them, timed (each layer's
+    is warm-up), the next (2 from 5 profile steps, else 1) without them, timed (each layer's
     forward and backward, CUDA events on the compute stream, and the step: their means; its
     input's bytes; on CUDA the allocator's peak of each phase: forward with the head, then
-    each layer's backward, which resets CUDA's peak statistics in those steps). The hooks'
+    each layer's backward, which resets CUDA's peak statistics in those steps), and the last
+    (from 3 profile steps, where torch has it) with every layer under selective checkpointing,
+    timed likewise: its step's time over keep's, shared among the layers as their measured
+    times grew, is their cost; the drop of forward's peak, shared as their bytes, what they
+    free (none where the allocator has no figures: on the CPU it is never chosen). The hooks'
     cost per saved tensor is the last hooked step's time less the timed steps', over the
     tensors saved. Then the tiers' bandwidths are probed as
     :class:`AdaptivePolicy` does.
@@ -610,7 +629,8 @@ class MixedPolicy(AdaptivePolicy):
     chosen again with it (``prediction["calibrated_from"]``).
 
     The choice, greedy on that model from keeping everything: with `memory_budget`, the move
-    (a layer recomputed, a larger part of it offloaded, a recomputed layer's input offloaded)
+    (a layer recomputed, or selectively, a larger part of it offloaded, a recomputed layer's
+    input offloaded)
     with the least added step time per
     byte of excess removed, until the peak fits; then moves undone while it still fits and the
     step gets shorter. With `overhead_budget` only, the move with the most bytes freed per
@@ -626,11 +646,14 @@ class MixedPolicy(AdaptivePolicy):
         overhead_budget (float, optional): step time allowed above the keep step (0.03: 3%).
             With `memory_budget` too, the plan that fits the memory is kept and a warning says
             when it passes this. Neither given: ``overhead_budget=0.03``.
-        profile_steps (int, optional): at least 2 (4 on CUDA, 2 on the CPU by default).
+        profile_steps (int, optional): at least 2 (5 on CUDA, 3 on the CPU by default; from 3,
+            the last profiles selective checkpointing).
         probe_bytes (int, optional): bytes of each bandwidth probe (as :class:`AdaptivePolicy`).
+        selective (bool): whether selective recomputation is profiled and may be chosen (True).
 
     Attributes:
-        decisions (dict): layer index -> ``"keep"``, ``"host"``, ``"ssd"`` or ``"recompute"``.
+        decisions (dict): layer index -> ``"keep"``, ``"host"``, ``"ssd"``, ``"recompute"`` or
+            ``"selective"``.
         fractions (dict): layer index -> the part of its bytes offloaded (1 where absent).
         input_tiers (dict): recomputed layer index -> ``"host"`` or ``"ssd"``, where its input
             (which the checkpoint saves as the layer begins, through the offloader's hooks) is
@@ -643,12 +666,14 @@ class MixedPolicy(AdaptivePolicy):
         profile (dict): as :class:`AdaptivePolicy`'s, plus ``saves`` and ``regions`` (per
             layer), ``inputs`` (bytes of each layer's input), ``hook_seconds_per_save``,
             ``store_seconds_per_tensor`` and ``recompute_seconds_per_save`` (0 until calibrated),
+            ``selective`` (``seconds``: per layer, ``freed``: layer -> bytes; None unprofiled),
             ``hooked_step_seconds`` and ``memory`` (``head``: the peak of forward and the head,
             ``backward``: layer -> the peak of its backward; ``measured``: whether from the
             allocator).
         prediction (dict): ``step_seconds``, ``keep_step_seconds``, ``peak_bytes``,
             ``keep_peak_bytes``, ``memory_saved``, ``hook_seconds``, ``recompute_seconds``,
-            ``stall_seconds``, ``budget`` (``"memory"`` or ``"overhead"``), ``memory_budget``
+            ``selective_seconds``, ``stall_seconds``, ``budget`` (``"memory"`` or ``"overhead"``),
+            ``memory_budget``
             (bytes), ``overhead_budget``, ``budget_met``, ``files``, ``fractions``,
             ``input_tiers``.
 
@@ -675,7 +700,8 @@ class MixedPolicy(AdaptivePolicy):
     # the planned step after which the model is calibrated once (:meth:`_calibrate`; 0: never)
     calibration_step = 2
 
-    def __init__(self, memory_budget=None, overhead_budget=None, profile_steps=None, probe_bytes=None):
+    def __init__(self, memory_budget=None, overhead_budget=None, profile_steps=None, probe_bytes=None,
+                 selective=True):
         if memory_budget is not None and not memory_budget > 0:
             raise ValueError(f"memory_budget must be a number of bytes or a fraction of keep's peak in (0, 1], "
                              f"not {memory_budget!r}")
@@ -689,14 +715,31 @@ class MixedPolicy(AdaptivePolicy):
                          recompute=True)
         self.memory_budget = memory_budget
         self.overhead_budget = overhead_budget
+        self.selective = bool(selective)
         self.plan = []
         self.input_tiers = {}
         self._planned_steps = 0
         self._timing = False
+        self._kind = None
+        self._layer_count = 0
         self._hooked_profile = {}
-        self._timed_samples = []  # (fwd, bwd, head, step seconds) of the timed profile steps
+        self._timed_samples = []  # (fwd, bwd, head, step seconds, memory phases, inputs) of the timed steps
+        self._selective_sample = None  # (fwd, bwd, head, step seconds, memory phases) of the selective step
 
     # -- the offloader's calls -------------------------------------------------
+
+    def _step_kind(self, index):
+        """What profile step `index` is: ``"hooked"`` (the saved-tensor hooks on every layer,
+        keeping), ``"timed"`` (no saved-tensor hooks, timed: keep's time and memory) or
+        ``"selective"`` (every layer under selective checkpointing, timed: what that frees and
+        costs); None past the profile."""
+        if index >= self.profile_steps:
+            return None
+        from .layers import selective_available
+        selective = 1 if self.selective and self.profile_steps >= 3 and selective_available() else 0
+        timed = 2 if self.profile_steps - selective >= 4 else 1  # the keep step: what predictions add to
+        hooked = self.profile_steps - selective - timed
+        return "hooked" if index < hooked else "timed" if index < hooked + timed else "selective"
 
     def begin_step(self, off, report):
         if not off.layers:
@@ -704,17 +747,18 @@ class MixedPolicy(AdaptivePolicy):
                              "(layers=model.model.layers)")
         if self.profile_steps is None:
             import torch
-            self.profile_steps = 4 if torch.cuda.is_available() else 2
-        self._profiling = self._steps < self.profile_steps
-        timed_steps = 2 if self.profile_steps >= 4 else 1  # the keep step's time: what every prediction adds to
-        self._timing = self._profiling and self._steps >= self.profile_steps - timed_steps
-        report.policy = "mixed:profile" if self._profiling else "mixed"
+            self.profile_steps = 5 if torch.cuda.is_available() else 3
+        self._kind = self._step_kind(self._steps)
+        self._profiling = self._kind is not None
+        self._timing = self._kind in ("timed", "selective")
+        report.policy = f"mixed:profile:{self._kind}" if self._profiling else "mixed"
         if not self._profiling:
             report.predicted = dict(self.prediction)
             report.decisions.update(self.decisions)
             report.plan = [dict(row) for row in self.plan]
             report.measured["baseline_seconds"] = self.profile.get("step_seconds")
         self._io = IoClock()
+        self._layer_count = len(off.layers)
 
     def decide(self, group):
         if self._profiling or not isinstance(group, int) or group < 0:
@@ -722,7 +766,7 @@ class MixedPolicy(AdaptivePolicy):
         d = self.decisions.get(group, "keep")
         if d == "recompute":  # what its hooks see is the input the checkpoint saves
             return self.input_tiers.get(group, "keep")
-        return d
+        return "keep" if d == "selective" else d
 
     def saves_tensors(self):
         """Not in the timed profile steps (keep's time); else for the hooked layers (or all, profiling)."""
@@ -734,6 +778,11 @@ class MixedPolicy(AdaptivePolicy):
         if self._profiling:
             return None
         return frozenset(i for i, d in self.decisions.items() if d in ("host", "ssd") or i in self.input_tiers)
+
+    def selective_layers(self):
+        if self._profiling:
+            return tuple(range(self._layer_count)) if self._kind == "selective" else ()
+        return tuple(i for i, d in self.decisions.items() if d == "selective")
 
     def wants_timing(self):
         return self._timing
@@ -749,33 +798,60 @@ class MixedPolicy(AdaptivePolicy):
             if self._planned_steps == self.calibration_step:
                 self._calibrate(off, report, seconds)
             return
-        if not self._timing:  # a step with the hooks: bytes, tensors per layer, and its time
+        n = len(off.layers)
+        if self._kind == "hooked":  # bytes, tensors per layer, and its time
             self._hooked_profile = {"bytes": dict(report.layer_bytes), "saves": dict(report.layer_saves),
                                     "regions": dict(report.layer_regions), "packed": report.packed_count,
                                     "step_seconds": seconds}
-            return
-        n = len(off.layers)
-        self._timed_samples.append((*self._layer_times(marks, n), seconds))
-        if self._steps < self.profile_steps:
-            return
+        elif self._kind == "timed":
+            self._timed_samples.append((*self._layer_times(marks, n), seconds, list(report.memory_phases),
+                                        dict(report.layer_input_bytes)))
+        else:
+            self._selective_sample = (*self._layer_times(marks, n), seconds, list(report.memory_phases))
+        if self._steps == self.profile_steps:
+            self._build_profile(off, n)
+            self._decide(off)
+
+    def _build_profile(self, off, n):
         samples, self._timed_samples = self._timed_samples, []
         k = len(samples)
         fwd = [sum(s[0][i] for s in samples) / k for i in range(n)]
         bwd = [sum(s[1][i] for s in samples) / k for i in range(n)]
         head = sum(s[2] for s in samples) / k
         seconds = sum(s[3] for s in samples) / k
+        phases, inputs = samples[-1][4], samples[-1][5]
         hooked = self._hooked_profile
+        nbytes = dict(hooked.get("bytes", {}))
         per_save = max(0.0, hooked.get("step_seconds", seconds) - seconds) / max(hooked.get("packed", 0), 1)
-        self.profile = {"fwd": fwd, "bwd": bwd, "head": head, "bytes": dict(hooked.get("bytes", {})),
+        memory = self._memory_profile(phases, n, nbytes)
+        self.profile = {"fwd": fwd, "bwd": bwd, "head": head, "bytes": nbytes,
                         "saves": dict(hooked.get("saves", {})), "regions": dict(hooked.get("regions", {})),
-                        "inputs": dict(report.layer_input_bytes), "store_seconds_per_tensor": 0.0,
-                        "recompute_seconds_per_save": 0.0,
+                        "inputs": inputs, "store_seconds_per_tensor": 0.0, "recompute_seconds_per_save": 0.0,
                         "step_seconds": seconds, "hooked_step_seconds": hooked.get("step_seconds"),
-                        "hook_seconds_per_save": per_save,
-                        "memory": self._memory_profile(report.memory_phases, n, hooked.get("bytes", {})),
+                        "hook_seconds_per_save": per_save, "memory": memory,
+                        "selective": self._selective_profile(fwd, bwd, seconds, memory, nbytes, n),
                         "bandwidth": dict(self.profile.get("bandwidth", {}))}
         self.profile["bandwidth"].update(self._probe(off))
-        self._decide(off)
+
+    def _selective_profile(self, fwd, bwd, seconds, memory, nbytes, n):
+        """What selective checkpointing frees and costs per layer (None where it was not profiled):
+        the cost, the step's time over keep's, shared among the layers as their own measured times
+        grew; the bytes, the drop of forward's peak with the head (measured where the allocator's
+        figures are, else none), shared as the layers' bytes."""
+        sample, self._selective_sample = self._selective_sample, None
+        if sample is None:
+            return None
+        s_fwd, s_bwd, _, s_seconds, s_phases = sample
+        extra = max(0.0, s_seconds - seconds)
+        grew = [max(0.0, s_fwd[i] + s_bwd[i] - fwd[i] - bwd[i]) for i in range(n)]
+        total_grew = sum(grew)
+        cost = [extra * (g / total_grew if total_grew > 0 else 1.0 / n) for g in grew]
+        freed_total = 0
+        if memory["measured"] and len(s_phases) == n + 1:
+            freed_total = max(0, memory["head"] - s_phases[0][1])
+        layer_total = sum(nbytes.get(i, 0) for i in range(n)) or 1
+        freed = {i: int(freed_total * nbytes.get(i, 0) / layer_total) for i in range(n)}
+        return {"seconds": cost, "freed": freed, "step_seconds": s_seconds}
 
     def _calibrate(self, off, report, seconds):
         """Once, after the plan's ``calibration_step``-th step (the first allocates the host tier's
@@ -823,9 +899,12 @@ class MixedPolicy(AdaptivePolicy):
                                  plan.inputs)
         gone = dict(self._last_peak_saved_by_layer)
         inputs, nbytes = p.get("inputs", {}), p["bytes"]
+        selective = p.get("selective") or {"seconds": [0.0] * n, "freed": {}}
         for i, d in plan.decisions.items():
             if d == "recompute":  # its input stays (the checkpoint saves it), unless offloaded
                 gone[i] = max(0, nbytes.get(i, 0) - inputs.get(i, 0)) + self._last_input_gone.get(i, 0)
+            elif d == "selective":
+                gone[i] = selective["freed"].get(i, 0)
         hooked = plan.hooked()
         if hooked and (getattr(off, "inflight_bytes", None) is not None
                        or getattr(off, "read_ahead_bytes", None) is not None):
@@ -835,7 +914,8 @@ class MixedPolicy(AdaptivePolicy):
         step = (p["step_seconds"] + (t - self._t_keep) + saves * p["hook_seconds_per_save"]
                 + plan.stored_tensors(p) * p.get("store_seconds_per_tensor", 0.0)
                 + sum(p["saves"].get(i, 0) for i, d in plan.decisions.items() if d == "recompute")
-                * p.get("recompute_seconds_per_save", 0.0))
+                * p.get("recompute_seconds_per_save", 0.0)
+                + sum(selective["seconds"][i] for i, d in plan.decisions.items() if d == "selective"))
         mem = p["memory"]
         phases = [mem["head"] - sum(gone.values())]
         pre = off.prefetch_layers
@@ -847,6 +927,8 @@ class MixedPolicy(AdaptivePolicy):
                     freed += max(0, nbytes.get(i, 0) - inputs.get(i, 0))
                     if i in plan.inputs and i < j - pre:
                         freed += inputs.get(i, 0)
+                elif d == "selective":
+                    freed += selective["freed"].get(i, 0)
                 elif d in ("host", "ssd") and i < j - pre:
                     freed += nbytes.get(i, 0) * plan.fractions.get(i, 1.0)
             extra = inputs.get(j, 0) if plan.decisions.get(j) == "recompute" else 0
@@ -879,6 +961,8 @@ class MixedPolicy(AdaptivePolicy):
             f = plan.fractions.get(i, 1.0) if d in ("host", "ssd") else 0.0
             if d != "recompute" and size > inputs.get(i, 0):
                 yield plan.replace(i, "recompute")
+            if d == "keep" and (p.get("selective") or {}).get("freed", {}).get(i, 0) > 0:
+                yield plan.replace(i, "selective")
             if d in ("keep", "host"):
                 room = (host_left + (f * size if d == "host" else 0.0)) / size
                 for g in sorted({hide[i]["host"], *self.host_fractions}):
@@ -996,6 +1080,8 @@ class MixedPolicy(AdaptivePolicy):
             "hook_seconds": sum(1 if i in plan.inputs else p["saves"].get(i, 0) for i in hooked)
             * p["hook_seconds_per_save"],
             "recompute_seconds": sum(p["fwd"][i] for i, d in plan.decisions.items() if d == "recompute"),
+            "selective_seconds": sum((p.get("selective") or {"seconds": [0.0] * n})["seconds"][i]
+                                     for i, d in plan.decisions.items() if d == "selective"),
             "stall_seconds": stall, "budget": "memory" if budget_bytes is not None else "overhead",
             "memory_budget": budget_bytes, "overhead_budget": self.overhead_budget, "budget_met": met,
             "memory_measured": p["memory"]["measured"], "files": files, "fractions": dict(self.fractions),
@@ -1009,7 +1095,7 @@ class MixedPolicy(AdaptivePolicy):
 
 
 class _Plan:
-    """A mixed plan: `decisions` (layer -> "host", "ssd" or "recompute"; keep where absent),
+    """A mixed plan: `decisions` (layer -> "host", "ssd", "recompute" or "selective"; keep where absent),
     `fractions` (layer -> the part of an offloaded layer moved; 1 where absent) and `inputs`
     (recomputed layer -> the tier its input goes to). Immutable: moves make new ones."""
 

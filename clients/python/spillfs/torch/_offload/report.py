@@ -16,7 +16,7 @@ class OffloadReport(Report):
     Attributes:
         step (int): index of the step (0 for the first ``with`` block).
         policy (str): ``"all"``, ``"none"``, ``"adaptive"``, ``"mixed"``
-            (``"adaptive:profile"``, ``"mixed:profile"`` while they profile).
+            (``"adaptive:profile"``, ``"mixed:profile:<kind>"`` while they profile).
         saved_hooks (bool): whether the step ran with the saved-tensor hooks; False with
             ``policy="none"``, whose steps keep every tensor without them (the counts below stay 0).
         packed_count, packed_bytes: every tensor autograd saved inside the region.
@@ -68,8 +68,8 @@ class OffloadReport(Report):
             copies lag more than ``copy_window`` layers behind the compute).
         write_errors (int): writes that failed (``ENOSPC``...); the tensor was
             kept (or, written from a staging region, served from that region).
-        decisions (dict): layer index -> ``"keep"``, ``"host"``, ``"ssd"`` or
-            ``"recompute"`` (``-1``: what runs before the first layer).
+        decisions (dict): layer index -> ``"keep"``, ``"host"``, ``"ssd"``,
+            ``"recompute"`` or ``"selective"`` (``-1``: what runs before the first layer).
         plan (list): :class:`~spillfs.torch.MixedPolicy`'s choice per layer (a dict each:
             ``decision``, ``fraction``, ``bytes``, ``freed_at_peak``, ``added_seconds``...;
             see ``MixedPolicy.plan``); empty for the other policies.
