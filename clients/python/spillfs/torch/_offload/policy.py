@@ -858,7 +858,8 @@ class MixedPolicy(AdaptivePolicy):
         slabs): what the measured step exceeds the prediction by, where over 2% of the keep step,
         is the offloader's cost per tensor stored (its copies, events and reads: the profile
         measured the hooks only keeping), or, where nothing was stored, the checkpoint's per tensor
-        a recomputed layer saves; then the plan is chosen again with it."""
+        a recomputed layer saves, or else the selectively recomputed layers' cost; then the plan is
+        chosen again with it."""
         p = self.profile
         residual = seconds - self.prediction.get("step_seconds", seconds)
         self.prediction["calibrated_from"] = {"measured_seconds": seconds, "residual_seconds": residual}
@@ -866,10 +867,14 @@ class MixedPolicy(AdaptivePolicy):
             return
         stored = report.host_count + report.ssd_count
         recomputed = sum(p["saves"].get(i, 0) for i, d in self.decisions.items() if d == "recompute")
+        selective = [i for i, d in self.decisions.items() if d == "selective"]
         if stored:
             p["store_seconds_per_tensor"] = p.get("store_seconds_per_tensor", 0.0) + residual / stored
         elif recomputed:
             p["recompute_seconds_per_save"] = p.get("recompute_seconds_per_save", 0.0) + residual / recomputed
+        elif selective and p.get("selective"):  # its one profiled step said less than it costs
+            for i in selective:
+                p["selective"]["seconds"][i] += residual / len(selective)
         else:
             return
         self._decide(off)
