@@ -1159,8 +1159,9 @@ def _mixed_profile(n=8, fwd=0.0035, nbytes=int(1.06 * (1 << 30)), inputs=32 << 2
     them all makes them. `selective`: (seconds, part of its bytes) selective checkpointing costs
     and frees per layer."""
     layer = [nbytes] * n
-    return {"selective": None if selective is None else {"seconds": [selective[0]] * n, "step_seconds": 0.0,
-                                                         "freed": {i: int(selective[1] * nbytes) for i in range(n)}},"fwd": [fwd] * n, "bwd": [2 * fwd] * n, "head": head, "bytes": dict(enumerate(layer)),
+    sel = None if selective is None else {"seconds": [selective[0]] * n, "step_seconds": 0.0,
+                                          "freed": {i: int(selective[1] * nbytes) for i in range(n)}}
+    return {"selective": sel, "fwd": [fwd] * n, "bwd": [2 * fwd] * n, "head": head, "bytes": dict(enumerate(layer)),
             "saves": {i: saves for i in range(n)}, "regions": {i: saves // 4 for i in range(n)},
             "inputs": {i: inputs for i in range(n)},
             "step_seconds": n * 3 * fwd + head, "hook_seconds_per_save": per_save,
@@ -1237,7 +1238,8 @@ def test_mixed_selective_checkpointing_beats_full():
     prof = _mixed_profile(selective=(0.0004, 0.64))
     keep = _mixed_with(prof, memory_budget=10 << 40)
     keep_peak = keep.prediction["keep_peak_bytes"]
-    ckpt_step, ckpt_peak = keep._evaluate(_Plan({i: "recompute" for i in range(8)}), _offloader_like(1 << 40, False))[:2]
+    every = _Plan({i: "recompute" for i in range(8)})  # gradient checkpointing
+    ckpt_step, ckpt_peak = keep._evaluate(every, _offloader_like(1 << 40, False))[:2]
     for k in range(1, 8):
         budget = int(keep_peak - (keep_peak - ckpt_peak) * k / 8)
         pol = _mixed_with(prof, memory_budget=budget)

@@ -131,7 +131,8 @@ def targets(rows, overhead):
                 out.append((f"{r['label']}: step {'below' if at_ckpt else 'at or below'} checkpointing's", ok,
                             f"{r['step_ms']:.1f} vs {ckpt['step_ms']:.1f} ms"))
         if r.get("overhead_budget") is not None:
-            out.append((f"{r['label']}: within {overhead:.0%} of keep", r["step_ms"] <= keep["step_ms"] * (1 + overhead),
+            ok = r["step_ms"] <= keep["step_ms"] * (1 + overhead)
+            out.append((f"{r['label']}: within {overhead:.0%} of keep", ok,
                         f"{r['step_ms']:.1f} vs {keep['step_ms']:.1f} ms (x{r['step_ms'] / keep['step_ms']:.3f})"))
     return out
 

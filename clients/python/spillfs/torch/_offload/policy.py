@@ -584,8 +584,9 @@ class MixedPolicy(AdaptivePolicy):
     saves ~1 GiB, ~20 ms on PCIe against ~3.5 ms of forward) are cheaper recomputed, so the
     cheapest mix under a budget is usually some layers recomputed, parts of others offloaded
     where their copies hide, the rest kept: the frontier of memory against step time this
-    policy walks. Selective recomputation (:func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`:
-    the outputs of matrix products and attention kept, norms, activations, rotary embeddings and
+    policy walks. Selective recomputation
+    (:func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`: the outputs of matrix
+    products and attention kept, norms, activations, rotary embeddings and
     casts recomputed) frees much of a transformer layer (its elementwise ops' outputs, the
     float32 copies of its norms) for a small part of its forward: the frontier's cheap end.
 
@@ -609,10 +610,11 @@ class MixedPolicy(AdaptivePolicy):
 
     The model: a step is the measured keep step (timed, no hooks), plus what
     :meth:`AdaptivePolicy.simulate` adds for the copies and the recomputed forwards, plus the
-    hooks' cost of every tensor saved in an offloaded layer (the hooks are installed around
-    those layers' forwards only: kept and recomputed layers save at no cost per tensor). The
-    peak is the largest of its phases' measured peaks, less what the plan frees in each: at
-    the head, the offloaded parts whose copies the window forced out and, of each recomputed
+    selectively recomputed layers' measured cost, plus the hooks' cost of every tensor saved
+    in an offloaded layer (the hooks are installed around those layers' forwards only: kept
+    and recomputed layers save at no cost per tensor). The peak is the largest of its phases'
+    measured peaks, less what the plan frees in each: at the head, the offloaded parts whose
+    copies the window forced out, what selective recomputation frees and, of each recomputed
     layer, its bytes but its input; in layer j's backward, those of the layers below j but the
     ones read ahead (``prefetch_layers``). On the CPU (no allocator figures) the phases are
     estimated from the layers' bytes.
@@ -625,14 +627,14 @@ class MixedPolicy(AdaptivePolicy):
     Once, after the plan's second step (``calibration_step``; the first allocates the host
     tier), where the measured step exceeds the prediction by over 2% of the keep step, the
     excess becomes a cost per tensor stored (the profile measured the hooks keeping, not
-    storing) or, where nothing was stored, per tensor a recomputed layer saves; the plan is
-    chosen again with it (``prediction["calibrated_from"]``).
+    storing) or, where nothing was stored, per tensor a recomputed layer saves, or else the
+    selectively recomputed layers' cost; the plan is chosen again with it
+    (``prediction["calibrated_from"]``).
 
     The choice, greedy on that model from keeping everything: with `memory_budget`, the move
     (a layer recomputed, or selectively, a larger part of it offloaded, a recomputed layer's
-    input offloaded)
-    with the least added step time per
-    byte of excess removed, until the peak fits; then moves undone while it still fits and the
+    input offloaded) with the least added step time per byte of excess removed, until the
+    peak fits; then moves undone while it still fits and the
     step gets shorter. With `overhead_budget` only, the move with the most bytes freed per
     second added while the step stays within it. Files are used only for the part of a layer
     whose write and read the model hides (within 1% of the layer's compute): a disk slower than
@@ -673,9 +675,8 @@ class MixedPolicy(AdaptivePolicy):
         prediction (dict): ``step_seconds``, ``keep_step_seconds``, ``peak_bytes``,
             ``keep_peak_bytes``, ``memory_saved``, ``hook_seconds``, ``recompute_seconds``,
             ``selective_seconds``, ``stall_seconds``, ``budget`` (``"memory"`` or ``"overhead"``),
-            ``memory_budget``
-            (bytes), ``overhead_budget``, ``budget_met``, ``files``, ``fractions``,
-            ``input_tiers``.
+            ``memory_budget`` (bytes), ``overhead_budget``, ``budget_met``, ``files``,
+            ``fractions``, ``input_tiers``, ``calibrated_from`` (once calibrated).
 
     Raises:
         ValueError: a budget out of range, fewer than 2 profile steps; at the first step,

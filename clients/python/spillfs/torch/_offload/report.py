@@ -102,8 +102,9 @@ class OffloadReport(Report):
                  "kept_reasons": {}, "read_host_bytes": 0, "read_ssd_bytes": 0, "read_staged_bytes": 0,
                  "prefetch_hits": 0, "read_ahead_peak_bytes": 0, "read_beyond_freed_peak_bytes": 0,
                  "inflight_peak_bytes": 0, "inflight_at_backward_bytes": 0, "diagnosis": {}, "stalls": 0,
-                 "stall_seconds": 0.0, "copy_waits": 0, "write_errors": 0, "decisions": {}, "plan": [], "layer_bytes": {},
-                 "layer_regions": {}, "layer_saves": {}, "layer_input_bytes": {}, "memory_phases": [], "files_keep_up": None,
+                 "stall_seconds": 0.0, "copy_waits": 0, "write_errors": 0, "decisions": {}, "plan": [],
+                 "layer_bytes": {}, "layer_regions": {}, "layer_saves": {}, "layer_input_bytes": {},
+                 "memory_phases": [], "files_keep_up": None,
                  "predicted": {}, "measured": {}, "io_backend": None, "host_peak_bytes": 0, "seconds": {}}
 
     def __init__(self, step=0, policy="all"):
