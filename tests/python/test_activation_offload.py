@@ -1430,6 +1430,41 @@ def test_mixed_policy_steps_exact(tmp_path, budget):
     assert all("forward" not in layer.__dict__ for layer in off.layers)
 
 
+def test_mixed_memory_profile_phases():
+    """The memory profile's phases as the layers' hooks sample them (forward and the head as the last
+    layer's backward begins, then each layer's backward as the one below begins, the rest at the
+    end), mapped to the head and to each layer's backward: their order checked against the figures
+    of a probe that counts each sample."""
+    samples = []
+
+    class Counting:
+        def memory_allocated(self):
+            return 0
+
+        def max_memory_allocated(self):
+            samples.append(len(samples))
+            return 1000 * len(samples)
+
+        def reset_peak_memory_stats(self):
+            pass
+
+    model = GPT()
+    pol = st.MixedPolicy(memory_budget=0.5)
+    off = st.offload_activations(None, host_bytes=1 << 20, min_bytes=512, policy=pol, layers=model)
+    off._layer_hooks.memory_probe = Counting()
+    x, y = gpt_batch(0, "cpu")
+    for _ in range(3):
+        with off:
+            gpt_loss(model(x), y).backward()
+    mem = pol.profile["memory"]
+    n = len(off.layers)
+    # the timed step (the second) sampled n + 1 times (the memory profile's), then the selective one
+    assert len(samples) == 2 * (n + 1) and not off.reports[0].memory_phases
+    assert off.reports[1].memory_phases == [(n - 1 - k if k < n else "end", 1000 * (k + 1)) for k in range(n + 1)]
+    assert mem["measured"] and mem["head"] == 1000, mem
+    assert mem["backward"] == {n - k: 1000 * (k + 1) for k in range(1, n + 1)}, mem
+
+
 def test_files_that_cannot_keep_up_warn_once(tmp_path, monkeypatch):
     """A user forcing files (policy="all", host_bytes=0) where the disk sets the step's pace is told so,
     once, and the report says it; a disk that keeps up is not blamed."""

@@ -141,6 +141,9 @@ class _LayerHooks:
         self._timed = True
         self._memory = False
         self._memory_base = 0
+        # tests: an object with memory_allocated(), max_memory_allocated(), reset_peak_memory_stats()
+        # instead of torch.cuda's (the CPU has no allocator figures)
+        self.memory_probe = None
         self.memory_marks = []  # (layer whose backward begins, or "end"; peak bytes of the phase ending)
         self._hooked = None
         self._pack_unpack = None
@@ -191,7 +194,7 @@ class _LayerHooks:
         each phase is sampled too (:attr:`memory_marks`). With neither saved tensors nor marks, no
         module hook is installed at all: such a step costs what the model costs."""
         self._timed = timed
-        self._memory = memory and self._cuda_marks
+        self._memory = memory and (self._cuda_marks or self.memory_probe is not None)
         self._hooked = None if hooked is None else frozenset(hooked)
         self._pack_unpack = (pack, unpack)
         self._layer_ctx = []
@@ -211,8 +214,9 @@ class _LayerHooks:
             for i in sorted(self._hooked):
                 self._see_module(self.layers[i])
         if self._memory:
-            self._memory_base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
+            allocator = self.memory_probe or torch.cuda
+            self._memory_base = allocator.memory_allocated()
+            allocator.reset_peak_memory_stats()
         for i, layer in enumerate(self.layers):
             self._handles.append(layer.register_forward_pre_hook(self._make_pre_hook(i)))
             self._handles.append(layer.register_forward_hook(self._make_post_hook(i)))
@@ -364,9 +368,10 @@ class _LayerHooks:
         """The allocator's peak (above the step's start) since the last sample, noted as the peak of
         the phase ending now: the forward and the head's backward ends as the last layer's backward
         begins, layer i's backward as layer i - 1's begins (``"end"``: the step's end)."""
-        peak = torch.cuda.max_memory_allocated() - self._memory_base
+        allocator = self.memory_probe or torch.cuda
+        peak = allocator.max_memory_allocated() - self._memory_base
         self.memory_marks.append((layer, peak))
-        torch.cuda.reset_peak_memory_stats()
+        allocator.reset_peak_memory_stats()
 
     def mark(self, kind, layer):
         """Notes when `kind` happened to `layer` (the policy's profile; nothing where the step is not timed)."""
