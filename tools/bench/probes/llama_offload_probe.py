@@ -5,9 +5,12 @@ budgets from keep's activation peak down to checkpointing's and at an overhead b
 activation peak, the policy's predicted step and peak, its plan, and whether the gradients
 equal keep's; then issue 43's targets, each PASS or FAIL.
 
-Usage (from the repository root; the GPU machine has torch and transformers):
+Usage (from the repository root; the GPU machine has torch and transformers; each config is
+about 80 steps of its model: keep, checkpointing, and per mixed row its profile, warm-up and
+measured steps; --deadline-s skips a config that the last one's time says would not finish):
     PYTHONPATH=clients/python python3 tools/bench/probes/llama_offload_probe.py \
-        [--configs h2048,h4096] [--budgets 5] [--overhead 0.03] [--steps 5] [--json-out FILE]
+        [--configs h2048,h4096,h8192] [--deadline-s 240] [--budgets 5] [--overhead 0.03] [--steps 5] \
+        [--json-out FILE]
     # one config of your own instead of --configs:
     PYTHONPATH=clients/python python3 tools/bench/probes/llama_offload_probe.py \
         --hidden 2048 --inter 5632 --layers 8 --heads 32 --kv-heads 4 --seq 2048 --batch 4 \
@@ -24,11 +27,12 @@ import traceback
 
 import torch
 
-# seq 2048, batch 4, bf16, SDPA throughout (issue 43); layers: what the H100 run used
+# seq 2048, batch 4, bf16, SDPA throughout (issue 43); layers: h2048 and h4096 as issue 43's H100 run,
+# h8192 4 (~4B parameters: weights, gradients and keep's activations well within 80 GiB)
 PRESETS = {
     "h2048": dict(hidden=2048, inter=5632, layers=8, heads=32, kv_heads=4),
     "h4096": dict(hidden=4096, inter=11008, layers=4, heads=32, kv_heads=32),
-    "h8192": dict(hidden=8192, inter=28672, layers=2, heads=64, kv_heads=8),
+    "h8192": dict(hidden=8192, inter=28672, layers=4, heads=64, kv_heads=8),
     "tiny": dict(hidden=64, inter=128, layers=3, heads=4, kv_heads=2, seq=64, batch=2, vocab=128),
 }
 
