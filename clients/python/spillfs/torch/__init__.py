@@ -17,10 +17,11 @@ offload around them), as docs/activations.md explains.
 """
 
 from ._offload.core import ActivationOffloader, find_layers
-from ._offload.policy import AdaptivePolicy
+from ._offload.policy import AdaptivePolicy, MixedPolicy
 from ._offload.report import OffloadReport
 
-__all__ = ["offload_activations", "ActivationOffloader", "AdaptivePolicy", "OffloadReport", "find_layers"]
+__all__ = ["offload_activations", "ActivationOffloader", "AdaptivePolicy", "MixedPolicy", "OffloadReport",
+           "find_layers"]
 
 _GiB = 1 << 30
 _MiB = 1 << 20
@@ -65,12 +66,14 @@ def offload_activations(dir=None, *, host_bytes=4 * _GiB, min_bytes=1 * _MiB, pr
         min_bytes (int): smaller saved tensors stay where they are.
         prefetch_layers (int): how many layers ahead of the one whose backward
             begins the reads start.
-        policy (str or AdaptivePolicy): ``"adaptive"`` (profile the first
+        policy (str, AdaptivePolicy or MixedPolicy): ``"adaptive"`` (profile the first
             steps keeping everything, then choose per layer keep, host or SSD
             so that the step stays as fast as keeping; see
             :class:`AdaptivePolicy`), ``"all"`` (every layer, host tier first)
             or ``"none"`` (keep: its steps run without the saved-tensor hooks, so
-            nothing is counted and nothing costs per tensor; ``report.saved_hooks`` is False).
+            nothing is counted and nothing costs per tensor; ``report.saved_hooks`` is False),
+            or a :class:`MixedPolicy` (per layer keep, offload or recompute under a memory or an
+            overhead budget: ``policy=spillfs.torch.MixedPolicy(memory_budget=0.5)``; needs `layers`).
         layers (nn.Module or list of nn.Module, optional): the blocks whose
             hooks tag what each saves, time them and drive the prefetch; a
             model is searched for its repeated blocks (:func:`find_layers`:

@@ -4,7 +4,8 @@
   CUDA; files under a directory through libspillfs_client's segment I/O) and
   the copy streams.
 - :mod:`.policy`: which layers go where (``"all"``, ``"none"``, the adaptive
-  policy: profile, bandwidth probes, a pipeline model, its prediction).
+  policy: profile, bandwidth probes, a pipeline model, its prediction; the
+  mixed policy: keep, offload or recompute per layer under a budget).
 - :mod:`.report`: what one step did (:class:`OffloadReport`).
 - :mod:`.core`: :class:`~.core.ActivationOffloader`: a step's life, made of
   the parts below (an object a concern, each passed what it needs).

@@ -246,7 +246,7 @@ class _CopyOut:
         with self._lock:
             e.staged = False
             if stats is not None:
-                self._options.policy.observe_io("ssd_write", e.nbytes, submitted, stats.get("seconds", 0.0))
+                self._options.observe_io("ssd_write", e.nbytes, submitted, stats.get("seconds", 0.0))
             if error is not None:
                 # the bytes stay in the staging region and are served from there: never lost
                 r = self._state.report
@@ -275,7 +275,7 @@ class _CopyOut:
             if e.file is not None:
                 e.file.done()
             if stats is not None:
-                self._options.policy.observe_io("ssd_write", e.nbytes, submitted, stats.get("seconds", 0.0))
+                self._options.observe_io("ssd_write", e.nbytes, submitted, stats.get("seconds", 0.0))
             e.staging = None
             if error is not None:
                 r = self._state.report

@@ -20,7 +20,13 @@ The hooks of a step (installed at ``__enter__``, removed at ``__exit__``):
   which fires as that layer's backward begins: backward's phase starts there,
   and the prefetcher reads from that layer down (:mod:`.read_ahead`);
 - :meth:`mark` times the layers for the policy's profile (CUDA events on the
-  compute stream where CUDA is initialized, else the host clock);
+  compute stream where CUDA is initialized, else the host clock), in the steps
+  the policy times (``wants_timing``), with the allocator's peak per phase
+  where it asks (``wants_memory``);
+- where the policy names the layers whose saved tensors it stores
+  (``hooked_layers``), the saved-tensor hooks are pushed by those layers'
+  pre-hooks and popped by their post-hooks, not held for the whole step; a
+  step with no saved-tensor hooks and no timing installs no module hook;
 - the layers the policy recomputes run under non-reentrant activation
   checkpointing for the step (:meth:`wrap_recompute`).
 
@@ -60,6 +66,33 @@ def find_layers(model):
     if isinstance(model, torch.nn.Sequential):
         return list(model.children())
     return []
+
+
+# What selective checkpointing keeps: the outputs of the matrix products and of attention (the costly
+# ops); everything else (norms, activations, rotary embeddings, casts: cheap, memory-bound, and much of
+# what a transformer block saves) is recomputed in backward.
+_SELECTIVE_SAVE_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
+                       "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                       "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
+                       "_efficient_attention_forward")
+
+
+def selective_available():
+    """Whether this torch has selective activation checkpointing (2.4 and later)."""
+    import torch.utils.checkpoint as checkpoint
+    return hasattr(checkpoint, "create_selective_checkpoint_contexts")
+
+
+def selective_context():
+    """The ``context_fn`` of :func:`torch.utils.checkpoint.checkpoint` for a selectively
+    recomputed layer: the outputs of ``_SELECTIVE_SAVE_OPS`` kept, the rest recomputed."""
+    import torch.utils.checkpoint as checkpoint
+    ops = []
+    for name in _SELECTIVE_SAVE_OPS:
+        packet = getattr(torch.ops.aten, name, None)
+        for overload in (packet.overloads() if packet is not None else ()):
+            ops.append(getattr(packet, overload))
+    return checkpoint.create_selective_checkpoint_contexts(ops)
 
 
 class _LayerHooks:
@@ -105,12 +138,26 @@ class _LayerHooks:
         self._param_ptrs = set()
         self._seen_modules = set()
         self._cuda_marks = False
+        self._timed = True
+        self._memory = False
+        self._memory_base = 0
+        # tests: an object with memory_allocated(), max_memory_allocated(), reset_peak_memory_stats()
+        # instead of torch.cuda's (the CPU has no allocator figures)
+        self.memory_probe = None
+        self.memory_marks = []  # (layer whose backward begins, or "end"; peak bytes of the phase ending)
+        self._hooked = None
+        self._pack_unpack = None
+        self._layer_ctx = []  # (layer index, saved-tensor hooks pushed by its pre-hook)
+        self.record_inputs = False  # the policy's profile: bytes of each layer's tensor arguments
+        self.input_bytes = {}
 
     def begin_step(self):
         self._group_stack = []
         self._after_last_layer = False
         self._cum_bytes = 0
         self.marks = []
+        self.memory_marks = []
+        self.input_bytes = {}
         self._cuda_marks = torch.cuda.is_available() and torch.cuda.is_initialized()
         self._param_ptrs = set()
         self._seen_modules = set()
@@ -127,38 +174,71 @@ class _LayerHooks:
         return self._cuda_marks
 
     @property
+    def group_stack(self):
+        """The layers running forward, innermost last."""
+        return self._group_stack
+
+    @property
     def current_layer(self):
         """The innermost layer running forward ('-' outside every layer): for diagnosis."""
         return self._group_stack[-1] if self._group_stack else "-"
 
     # -- hooks ----------------------------------------------------------------
 
-    def install(self, pack, unpack, saved=True):
-        """Hooks the modules and, with `saved`, routes the saved tensors through ``pack`` and ``unpack``."""
-        if saved:
+    def install(self, pack, unpack, saved=True, hooked=None, timed=True, memory=False):
+        """Hooks the modules and, with `saved`, routes the saved tensors through ``pack`` and ``unpack``:
+        every tensor of the step where `hooked` is None, else only those saved in the forward of the
+        layers at the indices `hooked` (the saved-tensor hooks are pushed by the layer's pre-hook and
+        popped by its post-hook: the other layers save at no cost per tensor). `timed`: the layers'
+        boundaries are marked (:meth:`mark`: the policy's profile); `memory`: the allocator's peak of
+        each phase is sampled too (:attr:`memory_marks`). With neither saved tensors nor marks, no
+        module hook is installed at all: such a step costs what the model costs."""
+        self._timed = timed
+        self._memory = memory and (self._cuda_marks or self.memory_probe is not None)
+        self._hooked = None if hooked is None else frozenset(hooked)
+        self._pack_unpack = (pack, unpack)
+        self._layer_ctx = []
+        if not saved and not timed:
+            return
+        if saved and self._hooked is None:
             self._hooks_ctx = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
             self._hooks_ctx.__enter__()
-        mm = torch.nn.modules.module
-        self._handles = [mm.register_module_forward_pre_hook(self._global_pre_hook)]
+        elif not saved:
+            self._hooked = frozenset()
+        if saved and self._hooked is None:
+            # parameters found as modules run; per layer, the hooked layers' own are noted up front instead
+            mm = torch.nn.modules.module
+            self._handles = [mm.register_module_forward_pre_hook(self._global_pre_hook)]
+        else:
+            self._handles = []
+            for i in sorted(self._hooked):
+                self._see_module(self.layers[i])
+        if self._memory:
+            allocator = self.memory_probe or torch.cuda
+            self._memory_base = allocator.memory_allocated()
+            allocator.reset_peak_memory_stats()
         for i, layer in enumerate(self.layers):
             self._handles.append(layer.register_forward_pre_hook(self._make_pre_hook(i)))
             self._handles.append(layer.register_forward_hook(self._make_post_hook(i)))
 
-    def wrap_recompute(self, indices):
-        """Runs the layers at `indices` under non-reentrant activation checkpointing (this step)."""
+    def wrap_recompute(self, indices, selective=()):
+        """Runs the layers at `indices` under non-reentrant activation checkpointing (this step);
+        those at `selective` under selective checkpointing (:func:`selective_context`: the outputs
+        of matrix products and attention kept, the rest recomputed)."""
         import functools
 
         import torch.utils.checkpoint as checkpoint
         self._wrapped = []
-        for i in indices:
+        for i in sorted(set(indices) | set(selective)):
             layer = self.layers[i]
             had = "forward" in layer.__dict__
             previous = layer.__dict__.get("forward")
             inner = layer.forward
+            extra = {"context_fn": selective_context} if i in selective else {}
 
-            def forward(*args, _inner=inner, **kwargs):
+            def forward(*args, _inner=inner, _extra=extra, **kwargs):
                 fn = functools.partial(_inner, **kwargs) if kwargs else _inner
-                return checkpoint.checkpoint(fn, *args, use_reentrant=False)
+                return checkpoint.checkpoint(fn, *args, use_reentrant=False, **_extra)
             layer.forward = forward
             self._wrapped.append((layer, had, previous))
 
@@ -174,6 +254,11 @@ class _LayerHooks:
         for h in self._handles:
             h.remove()
         self._handles = []
+        while self._layer_ctx:  # a hooked layer's forward raised: its post-hook never ran
+            self._layer_ctx.pop()[1].__exit__(None, None, None)
+        if self._memory:
+            self._memory_phase_ends("end")
+            self._memory = False
         if self._hooks_ctx is not None:
             ctx, self._hooks_ctx = self._hooks_ctx, None
             ctx.__exit__(None, None, None)
@@ -201,6 +286,12 @@ class _LayerHooks:
         def hook(module, args):
             self._group_stack.append(index)
             if state.phase == "forward":
+                if self._hooked is not None and index in self._hooked:
+                    ctx = torch.autograd.graph.saved_tensors_hooks(*self._pack_unpack)
+                    ctx.__enter__()
+                    self._layer_ctx.append((index, ctx))
+                if self.record_inputs:
+                    self.input_bytes[index] = sum(a.numel() * a.element_size() for a in _tensors(args))
                 self.mark("fwd_start", index)
                 if state.pending is not None or copies.inflight:
                     with self._lock:
@@ -228,6 +319,8 @@ class _LayerHooks:
         def hook(module, args, output):
             if self._group_stack and self._group_stack[-1] == index:
                 self._group_stack.pop()
+            if self._layer_ctx and self._layer_ctx[-1][0] == index:
+                self._layer_ctx.pop()[1].__exit__(None, None, None)
             if state.phase != "forward":
                 return
             self.mark("fwd_end", index)
@@ -261,6 +354,8 @@ class _LayerHooks:
                 fired.append(True)
                 self._backward_starts()
                 self.mark("bwd_start", index)
+                if self._memory:
+                    self._memory_phase_ends(index)
                 with self._lock:
                     self._reads.grant_freed()
                     self._reads.prefetch_from(index)
@@ -269,8 +364,19 @@ class _LayerHooks:
             return None
         return hook
 
+    def _memory_phase_ends(self, layer):
+        """The allocator's peak (above the step's start) since the last sample, noted as the peak of
+        the phase ending now: the forward and the head's backward ends as the last layer's backward
+        begins, layer i's backward as layer i - 1's begins (``"end"``: the step's end)."""
+        allocator = self.memory_probe or torch.cuda
+        peak = allocator.max_memory_allocated() - self._memory_base
+        self.memory_marks.append((layer, peak))
+        allocator.reset_peak_memory_stats()
+
     def mark(self, kind, layer):
-        """Notes when `kind` happened to `layer` (the policy's profile)."""
+        """Notes when `kind` happened to `layer` (the policy's profile; nothing where the step is not timed)."""
+        if not self._timed:
+            return
         if self._cuda_marks:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()

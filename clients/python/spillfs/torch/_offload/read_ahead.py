@@ -278,7 +278,7 @@ class _ReadAhead:
             stats = req.wait()
         finally:
             e.file.done()
-        self._options.policy.observe_io("ssd_read", e.nbytes, submitted, stats.get("seconds", 0.0))
+        self._options.observe_io("ssd_read", e.nbytes, submitted, stats.get("seconds", 0.0))
         cuda = e.device.type == "cuda"
         if cuda:
             h2d = self._state.cuda[1]

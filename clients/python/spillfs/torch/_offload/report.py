@@ -15,8 +15,8 @@ class OffloadReport(Report):
 
     Attributes:
         step (int): index of the step (0 for the first ``with`` block).
-        policy (str): ``"all"``, ``"none"``, ``"adaptive"`` (``"adaptive:profile"``
-            while the adaptive policy profiles).
+        policy (str): ``"all"``, ``"none"``, ``"adaptive"``, ``"mixed"``
+            (``"adaptive:profile"``, ``"mixed:profile:<kind>"`` while they profile).
         saved_hooks (bool): whether the step ran with the saved-tensor hooks; False with
             ``policy="none"``, whose steps keep every tensor without them (the counts below stay 0).
         packed_count, packed_bytes: every tensor autograd saved inside the region.
@@ -68,11 +68,25 @@ class OffloadReport(Report):
             copies lag more than ``copy_window`` layers behind the compute).
         write_errors (int): writes that failed (``ENOSPC``...); the tensor was
             kept (or, written from a staging region, served from that region).
-        decisions (dict): layer index -> ``"keep"``, ``"host"``, ``"ssd"`` or
-            ``"recompute"`` (``-1``: what runs before the first layer).
+        decisions (dict): layer index -> ``"keep"``, ``"host"``, ``"ssd"``,
+            ``"recompute"`` or ``"selective"`` (``-1``: what runs before the first layer).
+        plan (list): :class:`~spillfs.torch.MixedPolicy`'s choice per layer (a dict each:
+            ``decision``, ``fraction``, ``bytes``, ``freed_at_peak``, ``added_seconds``...;
+            see ``MixedPolicy.plan``); empty for the other policies.
         layer_bytes (dict): layer index -> bytes of offload candidates saved.
+        layer_regions (dict): layer index -> regions kept (each once), as ``layer_bytes`` counts them.
+        layer_saves (dict): layer index -> tensors saved through the hooks in its forward.
+        layer_input_bytes (dict): layer index -> bytes of its tensor arguments (timed
+            profile steps only).
+        memory_phases (list): timed profile steps on CUDA: ``(layer, peak)`` as each layer's
+            backward begins (the peak above the step's start of the phase ending there:
+            forward and the head first), then ``("end", peak)``.
+        files_keep_up (bool or None): where tensors went to files, whether the disk kept up
+            with the step (False: busy for over half of it, or backward waited for reads
+            for over a tenth of it; a ``RuntimeWarning`` says so once).
         predicted (dict): the policy's prediction for this step
-            (``step_seconds``, ``memory_saved``), empty when it made none.
+            (``step_seconds``, ``memory_saved``; :class:`~spillfs.torch.MixedPolicy`'s
+            also ``peak_bytes``, ``budget_met``, ``files``...), empty when it made none.
         measured (dict): ``step_seconds`` (the ``with`` block, the GPU
             synchronized at its end), ``memory_saved`` (bytes moved off the
             device: host plus SSD), ``baseline_seconds`` (the profiled
@@ -88,7 +102,9 @@ class OffloadReport(Report):
                  "kept_reasons": {}, "read_host_bytes": 0, "read_ssd_bytes": 0, "read_staged_bytes": 0,
                  "prefetch_hits": 0, "read_ahead_peak_bytes": 0, "read_beyond_freed_peak_bytes": 0,
                  "inflight_peak_bytes": 0, "inflight_at_backward_bytes": 0, "diagnosis": {}, "stalls": 0,
-                 "stall_seconds": 0.0, "copy_waits": 0, "write_errors": 0, "decisions": {}, "layer_bytes": {},
+                 "stall_seconds": 0.0, "copy_waits": 0, "write_errors": 0, "decisions": {}, "plan": [],
+                 "layer_bytes": {}, "layer_regions": {}, "layer_saves": {}, "layer_input_bytes": {},
+                 "memory_phases": [], "files_keep_up": None,
                  "predicted": {}, "measured": {}, "io_backend": None, "host_peak_bytes": 0, "seconds": {}}
 
     def __init__(self, step=0, policy="all"):
@@ -111,7 +127,9 @@ class OffloadReport(Report):
         """The attributes as a plain dict (for ``json.dumps``: layer keys as strings)."""
         d = super().as_dict()
         d["decisions"] = {str(k): v for k, v in self.decisions.items()}
-        d["layer_bytes"] = {str(k): v for k, v in self.layer_bytes.items()}
+        for name in ("layer_bytes", "layer_regions", "layer_saves", "layer_input_bytes"):
+            d[name] = {str(k): v for k, v in getattr(self, name).items()}
+        d["plan"] = [dict(row) for row in self.plan]
         return d
 
     def summary(self):

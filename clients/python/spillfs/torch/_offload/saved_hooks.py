@@ -87,6 +87,7 @@ class _SavedTensorHooks:
             self._kept_keys.add(key)
             r = self._state.report
             r.layer_bytes[group] = r.layer_bytes.get(group, 0) + nbytes
+            r.layer_regions[group] = r.layer_regions.get(group, 0) + 1
 
     def _pack_inner(self, t):
         # What stays is returned detached: the tensor itself, where it is the output of the node saving it,
@@ -95,6 +96,9 @@ class _SavedTensorHooks:
         r = state.report
         nbytes = t.numel() * t.element_size()
         r.count("packed", nbytes)
+        stack = self._layers.group_stack
+        if stack:  # the hooks' cost is per tensor saved, whatever becomes of it (the mixed policy's model)
+            r.layer_saves[stack[-1]] = r.layer_saves.get(stack[-1], 0) + 1
         if copies.inflight:  # originals whose copy landed go, whatever happens to this tensor
             with self._lock:
                 copies.poll()

@@ -14,7 +14,10 @@ elsewhere; Python's ``os.pwritev`` where the library is missing). Entries start
 at 4 KiB-aligned offsets, so requests in flight at once never share a block.
 A file is closed and unlinked as soon as its last entry is released; the
 directory goes at :meth:`FileTier.close`, and directories of processes that
-died are removed the next time a tier opens under the same ``dir``.
+died are removed the next time a tier opens under the same ``dir``. The
+directory is marked ephemeral (``user.spillfs.ephemeral``): on a spillfs
+mount its files stay in the RAM tier unless memory pressure flushes them, and
+an unclean stop of the daemon drops them.
 
 Threading: both are used under the offloader's lock (``lock`` below).
 """
@@ -260,6 +263,22 @@ class LayerFile:
             self.tier.files.discard(self)
 
 
+EPHEMERAL_XATTR = "user.spillfs.ephemeral"
+
+
+def _mark_ephemeral(path):
+    """Marks the directory `path` ephemeral (spillfs's ``user.spillfs.ephemeral``, which files
+    created below inherit: close and age leave them in the mount's RAM tier, their batches skip
+    the data sync, and an unclean stop drops them; docs/design.md, "Ephemeral files"). Whether
+    the filesystem took the attribute (False where it has no user attributes); elsewhere than on
+    a spillfs mount it is an attribute nothing reads, on a directory the tier removes."""
+    try:
+        os.setxattr(path, EPHEMERAL_XATTR, b"1")
+        return True
+    except (OSError, AttributeError):  # ENOTSUP, EPERM...; no os.setxattr off Linux
+        return False
+
+
 def _pid_alive(pid):
     try:
         os.kill(pid, 0)
@@ -277,6 +296,10 @@ class FileTier:
         dir (str or os.PathLike): an existing directory, or one to create.
         backend (str): ``"auto"`` (libspillfs_client where present, else
             Python's I/O) or ``"posix"``.
+
+    Attributes:
+        path (str): this tier's directory (``spillfs-act-<pid>-<n>`` under `dir`).
+        ephemeral (bool): whether the filesystem took the ephemeral mark.
     """
 
     PREFIX = "spillfs-act-"
@@ -288,6 +311,7 @@ class FileTier:
         self._reclaim_stale()
         self.path = os.path.join(self.root, f"{self.PREFIX}{os.getpid()}-{next(_dir_counter)}")
         os.makedirs(self.path, exist_ok=True)
+        self.ephemeral = _mark_ephemeral(self.path)
         self.files = set()
         self.io_backend = None  # "direct_path", "mount", "direct_io", "buffered", "posix" once a file opened
         self.lock = threading.Lock()
