@@ -263,6 +263,10 @@ std::unique_ptr<Index::Cursor> Index::NewCursor(Family family, std::string_view 
     cursor->upper_slice_ = std::make_unique<rocksdb::Slice>(cursor->upper_);
     options.iterate_upper_bound = cursor->upper_slice_.get();
   }
+  if (!cursor->prefix_.empty()) {
+    cursor->lower_slice_ = std::make_unique<rocksdb::Slice>(cursor->prefix_);
+    options.iterate_lower_bound = cursor->lower_slice_.get();
+  }
   cursor->it_.reset(db_->NewIterator(options, Handle(family)));
   return cursor;
 }

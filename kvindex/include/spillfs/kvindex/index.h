@@ -99,6 +99,7 @@ class Index {
     std::string prefix_;
     std::string upper_;                            // bytes of the upper bound
     std::unique_ptr<rocksdb::Slice> upper_slice_;  // iterate_upper_bound; outlives it_
+    std::unique_ptr<rocksdb::Slice> lower_slice_;  // iterate_lower_bound (prefix_); outlives it_
   };
 
   ~Index();
@@ -130,7 +131,11 @@ class Index {
   // Commit(sync=true) that succeeds, on the caller's thread, without any
   // Index lock held. Set it before the index is shared between threads.
   void SetDurableListener(std::function<void(uint64_t)> listener) { durable_listener_ = std::move(listener); }
-  // A cursor over `family` limited to keys starting with `prefix` (may be empty).
+  // A cursor over `family` limited to keys starting with `prefix` (may be
+  // empty). RocksDB is told both bounds, so that a SeekForPrev that finds
+  // nothing of the prefix stops at its start instead of stepping back over
+  // every deleted key below it (an extent walk of a new file, after many
+  // files were removed, spent its time there).
   std::unique_ptr<Cursor> NewCursor(Family family, std::string_view prefix) const;
 
   // Typed helpers over Get.
