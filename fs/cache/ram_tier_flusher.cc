@@ -112,7 +112,8 @@ std::unique_lock<SharedMutex> RamTierFlusher::IoLockUnlessHeld(InodeNumber ino, 
 
 Status RamTierFlusher::FlushAll() { return FlushFiles(tier_.PickVictims(NowNs(), 0, /*all=*/true), FlushScope::kAll); }
 
-Status RamTierFlusher::FlushFiles(const std::vector<InodeNumber>& inos, FlushScope scope) {
+Status RamTierFlusher::FlushFiles(const std::vector<InodeNumber>& inos, FlushScope scope, size_t at_once) {
+  if (at_once == 0) at_once = FilesFlushedAtOnce();
   std::atomic<size_t> next{0};
   std::vector<Status> results(inos.size());
   auto work = [&] {
@@ -125,7 +126,7 @@ Status RamTierFlusher::FlushFiles(const std::vector<InodeNumber>& inos, FlushSco
     }
   };
   std::vector<std::future<void>> helpers;
-  for (size_t i = 1; i < std::min(inos.size(), FilesFlushedAtOnce()); ++i) {
+  for (size_t i = 1; i < std::min(inos.size(), at_once); ++i) {
     try {
       helpers.push_back(std::async(std::launch::async, [&work] {
         pthread_setname_np(pthread_self(), "spillfs-flush");

@@ -102,11 +102,12 @@ class RamTierFlusher {
   // The same, every step under the locks the caller holds.
   // REQUIRES: the inode's Flush lock and its Io lock, exclusive.
   Status FlushLocked(InodeNumber ino);
-  // Flushes the cached data of `inos`, several files at once (each on a
-  // thread of its own, one inode's locks a thread): small files closed
-  // together then share their syncs of the data area (BlockStore::Flush)
-  // instead of waiting for one each. The first error is returned.
-  Status FlushFiles(const std::vector<InodeNumber>& inos, FlushScope scope);
+  // Flushes the cached data of `inos`, up to `at_once` files at a time
+  // (each on a thread of its own, one inode's locks a thread; 0: as many as
+  // the background flusher takes, FilesFlushedAtOnce): small files flushed
+  // together share their syncs of the data area (BlockStore::Flush) instead
+  // of waiting for one each. The first error is returned.
+  Status FlushFiles(const std::vector<InodeNumber>& inos, FlushScope scope, size_t at_once = 0);
   // Flushes every cached file (ephemeral ones too); the first error is returned.
   Status FlushAll();
   // Gives back what a batch that will not commit took: the space promise
