@@ -582,21 +582,32 @@ TEST(PersistenceTest, OrphanOfACrashIsReclaimedAtMount) {
   EXPECT_EQ(ListDir(volume.mountpoint()), std::set<std::string>{});
 }
 
+// Options whose flusher waits an hour: a file closed stays unflushed, and
+// so unsettled if new, until a sync.
+MountedVolume::Options WithoutAgeFlush() {
+  MountedVolume::Options options;
+  options.mount_args = {"--flush-age", "3600000"};
+  return options;
+}
+
+// fsync(2) of `path`, opened read-only.
+void FsyncPath(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << path << ": " << ErrnoName(errno);
+  EXPECT_EQ(fsync(fd), 0) << path << ": " << ErrnoName(errno);
+  close(fd);
+}
+
 // A file created since the last sync is closed without waiting for the SSD
 // (kInodeUnsettled, docs/design.md "Crash order"): after a crash it is
 // absent, never there without its bytes; everything synced before is whole.
-// The flusher waits an hour here, so the unsettled file is certain to be
-// unflushed at the kill.
+// The flusher waits an hour here (WithoutAgeFlush), so the unsettled file is
+// certain to be unflushed at the kill.
 TEST(PersistenceTest, AFileCreatedAndClosedSinceTheLastSyncIsAbsentAfterACrash) {
-  MountedVolume::Options options;
-  options.mount_args = {"--flush-age", "3600000"};
-  MountedVolume volume(options);
+  MountedVolume volume(WithoutAgeFlush());
   std::string synced = RandomBytes(300 * kKiB + 5, 21);
   WriteFile(volume.Path("synced"), synced);
-  int fd = open(volume.Path("synced").c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(fsync(fd), 0) << ErrnoName(errno);
-  close(fd);
+  FsyncPath(volume.Path("synced"));
   WriteFile(volume.Path("unsynced"), RandomBytes(200 * kKiB, 22));  // created, written, closed
 
   volume.Kill();
@@ -610,17 +621,12 @@ TEST(PersistenceTest, AFileCreatedAndClosedSinceTheLastSyncIsAbsentAfterACrash) 
 // that replaces a name settles the file that takes it: after a crash both
 // are whole, and the replaced name is never lost.
 TEST(PersistenceTest, AnFsyncOrAReplacingRenameSettlesFilesClosedBefore) {
-  MountedVolume::Options options;
-  options.mount_args = {"--flush-age", "3600000"};
-  MountedVolume volume(options);
+  MountedVolume volume(WithoutAgeFlush());
   std::string first = RandomBytes(100 * kKiB + 3, 23);
   WriteFile(volume.Path("closed-before-an-fsync"), first);
   std::string other = RandomBytes(10 * kKiB, 24);
   WriteFile(volume.Path("other"), other);
-  int fd = open(volume.Path("other").c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(fsync(fd), 0) << ErrnoName(errno);
-  close(fd);
+  FsyncPath(volume.Path("other"));
   // After that fsync: a new file replaces "other" by rename, with no fsync.
   std::string replacement = RandomBytes(64 * kKiB + 9, 25);
   WriteFile(volume.Path("new"), replacement);
@@ -637,9 +643,7 @@ TEST(PersistenceTest, AnFsyncOrAReplacingRenameSettlesFilesClosedBefore) {
 // A clean unmount settles every file: a crash after the next mount does not
 // reclaim files that a clean unmount made durable.
 TEST(PersistenceTest, ACleanUnmountSettlesEveryFile) {
-  MountedVolume::Options options;
-  options.mount_args = {"--flush-age", "3600000"};
-  MountedVolume volume(options);
+  MountedVolume volume(WithoutAgeFlush());
   std::string data = RandomBytes(50 * kKiB, 26);
   WriteFile(volume.Path("written"), data);
   WriteFile(volume.Path("empty"), "");

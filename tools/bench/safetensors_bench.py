@@ -182,16 +182,8 @@ def main():
         bench.run()
     finally:
         bench.close()
-    result = {"torch": torch.__version__, "device": str(bench.device),
-              "gpu": torch.cuda.get_device_name(bench.device) if bench.device.type == "cuda" else None,
-              "native_segment_io": _native.segment_io() is not None, "spillfs": spillfs.__version__,
-              "safetensors": None if library is None else __import__("safetensors").__version__,
-              "args": vars(args), "rows": bench.rows}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            f.write(text + "\n")
+    save_load_bench.report(bench, args,
+                           safetensors=None if library is None else __import__("safetensors").__version__)
     return 0
 
 

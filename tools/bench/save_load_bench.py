@@ -357,17 +357,22 @@ def main():
     finally:
         faulthandler.cancel_dump_traceback_later()
         bench.close()
+    report(bench, args, raw_GBps={f"{k[0]} {k[1]}": round(v, 3) for k, v in bench.raw.items()})
+    return 0
+
+
+def report(bench, args, **extra):
+    """Prints the run as JSON (versions, device, `extra`, the arguments and the rows) and writes
+    it to ``args.json_out`` when given."""
     result = {"torch": torch.__version__, "device": str(bench.device),
               "gpu": torch.cuda.get_device_name(bench.device) if bench.device.type == "cuda" else None,
               "native_segment_io": _native.segment_io() is not None, "spillfs": spillfs.__version__,
-              "args": vars(args), "raw_GBps": {f"{k[0]} {k[1]}": round(v, 3) for k, v in bench.raw.items()},
-              "rows": bench.rows}
+              **extra, "args": vars(args), "rows": bench.rows}
     text = json.dumps(result, indent=1)
     print(text)
     if args.json_out:
         with open(args.json_out, "w") as f:
             f.write(text + "\n")
-    return 0
 
 
 if __name__ == "__main__":
