@@ -1305,6 +1305,106 @@ def test_mixed_calibrates_once_from_a_planned_step():
     assert pol.prediction["calibrated_from"]["residual_seconds"] == pytest.approx(0.05 * prof["step_seconds"])
 
 
+class _PlannedStep:
+    """What the policy reads of a planned step's report: tensors stored, the measured peak (if any)."""
+
+    def __init__(self, stored=0, peak=None):
+        self.host_count, self.ssd_count = stored, 0
+        self.measured = {} if peak is None else {"peak_bytes": peak}
+
+
+def _as_after_profile(pol, profile_steps=3):
+    pol.profile_steps, pol._steps = profile_steps, profile_steps
+    return pol
+
+
+def test_mixed_replans_when_the_measured_peak_passes_the_budget():
+    """The peak model ~5% low (the H100 run: h2048 at 5.84 GiB measured 5.90): the checked planned step
+    (the calibration step, which measures the step's peak) passes the budget, so the plan is chosen
+    again below the budget by the measured over predicted ratio, and the step after it is checked too;
+    one that fits settles the plan."""
+    prof = _mixed_profile()
+    pol = _as_after_profile(_mixed_with(prof, memory_budget=0.6))
+    off = _offloader_like(1 << 40, False)
+    budget, first = pol.prediction["memory_budget"], dict(pol.prediction)
+    assert first["budget_met"] and first["peak_bytes"] <= budget and first["peak_scale"] == 1.0
+    assert not pol.wants_step_peak() and not pol.settled  # step 1 allocates the host tier: not checked
+    pol.end_step(off, _PlannedStep(), [], first["step_seconds"])
+    assert pol.wants_step_peak() and pol.prediction["replans"] == 0
+    measured = 1.05 * budget
+    pol.end_step(off, _PlannedStep(peak=measured), [], first["step_seconds"])
+    assert pol.peak_scale == pytest.approx(measured / first["peak_bytes"])
+    pred = pol.prediction
+    assert pred["replans"] == 1 and pred["calibrated_from"]["measured_peak_bytes"] == int(measured)
+    assert pred["peak_bytes"] * pol.peak_scale <= budget and pred["peak_bytes"] < first["peak_bytes"], pred
+    assert pred["budget_met"] and pred["step_seconds"] >= first["step_seconds"]
+    assert not pol.wants_step_peak() and not pol.settled  # the new plan is checked as the first was
+    pol.end_step(off, _PlannedStep(), [], pred["step_seconds"])
+    assert pol.wants_step_peak()
+    pol.end_step(off, _PlannedStep(peak=pred["peak_bytes"] * pol.peak_scale), [], pred["step_seconds"])
+    assert pol.settled and not pol.wants_step_peak() and pol.prediction["replans"] == 1
+    # a peak above the prediction but within the budget changes nothing (its ratio is kept for later plans)
+    pol = _as_after_profile(_mixed_with(prof, memory_budget=0.6))
+    before, predicted = dict(pol.decisions), pol.prediction["peak_bytes"]
+    assert predicted < budget
+    within = (predicted + budget) / 2
+    for peak in (None, within):
+        pol.end_step(off, _PlannedStep(peak=peak), [], pol.prediction["step_seconds"])
+    assert pol.decisions == before and pol.settled and pol.peak_scale == pytest.approx(within / predicted)
+
+
+def test_mixed_backs_off_where_the_measured_step_passes_the_overhead_budget():
+    """Selective recomputation measured dearer than its one profiled step said (the H100 run: h2048 at
+    3% measured x1.078), by less than the 2% of keep that calibrates a plan within its prediction: past
+    the overhead budget the excess is its cost anyway, and the plans back off (fewer layers changed)
+    until the measured step fits; checks stop after ``max_replans``."""
+    true_cost = 0.0006
+    prof = _mixed_profile(selective=(0.0004, 0.64))
+    pol = _as_after_profile(_mixed_with(prof, overhead_budget=0.03))
+    off = _offloader_like(1 << 40, False)
+    limit = 1.03 * pol.prediction["keep_step_seconds"]
+
+    def changed():
+        return [i for i, d in pol.decisions.items() if d != "keep"]
+
+    def measured():  # the machine: each selectively recomputed layer costs true_cost
+        assert set(pol.decisions.values()) <= {"keep", "selective"}, pol.decisions
+        return pol.prediction["keep_step_seconds"] + true_cost * len(changed())
+
+    first = changed()
+    assert len(first) * 0.0004 <= 0.03 * pol.prediction["keep_step_seconds"] < len(first) * true_cost, first
+    assert measured() - pol.prediction["step_seconds"] < 0.02 * pol.prediction["keep_step_seconds"]
+    counts = [len(first)]
+    for _ in range(pol.calibration_step * (1 + pol.max_replans)):
+        if pol.settled:
+            break
+        pol.end_step(off, _PlannedStep(), [], measured())
+        counts.append(len(changed()))
+    assert pol.settled and measured() <= limit, (counts, pol.prediction)
+    assert counts[-1] < counts[0] and counts == sorted(counts, reverse=True), counts
+    assert pol.prediction["step_seconds"] == pytest.approx(measured())
+    assert 0 < pol.prediction["replans"] <= pol.max_replans
+
+
+def test_mixed_prefers_plain_checkpointing_at_its_memory():
+    """At gradient checkpointing's own peak (the H100 run: rrrrrrRr, 2% slower than checkpointing: the
+    offloader's overhead is not in the model), the plan is every layer checkpointed, no input offloaded,
+    no hooks, where the model's peak for it misses the budget by no more than ``peak_tolerance``; below
+    that, inputs are offloaded."""
+    prof = _mixed_profile()
+    keep = _mixed_with(prof, memory_budget=10 << 40)
+    every = _Plan({i: "recompute" for i in range(8)})
+    ckpt_step, ckpt_peak = keep._evaluate(every, _offloader_like(1 << 40, False))[:2]
+    tolerance = keep.peak_tolerance * keep.prediction["keep_peak_bytes"]
+    assert tolerance < prof["inputs"][0]  # an input offloaded would reach it: the model's own choice
+    pol = _mixed_with(prof, memory_budget=int(ckpt_peak - tolerance / 2))
+    assert set(pol.decisions.values()) == {"recompute"} and not pol.input_tiers, (pol.decisions, pol.input_tiers)
+    assert pol.hooked_layers() == frozenset() and pol.prediction["budget_met"], pol.prediction
+    assert pol.prediction["step_seconds"] == pytest.approx(ckpt_step) and not pol.caught
+    pol = _mixed_with(prof, memory_budget=int(ckpt_peak - 2 * prof["inputs"][0]))
+    assert len(pol.input_tiers) >= 2 and pol.prediction["budget_met"], (pol.decisions, pol.input_tiers)
+
+
 def test_mixed_refuses_files_that_cannot_hide():
     """Files only (host_bytes=0) on a disk slower than the compute: the policy recomputes instead and
     says why it would not use the files; on a disk fast enough it uses them."""
@@ -1356,6 +1456,20 @@ class _FixedMixed(st.MixedPolicy):
         self._steps += 1
 
 
+def _checkpoint_saves_around(layer, x):
+    """Tensors torch's non-reentrant checkpoint of `layer` saves through the saved-tensor hooks around it."""
+    count = 0
+
+    def pack(t):
+        nonlocal count
+        count += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+    return count
+
+
 def test_mixed_plan_hooks_only_offloaded_layers(tmp_path):
     """A plan of keep, host and recompute: the saved-tensor hooks see only the offloaded layer's
     tensors, the recomputed layer runs under checkpointing and comes back unwrapped; exact."""
@@ -1372,15 +1486,19 @@ def test_mixed_plan_hooks_only_offloaded_layers(tmp_path):
     assert r.host_count == 2 and r.packed_count == 3, r.summary()  # Linear's input, GELU's; the weight
     assert all("forward" not in layer.__dict__ for layer in layers)
     assert off.in_use() == {"host_bytes": 0, "files": [], "entries": 0}
-    # a recomputed layer's input to the host tier: the one tensor its hooks see (the checkpoint's own
-    # take the rest); read back for the recomputation
+    # a recomputed layer's input to the host tier: what the checkpoint saves as the layer begins is all
+    # its hooks see (the checkpoint's own take the rest; torch 2.11 saves an empty placeholder beside
+    # the input: counted here as this torch does it); the input alone stored, read back for the recomputation
+    begins_with = _checkpoint_saves_around(layers[1], torch.randn(64, 128, requires_grad=True))
+    assert begins_with in (1, 2)
     off = st.offload_activations(None, host_bytes=64 << 20, min_bytes=1024, layers=layers,
                                  policy=_FixedMixed({0: "keep", 1: "recompute", 2: "keep", 3: "keep"},
                                                     input_tiers={1: "host"}))
     got = grads_of(model, x, off)
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
     r = off.report
-    assert r.layer_saves == {1: 1} and r.host_count == 1 and r.host_bytes == 64 * 128 * 4, (r.layer_saves, r.summary())
+    assert r.layer_saves == {1: begins_with} and r.host_count == 1 and r.host_bytes == 64 * 128 * 4, (
+        r.layer_saves, r.summary())
     assert r.read_host_bytes == r.host_bytes or r.forwarded_count == 1, r.summary()
     assert off.in_use() == {"host_bytes": 0, "files": [], "entries": 0}
     # selective checkpointing (matrix products kept, the rest recomputed) beside full: exact, unwrapped
@@ -1400,9 +1518,10 @@ def test_mixed_plan_hooks_only_offloaded_layers(tmp_path):
 
 @pytest.mark.parametrize("budget", [dict(memory_budget=0.6), dict(overhead_budget=0.5), dict(memory_budget=1)])
 def test_mixed_policy_steps_exact(tmp_path, budget):
-    """The whole policy on the CPU: profile (a step with the hooks, one timed without), plan, and
-    steps that follow it with the gradients of keeping, bit for bit; the report says per layer
-    what was chosen, and the predicted and measured step."""
+    """The whole policy on the CPU: profile (a step with the hooks, one timed without, one selective:
+    the CPU's three, on a machine with a GPU too), plan, and steps that follow it with the gradients
+    of keeping, bit for bit; the report says per layer what was chosen, and the predicted and
+    measured step."""
     pol = st.MixedPolicy(**budget)
     ref = train(GPT, gpt_batch, gpt_loss, steps=5)
     with warnings.catch_warnings():
@@ -1412,6 +1531,7 @@ def test_mixed_policy_steps_exact(tmp_path, budget):
                                                              min_bytes=512, policy=pol, layers=m))
     assert_same(ref, got)
     off = got[2]
+    assert pol.profile_steps == 3, "the layers run on the CPU: its profile, whatever the machine has"
     assert [r.policy for r in off.reports] == ["mixed:profile:hooked", "mixed:profile:timed",
                                                "mixed:profile:selective", "mixed", "mixed"]
     assert off.reports[0].saved_hooks and not off.reports[1].saved_hooks and not off.reports[2].saved_hooks
@@ -1430,7 +1550,7 @@ def test_mixed_policy_steps_exact(tmp_path, budget):
     assert all("forward" not in layer.__dict__ for layer in off.layers)
 
 
-def test_mixed_memory_profile_phases():
+def test_mixed_memory_profile_phases(monkeypatch):
     """The memory profile's phases as the layers' hooks sample them (forward and the head as the last
     layer's backward begins, then each layer's backward as the one below begins, the rest at the
     end), mapped to the head and to each layer's backward: their order checked against the figures
@@ -1448,6 +1568,7 @@ def test_mixed_memory_profile_phases():
         def reset_peak_memory_stats(self):
             pass
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine, the layers on its CPU
     model = GPT()
     pol = st.MixedPolicy(memory_budget=0.5)
     off = st.offload_activations(None, host_bytes=1 << 20, min_bytes=512, policy=pol, layers=model)
@@ -1456,6 +1577,7 @@ def test_mixed_memory_profile_phases():
     for _ in range(3):
         with off:
             gpt_loss(model(x), y).backward()
+    assert pol.profile_steps == 3 and off.reports[-1].policy == "mixed:profile:selective"
     mem = pol.profile["memory"]
     n = len(off.layers)
     # the timed step (the second) sampled n + 1 times (the memory profile's), then the selective one
@@ -1463,6 +1585,13 @@ def test_mixed_memory_profile_phases():
     assert off.reports[1].memory_phases == [(n - 1 - k if k < n else "end", 1000 * (k + 1)) for k in range(n + 1)]
     assert mem["measured"] and mem["head"] == 1000, mem
     assert mem["backward"] == {n - k: 1000 * (k + 1) for k in range(1, n + 1)}, mem
+    # the planned steps: the calibration step (the second) measures its peak over the step, the first not
+    for _ in range(pol.calibration_step):
+        with off:
+            gpt_loss(model(x), y).backward()
+    checked = off.reports[2 + pol.calibration_step].measured
+    assert "peak_bytes" not in off.reports[3].measured and checked["peak_bytes"] == 1000 * len(samples), checked
+    assert pol.prediction["calibrated_from"]["measured_peak_bytes"] == checked["peak_bytes"]
 
 
 def test_files_that_cannot_keep_up_warn_once(tmp_path, monkeypatch):
@@ -1513,8 +1642,12 @@ def test_cuda_mixed_memory_budget(fraction):
     off = st.offload_activations(None, host_bytes=16 << 30, min_bytes=1 << 20, policy=pol, layers=model)
     for _ in range(pol.profile_steps or 4):
         step(off)
-    for _ in range(2):
-        peak, grads = step(off)
+    for _ in range(pol.calibration_step * (1 + pol.max_replans)):  # each plan checked, chosen again where over
+        if pol.settled:
+            break
+        step(off)
+    assert pol.settled, off.report.predicted
+    peak, grads = step(off)
     pred = off.report.predicted
     assert off.report.policy == "mixed" and pred["budget_met"], pred
     assert pred["keep_peak_bytes"] == pytest.approx(keep_peak, rel=0.05), (pred["keep_peak_bytes"], keep_peak)

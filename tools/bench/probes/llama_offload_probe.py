@@ -61,12 +61,12 @@ def run_row(c, model, ids, device, mode, policy=None):
         ctx = st.offload_activations(None, host_bytes=c.host_gib << 30, policy=mode, layers=model.model.layers)
     elif mode == "mixed":
         ctx = st.offload_activations(None, host_bytes=c.host_gib << 30, policy=policy, layers=model.model.layers)
-        warmup += (5 if device == "cuda" else 3) - (0 if policy.selective else 1) + 1  # its profile, calibration
     model.train()
     times, peaks = [], []
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     try:
-        for step in range(warmup + c.steps):
+        step = 0
+        while len(times) < c.steps:
             model.zero_grad(set_to_none=True)
             sync()
             if device == "cuda":
@@ -79,10 +79,12 @@ def run_row(c, model, ids, device, mode, policy=None):
             else:
                 model(input_ids=ids, labels=ids).loss.backward()
             sync()
-            if step >= warmup:
+            # a mixed row: measured once its profile is done and its plan checked (settled), then as others
+            if step >= warmup and (mode != "mixed" or policy.settled):
                 times.append(time.perf_counter() - t0)
                 if device == "cuda":
                     peaks.append(torch.cuda.max_memory_allocated() - base)
+            step += 1
     finally:
         if mode == "checkpoint":
             model.gradient_checkpointing_disable()
@@ -100,7 +102,8 @@ def run_row(c, model, ids, device, mode, policy=None):
                        budget_met_in_model=pred["budget_met"], files=pred["files"],
                        plan=[{k: v for k, v in p.items() if k in ("layer", "decision", "fraction", "input_to")}
                              for p in r.plan],
-                       calibrated_from=pred.get("calibrated_from"),
+                       calibrated_from=pred.get("calibrated_from"), replans=pred.get("replans"),
+                       peak_scale=pred.get("peak_scale"),
                        keep_step_ms_profiled=pred["keep_step_seconds"] * 1e3,
                        keep_peak_gib_profiled=pred["keep_peak_bytes"] / 2**30,
                        memory_measured=pred["memory_measured"],

@@ -168,6 +168,7 @@ class ActivationOffloader:
                                               self._backward_starts)
         self.reports = []
         self._t0 = 0.0
+        self._step_peak = None  # (allocator, bytes allocated as the step began) where it is measured
         self._warned_files = False
 
     def __getattr__(self, name):  # what normal lookup did not find: a setting
@@ -224,6 +225,15 @@ class ActivationOffloader:
 
     # -- what the policy asks (its bandwidth probe) --------------------------------
 
+    def _start_step_peak(self, wanted):
+        """Where the policy asks and there are allocator figures (CUDA, or a test's probe), the step's
+        peak above its start is measured (CUDA's peak statistics reset now)."""
+        allocator = self._layer_hooks.memory_probe or (torch.cuda if wanted and self._on_cuda() else None)
+        self._step_peak = None
+        if wanted and allocator is not None:
+            self._step_peak = (allocator, allocator.memory_allocated())
+            allocator.reset_peak_memory_stats()
+
     def _on_cuda(self):
         """Whether the step's tensors are on CUDA: one was saved, or the layers' parameters are."""
         hooks = self._layer_hooks
@@ -262,6 +272,7 @@ class ActivationOffloader:
         self._layer_hooks.install(self._saved_hooks.pack, self._saved_hooks.unpack, saved=report.saved_hooks,
                                   hooked=hooked, timed=policy.wants_timing(), memory=policy.wants_memory())
         self._layer_hooks.wrap_recompute(policy.recompute_layers(), policy.selective_layers())
+        self._start_step_peak(policy.wants_step_peak())
         self._t0 = time.perf_counter()
         self._layer_hooks.mark("step_start", None)
         return self
@@ -295,6 +306,9 @@ class ActivationOffloader:
         r.measured["memory_saved"] = r.offloaded_bytes
         r.layer_input_bytes = dict(self._layer_hooks.input_bytes)
         r.memory_phases = list(self._layer_hooks.memory_marks)
+        if self._step_peak is not None:
+            allocator, base = self._step_peak
+            r.measured["peak_bytes"] = allocator.max_memory_allocated() - base
         if self._copies.host is not None:
             r.host_peak_bytes = self._copies.host.peak
         if self._copies.files is not None:

@@ -132,6 +132,11 @@ class Policy:
         """Whether this step samples the allocator's peak per phase (resets CUDA's peak statistics)."""
         return False
 
+    def wants_step_peak(self):
+        """Whether this step measures the allocator's peak over the step (``report.measured["peak_bytes"]``;
+        resets CUDA's peak statistics as the step begins)."""
+        return False
+
 
 def make_policy(policy):
     if isinstance(policy, (Policy, AdaptivePolicy)):  # MixedPolicy is an AdaptivePolicy
@@ -275,6 +280,9 @@ class AdaptivePolicy:
         return self._profiling
 
     def wants_memory(self):
+        return False
+
+    def wants_step_peak(self):
         return False
 
     def observe_io(self, kind, nbytes, submitted, seconds):
@@ -594,7 +602,7 @@ class MixedPolicy(AdaptivePolicy):
     gradient checkpointing sets): a cache the forward updates changes what a recomputation runs
     (selective checkpointing then raises).
 
-    Profile (``profile_steps``, 5 on CUDA, 3 on the CPU), keeping everything: the first steps
+    Profile (``profile_steps``, 5 where the layers run on CUDA, 3 on the CPU), keeping everything: the first steps
     run with the saved-tensor hooks (each layer's bytes and saved tensors; the first on CUDA
     is warm-up), the next (2 from 5 profile steps, else 1) without them, timed (each layer's
     forward and backward, CUDA events on the compute stream, and the step: their means; its
@@ -624,18 +632,27 @@ class MixedPolicy(AdaptivePolicy):
     go to the host tier too: a copy of one tensor from the layer's start, read back before the
     layer's backward recomputes it (files only where that hides).
 
-    Once, after the plan's second step (``calibration_step``; the first allocates the host
-    tier), where the measured step exceeds the prediction by over 2% of the keep step, the
+    After the plan's second step (``calibration_step``; the first allocates the host tier),
+    which measures the allocator's peak over the step too (with a memory budget, where the
+    allocator has figures), the model is calibrated: where the measured step exceeds the
+    prediction by over 2% of the keep step (or at all, past an overhead budget alone), the
     excess becomes a cost per tensor stored (the profile measured the hooks keeping, not
     storing) or, where nothing was stored, per tensor a recomputed layer saves, or else the
-    selectively recomputed layers' cost; the plan is chosen again with it
-    (``prediction["calibrated_from"]``).
+    selective recomputation's cost (every layer's, by what the chosen ones measured); the
+    measured peak over the predicted one, where above 1, becomes a margin the plans keep below
+    the memory budget (``peak_scale``: the peak model can be a few percent low). Where a cost
+    changed or the measured peak passed the budget, the plan is chosen again, and its second
+    step checked likewise, ``max_replans`` times at most: a plan that measures over its budget
+    backs off (``prediction["calibrated_from"]``, ``prediction["replans"]``).
 
     The choice, greedy on that model from keeping everything: with `memory_budget`, the move
     (a layer recomputed, or selectively, a larger part of it offloaded, a recomputed layer's
     input offloaded) with the least added step time per byte of excess removed, until the
     peak fits; then moves undone while it still fits and the
-    step gets shorter. With `overhead_budget` only, the move with the most bytes freed per
+    step gets shorter; a plan that recomputes layers and offloads some of their inputs, and no
+    more, gives the inputs back (plain checkpointing, no hooks at all: the offloader's own
+    overhead is not in the model) where that is not slower in the model and its peak misses the
+    budget by at most ``peak_tolerance`` of keep's. With `overhead_budget` only, the move with the most bytes freed per
     second added while the step stays within it. Files are used only for the part of a layer
     whose write and read the model hides (within 1% of the layer's compute): a disk slower than
     the compute would otherwise set the step's pace (files only at hidden 2048: 37x the keep
@@ -676,7 +693,11 @@ class MixedPolicy(AdaptivePolicy):
             ``keep_peak_bytes``, ``memory_saved``, ``hook_seconds``, ``recompute_seconds``,
             ``selective_seconds``, ``stall_seconds``, ``budget`` (``"memory"`` or ``"overhead"``),
             ``memory_budget`` (bytes), ``overhead_budget``, ``budget_met``, ``files``,
-            ``fractions``, ``input_tiers``, ``calibrated_from`` (once calibrated).
+            ``fractions``, ``input_tiers``, ``peak_scale``, ``replans`` (plans chosen again after
+            the calibration step), ``calibrated_from`` (once calibrated: the checked step's
+            ``measured_seconds``, ``residual_seconds`` and, where measured, ``measured_peak_bytes``).
+        peak_scale (float): the measured peak over the predicted one, where above 1 (calibration):
+            the plans keep the memory budget over it.
 
     Raises:
         ValueError: a budget out of range, fewer than 2 profile steps; at the first step,
@@ -698,8 +719,12 @@ class MixedPolicy(AdaptivePolicy):
     hide_tolerance = 0.01
     # parts of a layer the search tries for the host tier (with the part that hides)
     host_fractions = (0.25, 0.5, 0.75, 1.0)
-    # the planned step after which the model is calibrated once (:meth:`_calibrate`; 0: never)
+    # the planned step after which the model is calibrated (:meth:`_calibrate`; 0: never)
     calibration_step = 2
+    # plans chosen again after the calibration step at most (each checked by its calibration_step-th step)
+    max_replans = 3
+    # peaks this part of keep's apart are the same to the model (plain checkpointing's budget)
+    peak_tolerance = 0.002
 
     def __init__(self, memory_budget=None, overhead_budget=None, profile_steps=None, probe_bytes=None,
                  selective=True):
@@ -726,6 +751,10 @@ class MixedPolicy(AdaptivePolicy):
         self._hooked_profile = {}
         self._timed_samples = []  # (fwd, bwd, head, step seconds, memory phases, inputs) of the timed steps
         self._selective_sample = None  # (fwd, bwd, head, step seconds, memory phases) of the selective step
+        self.peak_scale = 1.0  # measured peak over predicted, where above 1 (calibration): the plans' margin
+        self._check_step = self.calibration_step or None  # the planned step checked next against its prediction
+        self._replans = 0
+        self._limit = None  # the step the overhead budget allows (seconds; None: no overhead budget)
 
     # -- the offloader's calls -------------------------------------------------
 
@@ -746,9 +775,8 @@ class MixedPolicy(AdaptivePolicy):
         if not off.layers:
             raise ValueError("MixedPolicy decides per layer: give offload_activations the model or its layers "
                              "(layers=model.model.layers)")
-        if self.profile_steps is None:
-            import torch
-            self.profile_steps = 5 if torch.cuda.is_available() else 3
+        if self.profile_steps is None:  # by where the layers run, not what the machine has
+            self.profile_steps = 5 if off._on_cuda() else 3
         self._kind = self._step_kind(self._steps)
         self._profiling = self._kind is not None
         self._timing = self._kind in ("timed", "selective")
@@ -791,13 +819,26 @@ class MixedPolicy(AdaptivePolicy):
     def wants_memory(self):
         return self._timing
 
+    def wants_step_peak(self):
+        """The planned steps checked against the prediction (:meth:`_calibrate`), with a memory budget."""
+        return (not self._profiling and self.memory_budget is not None
+                and self._planned_steps + 1 == self._check_step)
+
+    @property
+    def settled(self):
+        """Whether the profile is done and no planned step is to be checked any more (the plan stays)."""
+        return self.profile_steps is not None and self._steps >= self.profile_steps and self._check_step is None
+
     def end_step(self, off, report, marks, seconds):
         self._steps += 1
         if not self._profiling:
             self._refresh_bandwidth()
             self._planned_steps += 1
-            if self._planned_steps == self.calibration_step:
-                self._calibrate(off, report, seconds)
+            if self._planned_steps == self._check_step:
+                replanned = self._calibrate(off, report, seconds)
+                # a new plan is checked as the first was, by its `calibration_step`-th step
+                self._check_step = (self._planned_steps + self.calibration_step
+                                    if replanned and self._replans < self.max_replans else None)
             return
         n = len(off.layers)
         if self._kind == "hooked":  # bytes, tensors per layer, and its time
@@ -855,31 +896,55 @@ class MixedPolicy(AdaptivePolicy):
         return {"seconds": cost, "freed": freed, "step_seconds": s_seconds}
 
     def _calibrate(self, off, report, seconds):
-        """Once, after the plan's ``calibration_step``-th step (the first allocates the host tier's
-        slabs): what the measured step exceeds the prediction by, where over 2% of the keep step,
-        is the offloader's cost per tensor stored (its copies, events and reads: the profile
-        measured the hooks only keeping), or, where nothing was stored, the checkpoint's per tensor
-        a recomputed layer saves, or else the selectively recomputed layers' cost; then the plan is
-        chosen again with it."""
+        """After a checked planned step (the ``calibration_step``-th of a plan: its first allocates
+        the host tier's slabs): what the measured step exceeds the prediction
+        by, where over 2% of the keep step (or at all, past an overhead budget alone: the plan must
+        back off), is the offloader's cost per tensor stored (its copies, events and reads: the
+        profile measured the hooks only keeping), or, where nothing was stored, the checkpoint's per
+        tensor a recomputed layer saves, or else the selectively recomputed layers' cost (every
+        layer's, by the ratio the chosen ones measured: one profiled step measured them all); the
+        measured peak (``report.measured["peak_bytes"]``, where there is one) over the predicted one
+        raises ``peak_scale``. Where a cost changed or the peak passed the memory budget, the plan is
+        chosen again with them. Returns whether it was."""
         p = self.profile
-        residual = seconds - self.prediction.get("step_seconds", seconds)
-        self.prediction["calibrated_from"] = {"measured_seconds": seconds, "residual_seconds": residual}
-        if residual <= 0.02 * p["step_seconds"]:
-            return
-        stored = report.host_count + report.ssd_count
-        recomputed = sum(p["saves"].get(i, 0) for i, d in self.decisions.items() if d == "recompute")
-        selective = [i for i, d in self.decisions.items() if d == "selective"]
-        if stored:
-            p["store_seconds_per_tensor"] = p.get("store_seconds_per_tensor", 0.0) + residual / stored
-        elif recomputed:
-            p["recompute_seconds_per_save"] = p.get("recompute_seconds_per_save", 0.0) + residual / recomputed
-        elif selective and p.get("selective"):  # its one profiled step said less than it costs
-            for i in selective:
-                p["selective"]["seconds"][i] += residual / len(selective)
-        else:
-            return
-        self._decide(off)
-        self.prediction["calibrated_from"] = {"measured_seconds": seconds, "residual_seconds": residual}
+        predicted = self.prediction
+        keep_seconds = predicted.get("keep_step_seconds", p["step_seconds"])
+        residual = seconds - predicted.get("step_seconds", seconds)
+        calibrated = {"measured_seconds": seconds, "residual_seconds": residual}
+        over_limit = (self.memory_budget is None and self._limit is not None and seconds > self._limit
+                      and residual > 0.005 * keep_seconds)
+        replan = False
+        if residual > 0.02 * keep_seconds or over_limit:
+            stored = report.host_count + report.ssd_count
+            recomputed = sum(p["saves"].get(i, 0) for i, d in self.decisions.items() if d == "recompute")
+            selective = [i for i, d in self.decisions.items() if d == "selective"]
+            replan = True
+            if stored:
+                p["store_seconds_per_tensor"] = p.get("store_seconds_per_tensor", 0.0) + residual / stored
+            elif recomputed:
+                p["recompute_seconds_per_save"] = p.get("recompute_seconds_per_save", 0.0) + residual / recomputed
+            elif selective and p.get("selective"):  # its one profiled step said less than it costs
+                costs = p["selective"]["seconds"]
+                chosen = sum(costs[i] for i in selective)
+                if chosen > 0:  # every layer's share of that step by what the chosen ones measured
+                    p["selective"]["seconds"] = [c * (chosen + residual) / chosen for c in costs]
+                else:
+                    for i in selective:
+                        costs[i] += residual / len(selective)
+            else:
+                replan = False
+        peak = getattr(report, "measured", {}).get("peak_bytes")
+        if peak is not None and predicted.get("peak_bytes"):
+            calibrated["measured_peak_bytes"] = int(peak)
+            self.peak_scale = max(self.peak_scale, peak / predicted["peak_bytes"])
+            budget = predicted.get("memory_budget")
+            replan = replan or (budget is not None and peak > budget)
+        if replan:
+            self._replans += 1
+            self._decide(off)
+        self.prediction["calibrated_from"] = calibrated
+        self.prediction["replans"] = self._replans
+        return replan
 
     @staticmethod
     def _memory_profile(phases, n, nbytes):
@@ -916,7 +981,7 @@ class MixedPolicy(AdaptivePolicy):
                        or getattr(off, "read_ahead_bytes", None) is not None):
             saves = sum(p["saves"].values())  # the memory-tight options hook every layer
         else:  # a recomputed layer's hooks see its input alone (the checkpoint's own take the rest)
-            saves = sum(1 if i in plan.inputs else p["saves"].get(i, 0) for i in hooked)
+            saves = sum(self._input_saves() if i in plan.inputs else p["saves"].get(i, 0) for i in hooked)
         step = (p["step_seconds"] + (t - self._t_keep) + saves * p["hook_seconds_per_save"]
                 + plan.stored_tensors(p) * p.get("store_seconds_per_tensor", 0.0)
                 + sum(p["saves"].get(i, 0) for i, d in plan.decisions.items() if d == "recompute")
@@ -940,6 +1005,12 @@ class MixedPolicy(AdaptivePolicy):
             extra = inputs.get(j, 0) if plan.decisions.get(j) == "recompute" else 0
             phases.append(mem["backward"].get(j, 0) - freed + extra)
         return step, max(phases), phases, stall, gone
+
+    @staticmethod
+    def _input_saves():
+        """Tensors a recomputed layer saves through its hooks (its input, as the checkpoint begins)."""
+        from .layers import checkpoint_input_saves
+        return checkpoint_input_saves()
 
     def _hides(self, plan, i, off):
         """Whether `plan`'s copies of layer i alone (the rest kept) add at most ``hide_tolerance`` of
@@ -1002,15 +1073,18 @@ class MixedPolicy(AdaptivePolicy):
         if isinstance(budget_bytes, float) and budget_bytes <= 1.0:
             budget_bytes = int(budget_bytes * keep_peak)
         limit = None if self.overhead_budget is None else keep_step * (1.0 + self.overhead_budget)
+        self._limit = limit
+        # the model's peak, `peak_scale` times, is what the steps measured: the plans keep that margin
+        target = None if budget_bytes is None else budget_bytes / self.peak_scale
 
         def excess(phases):  # memory mode: bytes over the budget, every phase (the peak alone can stall)
-            return sum(max(0.0, x - budget_bytes) for x in phases)
+            return sum(max(0.0, x - target) for x in phases)
 
         def memory_score(phases):  # overhead mode: the peak, the other phases as a tie-break
             return max(phases) + 1e-3 * sum(phases)
 
         plan, step, peak, phases = keep, keep_step, keep_peak, keep_phases
-        while budget_bytes is None or peak > budget_bytes:
+        while target is None or peak > target:
             best = None
             for move in self._moves(plan, off.host_bytes - plan.host_bytes(p), hide, off):
                 s, pk, ph, _, _ = self._evaluate(move, off)
@@ -1036,11 +1110,23 @@ class MixedPolicy(AdaptivePolicy):
                 for i in sorted(plan.decisions):
                     for lighter in plan.lighter(i):
                         s, pk, ph, _, _ = self._evaluate(lighter, off)
-                        if pk <= budget_bytes and s < step:
+                        if pk <= target and s < step:
                             plan, step, peak, phases = lighter, s, pk, ph
                             improved = True
                             break
+            plan = self._plain_checkpoint(plan, step, target, keep_peak, off)
         self._finish_plan(plan, off, keep_step, keep_peak, budget_bytes, limit, hide, ssd_ok)
+
+    def _plain_checkpoint(self, plan, step, target, keep_peak, off):
+        """`plan`, or, where it recomputes layers, offloads some of their inputs and nothing else, the
+        same layers under plain checkpointing (inputs kept: no hooks, none of the offloader's own
+        overhead, which the model does not count) where that is not slower in the model and its peak
+        passes `target` by at most ``peak_tolerance`` of keep's (at checkpointing's own memory)."""
+        if not plan.inputs or any(d != "recompute" for d in plan.decisions.values()):
+            return plan
+        plain = _Plan(plan.decisions)
+        s, pk, _, _, _ = self._evaluate(plain, off)
+        return plain if s <= step and pk <= target + self.peak_tolerance * keep_peak else plan
 
     def _hiding_fraction(self, i, tier, off):
         """The largest part of layer i alone (the rest kept) whose copies to `tier` add at most
@@ -1065,7 +1151,8 @@ class MixedPolicy(AdaptivePolicy):
                               "input_bytes": p.get("inputs", {}).get(i, 0), "saves": p["saves"].get(i, 0),
                               "fwd_seconds": p["fwd"][i], "bwd_seconds": p["bwd"][i],
                               "freed_at_peak": int(gone.get(i, 0)), "added_seconds": step - without})
-        met = ((budget_bytes is None or peak <= budget_bytes) and (limit is None or step <= limit * (1 + 1e-9)))
+        memory_met = budget_bytes is None or peak * self.peak_scale <= budget_bytes + self.peak_tolerance * keep_peak
+        met = memory_met and (limit is None or step <= limit * (1 + 1e-9))
         files = None
         if ssd_ok:
             refused = [i for i in range(n) if hide[i]["ssd"] * p["bytes"].get(i, 0) < max(self.min_part_bytes, 1)]
@@ -1083,7 +1170,7 @@ class MixedPolicy(AdaptivePolicy):
             "step_seconds": step, "keep_step_seconds": keep_step, "peak_bytes": int(peak),
             "keep_peak_bytes": int(keep_peak), "memory_saved": int(sum(gone.values())),
             "peak_saved": int(keep_peak - peak),
-            "hook_seconds": sum(1 if i in plan.inputs else p["saves"].get(i, 0) for i in hooked)
+            "hook_seconds": sum(self._input_saves() if i in plan.inputs else p["saves"].get(i, 0) for i in hooked)
             * p["hook_seconds_per_save"],
             "recompute_seconds": sum(p["fwd"][i] for i, d in plan.decisions.items() if d == "recompute"),
             "selective_seconds": sum((p.get("selective") or {"seconds": [0.0] * n})["seconds"][i]
@@ -1091,10 +1178,10 @@ class MixedPolicy(AdaptivePolicy):
             "stall_seconds": stall, "budget": "memory" if budget_bytes is not None else "overhead",
             "memory_budget": budget_bytes, "overhead_budget": self.overhead_budget, "budget_met": met,
             "memory_measured": p["memory"]["measured"], "files": files, "fractions": dict(self.fractions),
-            "input_tiers": dict(plan.inputs)}
+            "input_tiers": dict(plan.inputs), "peak_scale": self.peak_scale, "replans": self._replans}
         if not met:
-            what = (f"an activation peak of {budget_bytes / 2**30:.2f} GiB" if budget_bytes is not None
-                    and peak > budget_bytes else f"a step within {self.overhead_budget:.1%} of keep's")
+            what = (f"an activation peak of {budget_bytes / 2**30:.2f} GiB" if not memory_met
+                    else f"a step within {self.overhead_budget:.1%} of keep's")
             warnings.warn(f"spillfs.torch.MixedPolicy: no plan reaches {what}; the closest found: peak "
                           f"{peak / 2**30:.2f} GiB (keep {keep_peak / 2**30:.2f}), step {step * 1e3:.1f} ms "
                           f"(keep {keep_step * 1e3:.1f})", RuntimeWarning, stacklevel=2)

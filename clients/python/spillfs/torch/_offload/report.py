@@ -90,7 +90,9 @@ class OffloadReport(Report):
         measured (dict): ``step_seconds`` (the ``with`` block, the GPU
             synchronized at its end), ``memory_saved`` (bytes moved off the
             device: host plus SSD), ``baseline_seconds`` (the profiled
-            keep-everything step).
+            keep-everything step), ``peak_bytes`` (the allocator's peak above
+            the step's start, in the steps the policy checks its plan by:
+            :meth:`MixedPolicy._calibrate`).
         io_backend (str or None): how files were reached (``"direct_path"``,
             ``"mount"``, ``"direct_io"``, ``"buffered"``, ``"posix"``).
         host_peak_bytes (int): the host tier's peak occupancy this step.
