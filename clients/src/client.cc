@@ -147,13 +147,17 @@ spill_client* spill_client_open(const char* mountpoint) {
   int rc = client->OpenChannel(&client->control);
   if (rc != 0) return fail(rc);
   // The volume's settings: "volume" (no scan of the index, where "stat" reads
-  // every inode and extent: a save opens a client), "stat" from a daemon
-  // that does not know it.
+  // every inode and extent: a save opens a client), from a daemon of this
+  // client's protocol version only.
   json info;
   rc = client->control->Request(json{{spillfs::control::key::kOp, spillfs::control::op::kVolume}}, &info);
   if (rc == -EINVAL)
-    rc = client->control->Request(json{{spillfs::control::key::kOp, spillfs::control::op::kStat}}, &info);
-  if (rc != 0) return fail(rc);
+    info = json::object();  // a daemon from before "volume": refused below, naming its version
+  else if (rc != 0)
+    return fail(rc);
+  if (spillfs::Status same = spillfs::control::CheckProtocol(info, client->control_path); !same.ok()) {
+    return fail(Fail(same.code(), same.message()));
+  }
   if (!info.is_object() || !GetU64(info, "block_size", &client->block_size)) {
     return fail(Fail(EPROTO, "malformed stat reply from " + client->control_path));
   }

@@ -492,6 +492,9 @@ nlohmann::json AnswerQuery(const Inspector& inspector, const nlohmann::json& req
       result = inspector.Du(request["path"].get<std::string>());
     }
   }
+  if (result.ok() && (op == control::op::kStat || op == control::op::kVolume)) {
+    (*result)[control::kProtocolVersionKey] = control::kProtocolVersion;
+  }
   return result.ok() ? OkReply(std::move(result).value()) : ErrorReply(result.status());
 }
 

@@ -70,6 +70,24 @@ TEST(ControlProtocolTest, MalformedReplies) {
   }
 }
 
+// A client refuses a daemon of another control protocol version, or of none
+// (daemons from before the version), with a message naming both versions.
+TEST(ControlProtocolTest, ADaemonOfAnotherProtocolVersionIsRefusedNamingBoth) {
+  const std::string from = "/m/.spillfs/control";
+  const std::string ours = std::to_string(control::kProtocolVersion);
+  EXPECT_TRUE(control::CheckProtocol({{control::kProtocolVersionKey, control::kProtocolVersion}}, from).ok());
+  Status older = control::CheckProtocol({{"block_size", 4096}}, from);
+  EXPECT_EQ(older.code(), EPROTO);
+  EXPECT_NE(older.message().find("version none"), std::string::npos) << older.message();
+  EXPECT_NE(older.message().find("this client version " + ours), std::string::npos) << older.message();
+  EXPECT_NE(older.message().find(from), std::string::npos) << older.message();
+  Status newer = control::CheckProtocol({{control::kProtocolVersionKey, control::kProtocolVersion + 1}}, from);
+  EXPECT_EQ(newer.code(), EPROTO);
+  EXPECT_NE(newer.message().find("version " + std::to_string(control::kProtocolVersion + 1)), std::string::npos)
+      << newer.message();
+  EXPECT_EQ(control::CheckProtocol(nlohmann::json::array(), from).code(), EPROTO);
+}
+
 // Over a plain file the "reply" is the request read back: a shorter request
 // on the same handle covers the longer one before it with blanks.
 TEST(ControlProtocolTest, ChannelPadsShorterRequests) {

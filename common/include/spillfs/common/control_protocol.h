@@ -65,6 +65,14 @@ inline constexpr char kFsType[] = "fuse.spillfs";
 // The longest request the daemon accepts (EFBIG past it).
 inline constexpr uint64_t kMaxRequestBytes = 16 << 20;
 
+// The protocol's version, in every `volume` and `stat` reply as
+// "protocol_version". A client refuses a daemon of another version (or of
+// none: those before it), naming both (CheckProtocol): requests and replies
+// change shape between versions, and a misread reply could map the wrong
+// blocks. Raise it with any change a client of the previous one would misread.
+inline constexpr uint64_t kProtocolVersion = 1;
+inline constexpr char kProtocolVersionKey[] = "protocol_version";
+
 // Every op the daemon answers.
 namespace op {
 inline constexpr char kStat[] = "stat";
@@ -109,6 +117,20 @@ inline std::string ReplyText(const nlohmann::json& reply) {
 }
 
 // ---- the client's side ----
+
+// OK when the `volume` (or `stat`) reply `info` from the control file `from`
+// names this client's protocol version; EPROTO naming both versions otherwise.
+inline Status CheckProtocol(const nlohmann::json& info, const std::string& from) {
+  auto it = info.is_object() ? info.find(kProtocolVersionKey) : info.end();
+  std::string theirs = "none (a spillfs daemon older than the versioned protocol)";
+  if (it != info.end() && it->is_number_unsigned()) {
+    if (it->get<uint64_t>() == kProtocolVersion) return Status::OK();
+    theirs = std::to_string(it->get<uint64_t>());
+  }
+  return Status::Error(EPROTO, "the daemon behind " + from + " speaks control protocol version " + theirs +
+                                   ", this client version " + std::to_string(kProtocolVersion) +
+                                   ": use a client library and a daemon of the same spillfs release");
+}
 
 // The op of a request, for messages ("?" when it has none).
 inline std::string OpOf(const nlohmann::json& request) {
