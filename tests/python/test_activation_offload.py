@@ -1550,6 +1550,19 @@ def test_mixed_policy_steps_exact(tmp_path, budget):
     assert all("forward" not in layer.__dict__ for layer in off.layers)
 
 
+def test_cuda_marks_only_for_layers_on_cuda(monkeypatch):
+    """A CPU model in a process that has used CUDA (a test run on a GPU machine) is timed and
+    sampled on the CPU: CUDA's allocator figures hold none of its memory (with them its profile
+    saw a peak of nothing, and a memory budget chose to keep every layer)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    model = GPT()
+    off = st.offload_activations(None, host_bytes=1 << 20, min_bytes=512, policy=st.MixedPolicy(memory_budget=0.5),
+                                 layers=model)
+    off._layer_hooks.begin_step()
+    assert not off._layer_hooks.cuda_marks
+
+
 def test_mixed_memory_profile_phases(monkeypatch):
     """The memory profile's phases as the layers' hooks sample them (forward and the head as the last
     layer's backward begins, then each layer's backward as the one below begins, the rest at the

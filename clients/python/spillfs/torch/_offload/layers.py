@@ -182,7 +182,11 @@ class _LayerHooks:
         self.marks = []
         self.memory_marks = []
         self.input_bytes = {}
-        self._cuda_marks = torch.cuda.is_available() and torch.cuda.is_initialized()
+        # CUDA's events and allocator figures only for layers on CUDA: a CPU model in a process that
+        # has used CUDA (a test run on a GPU machine) has none of its memory there
+        modules = [self.model] if self.model is not None else self.layers
+        on_cuda = any(p.is_cuda for m in modules for p in m.parameters())
+        self._cuda_marks = on_cuda and torch.cuda.is_available() and torch.cuda.is_initialized()
         self._param_ptrs = set()
         self._seen_modules = set()
         if self.model is not None:
