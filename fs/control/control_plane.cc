@@ -590,7 +590,9 @@ RuntimeStats ControlPlane::Runtime() const {
   const FsCounters& c = fs_->counters();
   r.ram_tier_hits = c.ram_tier_hits.load();
   r.ram_tier_misses = c.ram_tier_misses.load();
-  r.bytes_written_ssd = fs_->volume().store().bytes_written();
+  r.bytes_written_direct = c.bytes_written_direct.load();
+  r.bytes_written_ssd = fs_->volume().store().bytes_written() + r.bytes_written_direct;
+  r.bytes_deduplicated = c.bytes_deduplicated.load();
   r.bytes_read_ssd = fs_->volume().store().bytes_read();
   r.bytes_cancelled = tier.cancelled_bytes;
   r.ram_tier_stalls = tier.room_wait_timeouts;

@@ -10,9 +10,9 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "spillfs/core/filesystem.h"
 #include "spillfs/common/clock.h"
 #include "spillfs/common/rounding.h"
+#include "spillfs/core/filesystem.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {
@@ -174,6 +174,7 @@ Status Filesystem::DirectCommit(InodeNumber ino, const FileRanges& ranges, const
   PutInode(&txn, ino, record);
   SPILLFS_RETURN_IF_ERROR(CommitTxn(&txn));
   counters_.bytes_written.fetch_add(length, std::memory_order_relaxed);
+  counters_.bytes_written_direct.fetch_add(length, std::memory_order_relaxed);
   return Status::OK();
 }
 

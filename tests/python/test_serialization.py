@@ -609,12 +609,37 @@ def _mapped_from(address):
     return None
 
 
-def _physical_bytes(mount):
+def _stat(mount):
+    """`spillfs stat --json` of the mount."""
     from conftest import SPILLFS_BIN
     import json
     out = subprocess.run([SPILLFS_BIN, "stat", "--json", mount], check=True, capture_output=True, text=True)
-    stats = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def _physical_bytes(mount):
+    stats = _stat(mount)
     return stats.get("used_bytes", stats.get("physical_bytes"))
+
+
+def test_stat_counts_direct_path_writes_and_deduplicated_bytes(mount):
+    """`spillfs stat` counts what the direct path wrote among the SSD's bytes written, and shows
+    the bytes a second save stored as references instead."""
+    if _native.segment_io() is None:
+        pytest.skip("the direct path needs libspillfs_client with the segment I/O")
+    sd = {f"w{i}": torch.randn(256 * KIB) for i in range(4)}  # 4 MiB
+    before = _stat(mount)
+    r1 = spillfs.save(sd, os.path.join(mount, "counted1.pt"))
+    assert r1.io_path == "direct_path", r1
+    mid = _stat(mount)
+    assert mid["bytes_written_direct"] - before["bytes_written_direct"] >= 4 * MIB
+    assert mid["bytes_written_ssd"] - before["bytes_written_ssd"] >= mid["bytes_written_direct"] - before[
+        "bytes_written_direct"]
+    r2 = spillfs.save(sd, os.path.join(mount, "counted2.pt"))
+    after = _stat(mount)
+    assert r2.bytes_shared >= 3 * MIB
+    assert after["bytes_deduplicated"] - mid["bytes_deduplicated"] >= r2.bytes_shared
+    assert after["bytes_written_direct"] - mid["bytes_written_direct"] < 2 * MIB
 
 
 def test_unit_hashes_of_many_buffers_in_one_call():

@@ -273,7 +273,7 @@ TEST_F(InspectorTest, StatTakesLiveCountersFromTheDaemon) {
     }
     counters += key.count != nullptr || key.seconds != nullptr;
   }
-  EXPECT_EQ(counters, 24);
+  EXPECT_EQ(counters, 26);
   // The rows name the members they read.
   EXPECT_EQ(s["ram_tier_hits"], rt.ram_tier_hits);
   EXPECT_EQ(s["reads"], rt.reads);

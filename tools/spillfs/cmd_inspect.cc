@@ -275,7 +275,9 @@ int RunStat(const StatArgs& args) {
                                           : fmt::format("{} of {} ({})", HumanBytes(StatU64(stat, "ram_tier_bytes")),
                                                         HumanBytes(tier_capacity),
                                                         Percent(StatU64(stat, "ram_tier_bytes"), tier_capacity)));
-  PrintRow("ssd written", HumanBytes(StatU64(stat, "bytes_written_ssd")));
+  PrintRow("ssd written", fmt::format("{} ({} by the direct path)", HumanBytes(StatU64(stat, "bytes_written_ssd")),
+                                      HumanBytes(StatU64(stat, "bytes_written_direct"))));
+  PrintRow("deduplicated", HumanBytes(StatU64(stat, "bytes_deduplicated")));
   PrintRow("ssd read", HumanBytes(StatU64(stat, "bytes_read_ssd")));
   std::string syncs = std::to_string(StatU64(stat, "data_syncs"));
   if (StatU64(stat, "data_syncs") > 0)

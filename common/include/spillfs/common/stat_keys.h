@@ -35,9 +35,16 @@ struct RuntimeStats {
   // Writes that waited for room in the tier in vain and went to the SSD.
   uint64_t ram_tier_stalls = 0;
 
-  // Data area I/O (bytes that reached or came from the SSD).
+  // Data area I/O (bytes that reached or came from the SSD). Written: the
+  // daemon's writes and the direct path's (bytes_written_direct, counted at
+  // their commits); read: the daemon's (the direct path's reads are its
+  // clients' own).
   uint64_t bytes_written_ssd = 0;
   uint64_t bytes_read_ssd = 0;
+  uint64_t bytes_written_direct = 0;
+  // Bytes of flushes and direct-path saves stored as references to blobs
+  // already on the volume (dedup), instead of written.
+  uint64_t bytes_deduplicated = 0;
   // Bytes that never reached the SSD because their file was unlinked or
   // truncated while they waited in the RAM tier.
   uint64_t bytes_cancelled = 0;
@@ -131,9 +138,18 @@ inline constexpr StatKey kStatKeys[] = {
     {"ram_tier_stalls", StatType::kCounter, "Writes that waited for room in the RAM tier in vain since mount.",
      &RuntimeStats::ram_tier_stalls},
     // The data area.
-    {"bytes_written_ssd", StatType::kCounter, "Bytes written to the data area since mount.",
+    {"bytes_written_ssd", StatType::kCounter,
+     "Bytes written to the data area since mount, by the daemon and by direct-path clients.",
      &RuntimeStats::bytes_written_ssd},
-    {"bytes_read_ssd", StatType::kCounter, "Bytes read from the data area since mount.", &RuntimeStats::bytes_read_ssd},
+    {"bytes_read_ssd", StatType::kCounter,
+     "Bytes the daemon read from the data area since mount (direct-path reads are the clients' own).",
+     &RuntimeStats::bytes_read_ssd},
+    {"bytes_written_direct", StatType::kCounter,
+     "Bytes direct-path clients wrote to the data area since mount (within bytes_written_ssd).",
+     &RuntimeStats::bytes_written_direct},
+    {"bytes_deduplicated", StatType::kCounter,
+     "Bytes stored as references to data already on the volume (dedup) since mount, instead of written.",
+     &RuntimeStats::bytes_deduplicated},
     {"bytes_cancelled", StatType::kCounter, "Bytes dropped from the RAM tier before reaching the SSD since mount.",
      &RuntimeStats::bytes_cancelled},
     {"checksum_errors", StatType::kCounter, "Checksum mismatches detected on read since mount.",

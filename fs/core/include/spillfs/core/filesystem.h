@@ -130,7 +130,10 @@ struct FsCounters {
   std::atomic<uint64_t> reads{0};               // read() calls
   std::atomic<uint64_t> ram_tier_hits{0};       // blocks read from the RAM tier
   std::atomic<uint64_t> ram_tier_misses{0};     // blocks read from the SSD
-  std::atomic<uint64_t> bytes_deduplicated{0};  // flushed bytes stored as references
+  std::atomic<uint64_t> bytes_deduplicated{0};  // flushed or direct-path bytes stored as references
+  // Bytes direct-path clients wrote to the data area themselves, counted as
+  // their commit maps them (the daemon's block store never sees them).
+  std::atomic<uint64_t> bytes_written_direct{0};
 };
 
 class Filesystem : private FlushCommitter {
