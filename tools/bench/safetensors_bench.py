@@ -99,12 +99,7 @@ class Bench(save_load_bench.Bench):
         os.unlink(path)
 
     def second_save(self, sd, nbytes):
-        changed, want = [], nbytes // 100
-        for k in sorted(sd, key=lambda k: (sd[k].numel(), k)):  # the small ones first, up to 1%
-            if sum(sd[c].numel() * sd[c].element_size() for c in changed) >= want:
-                break
-            changed.append(k)
-        changed_bytes = sum(sd[c].numel() * sd[c].element_size() for c in changed)
+        changed, changed_bytes = save_load_bench.one_percent_changed(sd, nbytes)
         for target, directory in self.targets:
             stat = self.volume.stat if target == "mount" else (lambda: None)
             before = stat()

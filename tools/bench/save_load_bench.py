@@ -210,13 +210,7 @@ class Bench:
         os.unlink(path)
 
     def dedup_second_save(self, sd, nbytes):
-        keys = list(sd)
-        changed, want = [], nbytes // 100
-        for k in sorted(keys, key=lambda k: (sd[k].numel(), k)):  # the small ones first, up to 1%
-            if sum(sd[c].numel() * sd[c].element_size() for c in changed) >= want:
-                break
-            changed.append(k)
-        changed_bytes = sum(sd[c].numel() * sd[c].element_size() for c in changed)
+        changed, changed_bytes = one_percent_changed(sd, nbytes)
         targets = [("host", self.host)] + ([("mount", self.volume.mnt)] if self.volume else [])
         for target, directory in targets:
             before = self.volume.stat() if target == "mount" else None
@@ -359,6 +353,17 @@ def main():
         bench.close()
     report(bench, args, raw_GBps={f"{k[0]} {k[1]}": round(v, 3) for k, v in bench.raw.items()})
     return 0
+
+
+def one_percent_changed(sd, nbytes):
+    """The names of the tensors a second save changes, the small ones first, until they hold 1% of
+    `nbytes`; and their bytes."""
+    changed, want = [], nbytes // 100
+    for k in sorted(sd, key=lambda k: (sd[k].numel(), k)):
+        if sum(sd[c].numel() * sd[c].element_size() for c in changed) >= want:
+            break
+        changed.append(k)
+    return changed, sum(sd[c].numel() * sd[c].element_size() for c in changed)
 
 
 def report(bench, args, **extra):
