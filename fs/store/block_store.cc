@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <linux/fs.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "spillfs/common/mutex.h"
 #include "spillfs/store/uring_engine.h"
@@ -67,6 +69,30 @@ class FileBlockStore final : public BlockStore {
   std::atomic<uint64_t> sync_ns_{0};
 };
 
+// One writer of a data area at a time, held for as long as its open file
+// lives: flock's lock goes with the open file description, which the kernel
+// frees only when every I/O holding it has ended. A daemon that was killed
+// with io_uring writes in flight leaves them to a kernel worker that may end
+// them after the process was reaped (and after the volume's lock file was
+// released); a daemon mounting at once would otherwise hand out extents that
+// such a late write then overwrites. The wait covers that drain; a live
+// writer (another daemon, or mkfs of a mounted device) is refused with EBUSY.
+constexpr auto kWriterLockWait = std::chrono::seconds(3);
+
+Status LockForWriting(int fd, const std::string& path) {
+  const auto deadline = std::chrono::steady_clock::now() + kWriterLockWait;
+  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) return Errno("cannot lock " + path);
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status::Error(EBUSY, fmt::format("data area {} is in use by another process (a mounted daemon, or one "
+                                              "that stopped with writes that have not ended in {} s)",
+                                              path, kWriterLockWait.count()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status BlockStore::CreateImage(const std::string& path, uint64_t size) {
@@ -111,6 +137,12 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Open(const std::string& path, bo
     fd = open(path.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
   }
   if (fd < 0) return Errno("cannot open " + path);
+  if (!read_only) {
+    if (Status locked = LockForWriting(fd, path); !locked.ok()) {
+      close(fd);
+      return locked;
+    }
+  }
   return std::unique_ptr<BlockStore>(std::make_unique<FileBlockStore>(fd, path, size));
 }
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -229,6 +230,23 @@ TEST_F(BlockStoreTest, DataSurvivesReopen) {
   EXPECT_EQ(std::memcmp(out.data(), in.data(), out.size()), 0);
   // A read-only store refuses writes.
   EXPECT_FALSE((*reopened)->WriteAt(0, out.data(), kBlock).ok());
+}
+
+// One writer at a time: a second writable open of a data area in use waits
+// for the writer lock, then is refused with EBUSY naming the area; readers
+// (fsck, the inspector) are not stopped; once the writer is gone, a writable
+// open gets the lock at once.
+TEST_F(BlockStoreTest, OneWriterAtATime) {
+  auto second = BlockStore::Open(image_);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), EBUSY) << second.status().ToString();
+  EXPECT_NE(second.status().message().find(image_), std::string::npos) << second.status().ToString();
+  EXPECT_TRUE(BlockStore::Open(image_, /*read_only=*/true).ok());
+  store_.reset();
+  const auto start = std::chrono::steady_clock::now();
+  auto after = BlockStore::Open(image_);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
 }
 
 // Several threads writing and syncing at once: every Flush succeeds, and

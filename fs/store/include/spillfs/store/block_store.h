@@ -47,7 +47,10 @@ class BlockStore {
 
   // Creates a sparse image file of `size` bytes (fails if it exists).
   static Status CreateImage(const std::string& path, uint64_t size);
-  // Opens an image file or block device for direct I/O.
+  // Opens an image file or block device for direct I/O. A writable open holds
+  // the area's writer lock (flock) until the store and every I/O it issued
+  // are gone, waiting a few seconds for a previous writer's I/O to drain;
+  // EBUSY if another writer holds it.
   static Result<std::unique_ptr<BlockStore>> Open(const std::string& path, bool read_only = false);
   // Size in bytes of a file or block device.
   static Result<uint64_t> SizeOf(const std::string& path);
