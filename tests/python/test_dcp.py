@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import time
-import warnings
 
 import pytest
 import torch

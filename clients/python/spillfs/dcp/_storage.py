@@ -172,8 +172,8 @@ class SpillWriter(FileSystemWriter):
       -> disk), or by ``os.pwritev`` without it. Which one is in
       :attr:`report` (``backend``: ``"native"`` / ``"posix"``; ``io_path``:
       ``"direct_path"``, ``"mount"``, ``"direct_io"``...), as for
-      :func:`spillfs.save`, and the library warns (``RuntimeWarning``) when a
-      mount is written without the direct path;
+      :func:`spillfs.save` (whose ``RuntimeWarning`` also comes, once, where a
+      mount is written through the mount, not the direct path: not root);
     * on a spillfs mount, ``dedup=True`` hashes each big storage's 256 KiB
       units and the volume maps the units it already holds by reference: a
       checkpoint whose tensors are mostly unchanged since the previous one
