@@ -12,7 +12,9 @@
 
 By product: :mod:`spillfs.checkpoint` (save, load), :mod:`spillfs.safetensors`
 (the safetensors library's save_file, load_file, safe_open; imported on its
-own), :mod:`spillfs.gnn`
+own), :mod:`spillfs.dcp` (SpillWriter, SpillReader: torch.distributed.checkpoint's
+storage writer and reader, each rank's files through the same writer; imported
+on its own, ``import spillfs`` does not import torch.distributed), :mod:`spillfs.gnn`
 (FeatureStore: GNN feature tables gathered through GPU and host caches;
 imported on its own, it needs torch), :mod:`spillfs.pyg` (its PyTorch
 Geometric stores, and a neighbour sampler that needs no pyg-lib) and
