@@ -151,12 +151,9 @@ def save(obj, f, pickle_module=pickle, pickle_protocol=DEFAULT_PROTOCOL, _use_ne
       file of that name intact. A full disk raises ``OSError`` with
       ``errno.ENOSPC``. The save is durable when it returns (the file and the
       directory are fsync'ed).
-    * ``background=True`` returns once a snapshot of the storages is taken
-      (copied into host memory, pinned where CUDA is available; CUDA ones
-      device -> pinned on a side stream ordered after the current stream,
-      finished before the return), and the file is written from it on a
-      writer thread (see below): the caller may change the tensors in place
-      at once, the file holds their values at the call.
+    * ``background=True`` returns once the storages are copied to host
+      memory (CUDA ones on a side stream after the current one, finished
+      before the return): the caller may change them in place at once.
 
     Args:
         obj: saved object (what :func:`torch.save` accepts; what it refuses is
@@ -186,30 +183,23 @@ def save(obj, f, pickle_module=pickle, pickle_protocol=DEFAULT_PROTOCOL, _use_ne
             (raise where not), ``"posix"`` (Python I/O).
         report (IOReport, optional): filled in and returned (a new one by
             default).
-        background (bool): take the snapshot, queue the write and return a
-            :class:`concurrent.futures.Future` of the report (paths only).
-            Background saves are written one at a time, in call order (two
-            to the same path end with the later one's file); the errors a
-            synchronous save raises (``pickle`` errors included) are raised
-            by the future's ``.result()``. :func:`spillfs.checkpoint.wait`
-            waits for all of them; pending ones are finished at interpreter
-            exit. A synchronous save to a path a background save is pending
-            for races it: wait first. Costs: host memory for the snapshot,
-            and dedup asks the volume about every unit (the snapshot is a
-            new storage each time: no "changed in place" guess).
-        max_host_bytes (int, optional): with ``background=True``, the
-            bytes of snapshots held by saves not yet written, this one's
-            included: the call waits for earlier background saves to finish
-            until this one's fits (or none is left). ``None``: a quarter of
-            the physical memory (:func:`spillfs.checkpoint.default_max_host_bytes`).
+        background (bool): snapshot, then return a
+            :class:`concurrent.futures.Future` of the report (paths only);
+            one writer thread writes the file, in call order (to one path:
+            the later call's file stays). ``.result()`` raises what a
+            synchronous save would (``pickle``'s errors too).
+            :func:`spillfs.checkpoint.wait` waits for all (so does the
+            interpreter's exit). A synchronous save races pending ones.
+        max_host_bytes (int, optional): bound of the snapshots of
+            background saves not yet written, this one's included: the call
+            waits for earlier ones until it fits (or none is left). ``None``:
+            :func:`spillfs.checkpoint.default_max_host_bytes` (RAM / 4).
 
     Returns:
         :class:`spillfs.IOReport`: bytes written, bytes shared by dedup,
-        seconds per stage (also :func:`spillfs.last_report`). With
-        ``background=True`` a Future of it (its ``seconds`` has the
-        caller's ``pickle``, ``host_wait`` and ``snapshot``, and the
-        writer's ``total``; :func:`spillfs.last_report` of the writer
-        thread, not the caller's).
+        seconds per stage (also :func:`spillfs.last_report`). Background:
+        a Future of it (``seconds``: ``pickle``, ``host_wait``, ``snapshot``
+        in the call; the writer's ``total``).
 
     Example:
         >>> spillfs.save(model.state_dict(), "/mnt/spill/step1000.pt")
