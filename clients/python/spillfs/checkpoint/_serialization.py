@@ -95,16 +95,21 @@ def _pickle(obj, pickle_module, pickle_protocol):
     return buf.getvalue(), storages
 
 
-def _records(archive, pkl, storages, byteorder):
+def _sources(storages):
+    """{key: _writer.Source} of the storages _pickle found."""
+    streams = {}  # each CUDA device's current stream, looked up once
+    return {key: _writer.Source(storages[key], streams) for key in sorted(storages)}
+
+
+def _records(archive, pkl, sources, byteorder):
     """The archive's records, in torch's central directory order."""
     prefix = archive + "/"
     pkl_record = _zipfile.Record(prefix + "data.pkl", len(pkl), payload=pkl)
     records = [pkl_record]
     if byteorder:
         records.append(_zipfile.Record(prefix + "byteorder", len(sys.byteorder), payload=sys.byteorder.encode()))
-    streams = {}  # each CUDA device's current stream, looked up once
-    for key in sorted(storages):
-        src = _writer.Source(storages[key], streams)
+    for key in sorted(sources):
+        src = sources[key]
         align = _zipfile.BIG_ALIGN if src.nbytes >= _zipfile.BIG_ALIGN else _zipfile.SMALL_ALIGN
         records.append(_zipfile.Record(f"{prefix}data/{key}", src.nbytes, align, payload=src))
     records.append(_zipfile.Record(prefix + "version", len(_FILE_FORMAT_VERSION), payload=_FILE_FORMAT_VERSION))
@@ -112,8 +117,9 @@ def _records(archive, pkl, storages, byteorder):
 
 
 def save(obj, f, pickle_module=pickle, pickle_protocol=DEFAULT_PROTOCOL, _use_new_zipfile_serialization=True,
-         _disable_byteorder_record=False, *, dedup=True, crc32=None, backend="auto", report=None):
-    r"""save(obj, f, pickle_module=pickle, pickle_protocol=2, *, dedup=True, crc32=None, backend="auto", report=None)
+         _disable_byteorder_record=False, *, dedup=True, crc32=None, backend="auto", report=None,
+         background=False, max_host_bytes=None):
+    r"""save(obj, f, pickle_module=pickle, pickle_protocol=2, *, dedup=True, crc32=None, backend="auto", report=None, background=False, max_host_bytes=None)
 
     Saves an object to a disk file, as :func:`torch.save` does, at the disk's speed.
 
@@ -145,6 +151,9 @@ def save(obj, f, pickle_module=pickle, pickle_protocol=DEFAULT_PROTOCOL, _use_ne
       file of that name intact. A full disk raises ``OSError`` with
       ``errno.ENOSPC``. The save is durable when it returns (the file and the
       directory are fsync'ed).
+    * ``background=True`` returns once the storages are copied to host
+      memory (CUDA ones on a side stream after the current one, finished
+      before the return): the caller may change them in place at once.
 
     Args:
         obj: saved object (what :func:`torch.save` accepts; what it refuses is
@@ -174,15 +183,32 @@ def save(obj, f, pickle_module=pickle, pickle_protocol=DEFAULT_PROTOCOL, _use_ne
             (raise where not), ``"posix"`` (Python I/O).
         report (IOReport, optional): filled in and returned (a new one by
             default).
+        background (bool): snapshot, then return a
+            :class:`concurrent.futures.Future` of the report (paths only);
+            one writer thread writes the file, in call order (to one path:
+            the later call's file stays). ``.result()`` raises what a
+            synchronous save would (``pickle``'s errors too).
+            :func:`spillfs.checkpoint.wait` waits for all (so does the
+            interpreter's exit). A synchronous save races pending ones.
+        max_host_bytes (int, optional): bound of the snapshots of
+            background saves not yet written, this one's included: the call
+            waits for earlier ones until it fits (or none is left). ``None``:
+            :func:`spillfs.checkpoint.default_max_host_bytes` (RAM / 4).
 
     Returns:
         :class:`spillfs.IOReport`: bytes written, bytes shared by dedup,
-        seconds per stage (also :func:`spillfs.last_report`).
+        seconds per stage (also :func:`spillfs.last_report`). Background:
+        a Future of it (``seconds``: ``pickle``, ``host_wait``, ``snapshot``
+        in the call; the writer's ``total``).
 
     Example:
         >>> spillfs.save(model.state_dict(), "/mnt/spill/step1000.pt")
         IOReport(op='save', ...)
         >>> torch.load("/mnt/spill/step1000.pt")
+        >>> fut = spillfs.save(model.state_dict(), "/mnt/spill/step2000.pt", background=True)
+        >>> optimizer.step()  # the file holds the parameters before this step
+        >>> fut.result()
+        IOReport(op='save', ...)
     """
     torch = _torch()
     path = os.fspath(f) if _is_path(f) else None
@@ -190,6 +216,19 @@ def save(obj, f, pickle_module=pickle, pickle_protocol=DEFAULT_PROTOCOL, _use_ne
     report.op, report.path, report.dedup = "save", path, False
     if path is None and not hasattr(f, "write"):
         raise AttributeError(f"expected 'f' to be string, path, or a file-like object with a 'write' attribute")
+    if background:
+        if path is None:
+            raise ValueError("save(background=True) needs a path, not a file object")
+        if not _use_new_zipfile_serialization:
+            raise ValueError("save(background=True) writes the zip format only "
+                             "(_use_new_zipfile_serialization=False is synchronous)")
+        check_dill = getattr(torch.serialization, "_check_dill_version", None)
+        if check_dill is not None:
+            check_dill(pickle_module)
+        from . import _background
+        return _background.submit(obj, path, pickle_module, pickle_protocol, not _disable_byteorder_record,
+                                  _writer.Options(dedup=dedup, crc32=_crc32_default(crc32)), backend, report,
+                                  max_host_bytes)
     with report.stage("total"):
         check_dill = getattr(torch.serialization, "_check_dill_version", None)
         if check_dill is not None:
@@ -199,21 +238,26 @@ def save(obj, f, pickle_module=pickle, pickle_protocol=DEFAULT_PROTOCOL, _use_ne
         else:
             with report.stage("pickle"):
                 pkl, storages = _pickle(obj, pickle_module, pickle_protocol)
-            byteorder = not _disable_byteorder_record
-            records, first = _records(_archive_name(f), pkl, storages, byteorder)
-            cd_offset = _zipfile.plan(records, first=first)
-            report.storages = len(storages)
-            report.storage_bytes = sum(r.size for r in records if isinstance(r.payload, _writer.Source))
-            opts = _writer.Options(dedup=dedup, crc32=_crc32_default(crc32))
-            if path is None:
-                report.backend = "stream"
-                report.file_bytes = _writer.write_stream(f, records, records, cd_offset, opts, report)
-                f.flush()
-            else:
-                save_records(path, records, _zipfile.Framing(records, cd_offset), cd_offset + 64 * 1024, opts,
-                             backend, report)
+            _write_archive(f, path, pkl, _sources(storages), not _disable_byteorder_record,
+                           _writer.Options(dedup=dedup, crc32=_crc32_default(crc32)), backend, report)
     _publish(report)
     return report
+
+
+def _write_archive(f, path, pkl, sources, byteorder, opts, backend, report):
+    """The archive of `pkl` and its storages' `sources` ({key: Source}) into
+    `f` (`path`: its path, or None for a file object), as :func:`save` writes it."""
+    records, first = _records(_archive_name(f), pkl, sources, byteorder)
+    cd_offset = _zipfile.plan(records, first=first)
+    report.storages = len(sources)
+    report.storage_bytes = sum(r.size for r in records if isinstance(r.payload, _writer.Source))
+    if path is None:
+        report.backend = "stream"
+        report.file_bytes = _writer.write_stream(f, records, records, cd_offset, opts, report)
+        f.flush()
+    else:
+        save_records(path, records, _zipfile.Framing(records, cd_offset), cd_offset + 64 * 1024, opts,
+                     backend, report)
 
 
 def _crc32_default(crc32):
