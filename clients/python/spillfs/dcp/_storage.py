@@ -118,7 +118,7 @@ def _plan_file(items, planner, storage_key):
             continue
         tensor = _cpu_or_cuda(planner.resolve_data(item))
         pkl, by_key = _serialization._pickle(tensor, pickle, _serialization.DEFAULT_PROTOCOL)
-        archive, first = _serialization._records("archive", pkl, by_key, byteorder=True)
+        archive, first = _serialization._records("archive", pkl, _serialization._sources(by_key), byteorder=True)
         cd_offset = _zipfile.plan(archive, first=first)
         length = cd_offset + len(_zipfile.central_directory(archive, cd_offset))  # its size needs no CRC
         unit_aligned = any(r.align >= BIG_ALIGN for r in archive)
