@@ -381,6 +381,14 @@ void OnOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Status s = ControlPlane::Owns(ino) ? Status::OK() : Fs(req).Open(ino);
   if (!s.ok()) return ReplyError(req, s);
   fi->fh = reinterpret_cast<uint64_t>(Handles(req).dirs.Add(std::make_unique<DirHandle>()));
+  if (!ControlPlane::Owns(ino)) {
+    // The kernel keeps the listing and serves later ones itself, until a
+    // request of this mount changes the directory (fuse_dir_changed drops
+    // it): names change through no other way (kEntryTimeout). The control
+    // plane's listings are computed, so they are asked for each time.
+    fi->cache_readdir = 1;
+    fi->keep_cache = 1;
+  }
   if (fuse_reply_open(req, fi) == -ENOENT) {
     Handles(req).dirs.Free(Dir(fi));
     (void)Fs(req).Release(ino);

@@ -775,6 +775,66 @@ TEST_F(NamespaceTest, SeekdirReturnsToATelldirPosition) {
   closedir(dir);
 }
 
+// The kernel keeps a directory's listing (FOPEN_CACHE_DIR) between opens:
+// every change of the directory through the mount must show in the next
+// listing, and in a rewinddir of a handle opened before it, in both
+// directories of a rename.
+TEST_F(NamespaceTest, ListingsFollowEveryChangeOfTheDirectory) {
+  ASSERT_EQ(mkdir(P("d").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(P("e").c_str(), 0755), 0);
+  std::set<std::string> d, e;
+  auto check = [&](const char* after) {
+    EXPECT_EQ(ListDir(P("d")), d) << "after " << after;
+    EXPECT_EQ(ListDir(P("e")), e) << "after " << after;
+  };
+  check("mkdir");
+  check("a second listing");
+  WriteFile(P("d/f"), "x");
+  d.insert("f");
+  check("create");
+  ASSERT_EQ(mkdir(P("d/sub").c_str(), 0755), 0);
+  d.insert("sub");
+  check("mkdir inside");
+  ASSERT_EQ(symlink("f", P("d/lnk").c_str()), 0);
+  d.insert("lnk");
+  check("symlink");
+  ASSERT_EQ(mknod(P("d/fifo").c_str(), S_IFIFO | 0644, 0), 0);
+  d.insert("fifo");
+  check("mknod");
+  ASSERT_EQ(link(P("d/f").c_str(), P("e/hard").c_str()), 0);
+  e.insert("hard");
+  check("link into the other directory");
+  ASSERT_EQ(rename(P("d/f").c_str(), P("d/g").c_str()), 0);
+  d.erase("f");
+  d.insert("g");
+  check("rename within");
+  ASSERT_EQ(rename(P("d/g").c_str(), P("e/g").c_str()), 0);
+  d.erase("g");
+  e.insert("g");
+  check("rename across");
+  ASSERT_EQ(renameat2(AT_FDCWD, P("d/lnk").c_str(), AT_FDCWD, P("e/hard").c_str(), RENAME_EXCHANGE), 0);
+  check("rename exchange (same names, other inodes)");
+  EXPECT_EQ(ListDirWithDots(P("e"))["hard"].type, DT_LNK);
+  EXPECT_EQ(ListDirWithDots(P("d"))["lnk"].type, DT_REG);
+
+  DIR* held = opendir(P("d").c_str());
+  ASSERT_NE(held, nullptr);
+  while (readdir(held) != nullptr) {
+  }
+  ASSERT_EQ(unlink(P("d/fifo").c_str()), 0);
+  d.erase("fifo");
+  ASSERT_EQ(rmdir(P("d/sub").c_str()), 0);
+  d.erase("sub");
+  check("unlink and rmdir");
+  rewinddir(held);
+  std::set<std::string> rewound;
+  while (struct dirent* entry = readdir(held)) {
+    if (std::string(entry->d_name) != "." && std::string(entry->d_name) != "..") rewound.insert(entry->d_name);
+  }
+  closedir(held);
+  EXPECT_EQ(rewound, d) << "rewinddir of a handle opened before the unlink and rmdir";
+}
+
 // ------------------------------------------------------------------ link counts
 
 TEST_F(NamespaceTest, DirectoryLinkCountIsTwoPlusSubdirectories) {
