@@ -232,6 +232,10 @@ void OnLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* n
 DirectWriteHandle* DirectHandleOf(const fuse_file_info* fi) { return reinterpret_cast<DirectWriteHandle*>(fi->fh); }
 
 void ChoosePageCacheUse(fuse_req_t req, fuse_file_info* fi) {
+  // A reader's close has nothing to write out (Filesystem::Flush is for the
+  // data a writer leaves in the RAM tier) and the daemon keeps no POSIX
+  // locks for FLUSH to drop (the kernel's own do), so the kernel skips it.
+  if ((fi->flags & O_ACCMODE) == O_RDONLY) fi->noflush = 1;
   if ((fi->flags & O_ACCMODE) != O_WRONLY || Daemon(req).options().writeback_cache) return;
   fi->direct_io = 1;
   fi->fh = reinterpret_cast<uint64_t>(Handles(req).direct_writes.Add(std::make_unique<DirectWriteHandle>()));
