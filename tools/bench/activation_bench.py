@@ -370,9 +370,10 @@ def copy_bench(name, args, rows):
             release_memory(dev)
 
 
-def bench_size(name, args, files_dir, rows):
+def build_model(name, vocab, dev):
+    """The decoder of size `name` (SIZES) on `dev` (bf16 on CUDA, float32 on the CPU), seeded, and a
+    batch of input and target tokens: (model, idx, tgt). Also background_save_bench.py's model."""
     layers, h, heads, seq, batch = SIZES[name]
-    dev = torch.device(args.device)
     torch.manual_seed(0)
     if _cuda(dev) and hasattr(torch, "get_default_device"):  # initialised on the GPU: seconds, not minutes
         default = torch.get_default_dtype()
@@ -382,15 +383,22 @@ def bench_size(name, args, files_dir, rows):
             pass
         try:
             with torch.device(dev):
-                model = GPT(args.vocab, h, heads, layers, seq, qkv="packed", gelu="tanh")
+                model = GPT(vocab, h, heads, layers, seq, qkv="packed", gelu="tanh")
         finally:
             torch.set_default_dtype(default)
     else:
-        model = GPT(args.vocab, h, heads, layers, seq, qkv="packed", gelu="tanh")
+        model = GPT(vocab, h, heads, layers, seq, qkv="packed", gelu="tanh")
     model = model.to(dev, torch.bfloat16 if _cuda(dev) else torch.float32)
     g = torch.Generator(device="cpu").manual_seed(1)
-    idx = torch.randint(0, args.vocab, (batch, seq), generator=g).to(dev)
-    tgt = torch.randint(0, args.vocab, (batch, seq), generator=g).to(dev)
+    idx = torch.randint(0, vocab, (batch, seq), generator=g).to(dev)
+    tgt = torch.randint(0, vocab, (batch, seq), generator=g).to(dev)
+    return model, idx, tgt
+
+
+def bench_size(name, args, files_dir, rows):
+    layers, h, heads, seq, batch = SIZES[name]
+    dev = torch.device(args.device)
+    model, idx, tgt = build_model(name, args.vocab, dev)
     params = sum(p.numel() for p in model.parameters())
     print(f"\n== {name}: {layers} layers, hidden {h}, heads {heads}, seq {seq}, batch {batch}, "
           f"{params / 1e9:.2f} B params", flush=True)

@@ -101,29 +101,15 @@ class Bench(save_load_bench.Bench):
     def second_save(self, sd, nbytes):
         changed, changed_bytes = save_load_bench.one_percent_changed(sd, nbytes)
         for target, directory in self.targets:
-            stat = self.volume.stat if target == "mount" else (lambda: None)
-            before = stat()
-            self.sync()
-            t0 = time.perf_counter()
-            st.save_file(sd, os.path.join(directory, "step1.safetensors"))
-            first = time.perf_counter() - t0
-            mid = stat()
-            for c in changed:
-                sd[c].add_(1)
-            self.sync()
-            t0 = time.perf_counter()
-            r2 = st.save_file(sd, os.path.join(directory, "step2.safetensors"))
-            second = time.perf_counter() - t0
-            after = stat()
+            two = self.two_saves(sd, changed, target,
+                                 lambda i: st.save_file(sd, os.path.join(directory, f"step{i}.safetensors")))
+            r2, first, second = two["r2"], two["first"], two["second"]
             extra = {"changed_bytes": changed_bytes, "changed_tensors": len(changed),
                      "bytes_written": r2.bytes_written, "bytes_shared": r2.bytes_shared, "dedup": r2.dedup,
                      "file_bytes": r2.file_bytes, "first_save_seconds": round(first, 3),
                      "stages": {k: round(v, 4) for k, v in r2.seconds.items()},
-                     "dedup_requests": r2.dedup_requests, "units_changed_in_place": r2.units_changed_in_place}
-            if after is not None:
-                extra["ssd_bytes_first"] = mid["bytes_written_ssd"] - before["bytes_written_ssd"]
-                extra["ssd_bytes_second"] = after["bytes_written_ssd"] - mid["bytes_written_ssd"]
-                extra["physical_bytes_added_second"] = after["physical_bytes"] - mid["physical_bytes"]
+                     "dedup_requests": r2.dedup_requests, "units_changed_in_place": r2.units_changed_in_place,
+                     **two["ssd"]}
             self.add(target, "save 2 (1%)", "spillfs dedup", nbytes, second, **extra)
             check_equal(sd, st.load_file(os.path.join(directory, "step2.safetensors"), device=str(self.device)),
                         f"second save {target}")

@@ -209,23 +209,49 @@ class Bench:
             check_equal(obj, spillfs.load(path, map_location=self.device), f"spillfs.load of torch.save {target}")
         os.unlink(path)
 
+    def two_saves(self, sd, changed, target, save):
+        """`save(1)`, then, with the `changed` tensors of `sd` plus one, `save(2)` (the
+        caller sets them back), each timed from a synchronized device; `spillfs stat` of
+        the mount around them. A dict: each save's result (`r1`, `r2`) and seconds
+        (`first`, `second`); the stats (`before`, `mid`, `after`: None off the mount),
+        and `ssd`: the SSD fields of the row (none off the mount)."""
+        stat = self.volume.stat if target == "mount" else (lambda: None)
+        out = {"before": stat()}
+        self.sync()
+        t0 = time.perf_counter()
+        out["r1"] = save(1)
+        out["first"] = time.perf_counter() - t0
+        out["mid"] = stat()
+        for c in changed:
+            sd[c].add_(1)
+        self.sync()
+        t0 = time.perf_counter()
+        out["r2"] = save(2)
+        out["second"] = time.perf_counter() - t0
+        out["after"] = stat()
+        before, mid, after = out["before"], out["mid"], out["after"]
+        out["ssd"] = {} if after is None else {
+            "ssd_bytes_first": mid["bytes_written_ssd"] - before["bytes_written_ssd"],
+            "ssd_bytes_second": after["bytes_written_ssd"] - mid["bytes_written_ssd"],
+            "physical_bytes_added_second": after["physical_bytes"] - mid["physical_bytes"]}
+        return out
+
+    def execute(self):
+        """run() with the stall dump armed; the volume closed and the work directory removed whatever happens."""
+        try:
+            self.watch()
+            self.run()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+            self.close()
+
     def dedup_second_save(self, sd, nbytes):
         changed, changed_bytes = one_percent_changed(sd, nbytes)
         targets = [("host", self.host)] + ([("mount", self.volume.mnt)] if self.volume else [])
         for target, directory in targets:
-            before = self.volume.stat() if target == "mount" else None
-            self.sync()
-            t0 = time.perf_counter()
-            r1 = spillfs.save(sd, os.path.join(directory, "step1.pt"))
-            first = time.perf_counter() - t0
-            mid = self.volume.stat() if target == "mount" else None
-            for c in changed:
-                sd[c].add_(1)
-            self.sync()
-            t0 = time.perf_counter()
-            r2 = spillfs.save(sd, os.path.join(directory, "step2.pt"))
-            second = time.perf_counter() - t0
-            after = self.volume.stat() if target == "mount" else None
+            two = self.two_saves(sd, changed, target,
+                                 lambda i: spillfs.save(sd, os.path.join(directory, f"step{i}.pt")))
+            r1, first, r2, second, mid, after = (two[k] for k in ("r1", "first", "r2", "second", "mid", "after"))
             extra = {"changed_bytes": changed_bytes, "changed_tensors": len(changed),
                      "bytes_written": r2.bytes_written, "bytes_shared": r2.bytes_shared, "dedup": r2.dedup,
                      "first_save_seconds": round(first, 3), "speedup_vs_first": round(first / second, 2),
@@ -234,10 +260,8 @@ class Bench:
                      "units_changed_in_place": getattr(r2, "units_changed_in_place", None),
                      "io_stats": {k: round(v, 4) if isinstance(v, float) else v
                                   for k, v in (getattr(r2, "io_stats", None) or {}).items()}}
+            extra.update(two["ssd"])
             if after is not None:
-                extra["ssd_bytes_first"] = mid["bytes_written_ssd"] - before["bytes_written_ssd"]
-                extra["ssd_bytes_second"] = after["bytes_written_ssd"] - mid["bytes_written_ssd"]
-                extra["physical_bytes_added_second"] = after["physical_bytes"] - mid["physical_bytes"]
                 extra["data_syncs_second"] = after.get("data_syncs", 0) - mid.get("data_syncs", 0)
                 extra["data_sync_seconds_second"] = round(
                     after.get("data_sync_seconds", 0) - mid.get("data_sync_seconds", 0), 4)
@@ -345,13 +369,8 @@ def main():
     if unknown:
         ap.error(f"--parts: unknown {', '.join(sorted(unknown))} (tensor, state_dict, dedup)")
     bench = Bench(args)
-    try:
-        bench.watch()
-        bench.run()
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        bench.close()
-    report(bench, args, raw_GBps={f"{k[0]} {k[1]}": round(v, 3) for k, v in bench.raw.items()})
+    bench.execute()
+    report(bench, args, raw_GBps=figures(bench.raw))
     return 0
 
 
@@ -364,6 +383,11 @@ def one_percent_changed(sd, nbytes):
             break
         changed.append(k)
     return changed, sum(sd[c].numel() * sd[c].element_size() for c in changed)
+
+
+def figures(by_key):
+    """{(object, op): GB/s} as JSON's {"object op": GB/s}."""
+    return {f"{k[0]} {k[1]}": round(v, 3) for k, v in by_key.items()}
 
 
 def report(bench, args, **extra):
