@@ -181,9 +181,37 @@ Status Filesystem::ReclaimEphemeral() {
 // ---- index helpers ----
 
 Result<InodeRecord> Filesystem::LoadInode(InodeNumber ino) {
+  uint64_t seq;
+  {
+    MutexLock lock(&records_mu_);
+    if (auto it = records_.find(ino); it != records_.end()) return it->second;
+    seq = records_seq_;
+  }
   auto record = index_.GetInode(ino);
   if (!record.ok() && record.status().IsNotFound()) return Status::Error(ENOENT, fmt::format("no inode {}", ino));
+  if (record.ok()) {
+    if (test_after_record_miss_) test_after_record_miss_(ino);
+    MutexLock lock(&records_mu_);
+    if (records_seq_ == seq) {
+      if (records_.size() >= kRecordCacheEntries) records_.clear();
+      records_.emplace(ino, *record);
+    }
+  }
   return record;
+}
+
+void Filesystem::ApplyToRecordCache(const Txn& txn, bool committed) {
+  if (txn.inodes.empty()) return;
+  MutexLock lock(&records_mu_);
+  ++records_seq_;
+  for (const auto& [ino, record] : txn.inodes) {
+    if (committed && record) {
+      if (records_.size() >= kRecordCacheEntries) records_.clear();
+      records_.insert_or_assign(ino, *record);
+    } else {
+      records_.erase(ino);
+    }
+  }
 }
 
 Result<InodeRecord> Filesystem::LoadDir(InodeNumber ino) {
@@ -194,6 +222,7 @@ Result<InodeRecord> Filesystem::LoadDir(InodeNumber ino) {
 
 void Filesystem::PutInode(Txn* txn, InodeNumber ino, const InodeRecord& record) {
   txn->batch.Put(Family::kInode, keys::Ino(ino), record.Encode());
+  txn->inodes.emplace_back(ino, record);
 }
 
 Result<DirentRecord> Filesystem::FindDirent(InodeNumber parent, std::string_view name) {
@@ -217,7 +246,9 @@ Status Filesystem::CommitTxn(Txn* txn) {
   SPILLFS_RETURN_IF_ERROR(deduper_.ApplyBlobRefs(txn->blob_refs, txn->new_blobs, txn->current_blobs, &txn->batch,
                                                  &txn->freed, &blobs_changed));
   allocator_.CommitFreed(txn->freed, &txn->batch);
-  SPILLFS_RETURN_IF_ERROR(index_.Commit(&txn->batch));
+  Status committed = index_.Commit(&txn->batch);
+  ApplyToRecordCache(*txn, committed.ok());
+  SPILLFS_RETURN_IF_ERROR(committed);
   // After the commit: a look-up that saw the old epoch may have seen the
   // blobs as they were (DirectDedup checks them again); one that sees the
   // new epoch sees this batch.
@@ -289,6 +320,7 @@ void Filesystem::DeleteInode(Txn* txn, InodeNumber ino, const InodeRecord& recor
     txn->batch.Delete(Family::kXattr, cursor->key());
   }
   txn->batch.Delete(Family::kInode, keys::Ino(ino));
+  txn->inodes.emplace_back(ino, std::nullopt);
   txn->batch.Delete(Family::kOrphan, keys::Ino(ino));
   allocator_.ReleaseHold(ram_tier_.Remove(ino, /*cancelled=*/true));  // unflushed data never reaches the SSD
   MutexLock unsettled_lock(&unsettled_mu_);

@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "filesystem_fixture.h"
 #include "support/random_bytes.h"
@@ -19,6 +20,89 @@ using testing::RandomBytes;
 INSTANTIATE_TEST_SUITE_P(Tiers, FilesystemDataTest, kTiers, TierName);
 
 // ---- create, lookup, links, readdir ----
+
+// The record cache (Filesystem::LoadInode) answers what the index holds after
+// every kind of commit: attributes, links, renames, unlinks, and the same
+// after a reopen (which starts with an empty cache).
+TEST_F(FilesystemTest, RecordCacheAnswersWhatTheIndexHolds) {
+  InodeNumber dir = MakeDir(kRootInode, "d");
+  InodeNumber f = MakeFile(dir, "f");
+  auto same_as_index = [&](InodeNumber ino, const char* after) {
+    auto entry = fs_->GetAttr(ino);
+    auto record = index().GetInode(ino);
+    ASSERT_TRUE(entry.ok()) << after << ": " << entry.status().ToString();
+    ASSERT_TRUE(record.ok()) << after << ": " << record.status().ToString();
+    EXPECT_EQ(entry->attr.st_mode, record->mode) << after;
+    EXPECT_EQ(entry->attr.st_nlink, record->nlink) << after;
+    EXPECT_EQ(entry->attr.st_uid, record->uid) << after;
+    EXPECT_EQ(static_cast<int64_t>(entry->attr.st_ctim.tv_sec) * 1000000000 + entry->attr.st_ctim.tv_nsec,
+              record->ctime_ns)
+        << after;
+  };
+  same_as_index(f, "create");
+  SetAttrRequest chmod;
+  chmod.mode = 0604;
+  ASSERT_TRUE(fs_->SetAttr(f, chmod).ok());
+  same_as_index(f, "chmod");
+  EXPECT_EQ(fs_->GetAttr(f)->attr.st_mode & 07777, 0604u);
+  SetAttrRequest chown;
+  chown.uid = 1234;
+  ASSERT_TRUE(fs_->SetAttr(f, chown).ok());
+  same_as_index(f, "chown");
+  ASSERT_TRUE(fs_->Link(f, kRootInode, "hard").ok());
+  same_as_index(f, "link");
+  same_as_index(kRootInode, "link (the directory)");
+  ExpectRenamed(dir, "f", kRootInode, "g", f);
+  same_as_index(f, "rename");
+  same_as_index(dir, "rename (the source directory)");
+  ASSERT_TRUE(fs_->Unlink(kRootInode, "hard").ok());
+  same_as_index(f, "unlink of one of two links");
+  EXPECT_EQ(fs_->GetAttr(f)->attr.st_nlink, 1u);
+  ASSERT_TRUE(fs_->Unlink(kRootInode, "g").ok());
+  EXPECT_EQ(fs_->GetAttr(f).status().code(), ENOENT) << "the cache keeps no record the index deleted";
+  ASSERT_TRUE(fs_->Rmdir(kRootInode, "d").ok());
+  EXPECT_EQ(fs_->GetAttr(dir).status().code(), ENOENT);
+  Reopen();
+  same_as_index(kRootInode, "reopen");
+}
+
+// Readers that miss the cache read the index without the commit lock (GetAttr):
+// one that read a record just before a commit replaced it must not put it
+// back in the cache after the commit did, or every later GetAttr would answer
+// the old mode until some other commit. The hook runs a chmod at exactly that
+// moment of a GetAttr's miss.
+TEST_F(FilesystemTest, RecordCacheKeepsNoRecordACommitReplaced) {
+  InodeNumber f = MakeFile(kRootInode, "f");
+  fs_->TEST_DropRecordCache();
+  bool committed = false;
+  fs_->TEST_AfterRecordMiss([&](InodeNumber ino) {
+    if (ino != f || committed) return;
+    committed = true;  // before: the chmod's own look-up comes here too
+    SetAttrRequest chmod;
+    chmod.mode = 0640;
+    ASSERT_TRUE(fs_->SetAttr(f, chmod).ok());
+  });
+  auto during = fs_->GetAttr(f);  // read 0644, then the chmod commits 0640
+  fs_->TEST_AfterRecordMiss(nullptr);
+  ASSERT_TRUE(committed);
+  ASSERT_TRUE(during.ok());
+  EXPECT_EQ(during->attr.st_mode & 07777, 0644u) << "the GetAttr answers what it read";
+  EXPECT_EQ(fs_->GetAttr(f)->attr.st_mode & 07777, 0640u) << "the next one answers the chmod's mode";
+  EXPECT_EQ(index().GetInode(f)->mode & 07777, 0640u);
+
+  // The same with an unlink that deletes the inode: no record may come back.
+  fs_->TEST_DropRecordCache();
+  bool deleted = false;
+  fs_->TEST_AfterRecordMiss([&](InodeNumber ino) {
+    if (ino != f || deleted) return;
+    deleted = true;
+    ASSERT_TRUE(fs_->Unlink(kRootInode, "f").ok());
+  });
+  (void)fs_->GetAttr(f);
+  fs_->TEST_AfterRecordMiss(nullptr);
+  ASSERT_TRUE(deleted);
+  EXPECT_EQ(fs_->GetAttr(f).status().code(), ENOENT) << "a record the index deleted came back";
+}
 
 TEST_F(FilesystemTest, CreateLookupAndReadDir) {
   auto root = fs_->GetAttr(kRootInode);

@@ -22,7 +22,8 @@
 // 4. Leaves, taken last and briefly, with no other lock taken under them but
 //    BufferPool::mu_ under RamTier::mu_ (ram_tier.h): RamTier::mu_,
 //    ReadAhead::mu_, Allocator::mu_, ReclaimGate::mu_, BackgroundSync::mu_,
-//    BlockStore's sync lock, BufferPool::mu_, Filesystem::unsettled_mu_.
+//    BlockStore's sync lock, BufferPool::mu_, Filesystem::unsettled_mu_,
+//    Filesystem::records_mu_ (the record cache).
 // Above 1: the control plane's ControlPlane::Handle::mu, then
 // ControlPlane::mu_, which call into the core. The data writes and syncs of a
 // flush run with none of 2-4 held; a read-ahead fetch takes none of 1-3

@@ -266,6 +266,16 @@ class Filesystem : private FlushCommitter {
   Result<std::vector<bool>> DirectDedup(InodeNumber ino, uint64_t file_offset, const std::vector<std::string>& hashes);
   static constexpr uint64_t dedup_unit() { return kDedupUnit; }
 
+  // Tests only: empties the record cache (the next look-up of each inode
+  // reads the index); calls `hook` in each look-up that missed it, between
+  // its index read and its decision to keep the record. Set before the
+  // operations it is for, with no other thread in the Filesystem.
+  void TEST_DropRecordCache() EXCLUDES(records_mu_) {
+    MutexLock lock(&records_mu_);
+    records_.clear();
+  }
+  void TEST_AfterRecordMiss(std::function<void(InodeNumber)> hook) { test_after_record_miss_ = std::move(hook); }
+
   Volume& volume() { return *volume_; }
   const FsCounters& counters() const { return counters_; }
   RamTier::Stats ram_tier_stats() const { return ram_tier_.stats(); }
@@ -293,6 +303,9 @@ class Filesystem : private FlushCommitter {
     // Records known as they are under mu_ (DirectDedup's hits), not read
     // again; they outlive the txn.
     std::unordered_map<uint64_t, const BlobRecord*> current_blobs;
+    // The inode records this batch puts (or deletes: nullopt), in order:
+    // CommitTxn applies them to the record cache once the batch is in.
+    std::vector<std::pair<InodeNumber, std::optional<InodeRecord>>> inodes;
   };
 
   Filesystem(std::unique_ptr<Volume> volume, const FilesystemOptions& options);
@@ -301,7 +314,9 @@ class Filesystem : private FlushCommitter {
 
   // Index helpers. An operation that commits holds mu_ from its first read
   // of what it changes; a reader may call the loaders without it.
-  Result<InodeRecord> LoadInode(InodeNumber ino);
+  // The inode's record: from the record cache, else from the index (and
+  // then cached, unless a commit came in between).
+  Result<InodeRecord> LoadInode(InodeNumber ino) EXCLUDES(records_mu_);
   Result<InodeRecord> LoadDir(InodeNumber ino);
   void PutInode(Txn* txn, InodeNumber ino, const InodeRecord& record);
   Result<Entry> CreateInode(InodeNumber parent, std::string_view name, InodeRecord record);
@@ -447,6 +462,23 @@ class Filesystem : private FlushCommitter {
   Mutex mu_;
   InodeNumber next_ino_ GUARDED_BY(mu_) = 0;
   std::unordered_map<InodeNumber, InodeState> inodes_ GUARDED_BY(mu_);
+
+  // The record cache: inode records as the index holds them, for the
+  // look-ups every operation starts with (GetAttr, Lookup, the SetAttrs
+  // after a create); an index Get was the most of a stat's time in the
+  // daemon. Every inode record is written by a Txn, so CommitTxn, under
+  // mu_ and once the batch is in the index, puts what it wrote here (or
+  // drops it: a failed commit). A miss is read from the index and kept
+  // only if no commit was applied meanwhile (records_seq_ unchanged):
+  // readers without mu_ (GetAttr) would otherwise put back a record that a
+  // commit had just replaced. Emptied whole at kRecordCacheEntries. A leaf
+  // lock.
+  static constexpr size_t kRecordCacheEntries = 1u << 16;
+  void ApplyToRecordCache(const Txn& txn, bool committed) EXCLUDES(records_mu_);
+  mutable Mutex records_mu_;
+  std::unordered_map<InodeNumber, InodeRecord> records_ GUARDED_BY(records_mu_);
+  uint64_t records_seq_ GUARDED_BY(records_mu_) = 0;
+  std::function<void(InodeNumber)> test_after_record_miss_;
 
   // The inodes whose records carry kInodeUnsettled (none at Open: a clean
   // stop settles every file, an unclean one's are reclaimed). A leaf lock.
