@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import time
-import traceback
 import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,11 +29,12 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.tensor import DTensor, Shard  # noqa: E402
 
 from spillfs.dcp import SpillReader, SpillWriter  # noqa: E402
+from worker_results import Results  # noqa: E402
 
 RANK, WORLD, MOUNT, OUT = 0, 1, None, None  # set by main (test_dcp.py imports global_state)
 TENSORS = 100  # 1% changed = 1 tensor
 ROWS, COLS = 128, 1024  # 512 KiB of float32: one 256 KiB unit a rank at 2 ranks
-results = {}
+results = Results()  # its file set by main
 warnings.filterwarnings("ignore", message=".*overwriting.*")
 
 
@@ -92,24 +92,8 @@ def stat():
     return json.loads(out.stdout)
 
 
-def save_results():
-    with open(OUT + ".tmp", "w") as f:
-        json.dump(results, f)
-    os.replace(OUT + ".tmp", OUT)
-
-
 def check(fn):
-    """Runs a check on every rank (each one's collectives are the same on every
-    rank whatever it finds), its traceback kept on failure."""
-    t0 = time.perf_counter()
-    try:
-        fn()
-        results[fn.__name__] = "ok"
-    except Exception:  # noqa: BLE001
-        results[fn.__name__] = traceback.format_exc()
-    results[fn.__name__ + "_seconds"] = time.perf_counter() - t0
-    save_results()
-    dist.barrier()
+    results.check(fn, dist.barrier)
 
 
 def ckpt(name):
@@ -119,6 +103,7 @@ def ckpt(name):
 def main():
     global RANK, WORLD, MOUNT, OUT
     RANK, WORLD, MOUNT, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    results.path = OUT
     dist.init_process_group("gloo", init_method="file://" + os.path.join(os.path.dirname(OUT), f"rendezvous-{WORLD}"),
                             rank=RANK, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
     mesh = init_device_mesh("cpu", (WORLD,))

@@ -6,7 +6,6 @@ then a failure scenario. Writes {check: "ok" | traceback} to OUT (JSON).
 """
 
 import datetime
-import json
 import os
 import sys
 import time
@@ -21,29 +20,15 @@ import torch.distributed as dist  # noqa: E402
 
 from spillfs.gnn._store import line_cache as _line_cache  # noqa: E402
 from spillfs.gnn import FeatureStore, PeerError, ShardedFeatureStore  # noqa: E402
+from worker_results import Results  # noqa: E402
 
 RANK, WORLD, DATA, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-results = {}
-
-
-def save():
-    with open(OUT + ".tmp", "w") as f:
-        json.dump(results, f)
-    os.replace(OUT + ".tmp", OUT)
+results = Results(OUT)
+save = results.save
 
 
 def check(fn):
-    """Runs a check on every rank; ranks stay in step because each check's
-    collectives are the same on every rank whatever it finds."""
-    t0 = time.perf_counter()
-    try:
-        fn()
-        results[fn.__name__] = "ok"
-    except Exception:  # noqa: BLE001
-        results[fn.__name__] = traceback.format_exc()
-    results[fn.__name__ + "_seconds"] = time.perf_counter() - t0
-    save()
-    dist.barrier()
+    results.check(fn, dist.barrier)
 
 
 def zipf(rows, n, seed):
