@@ -171,6 +171,32 @@ def test_wait_waits_for_every_pending_save(tmp_path):
         assert_same(_state(i), spillfs.load(tmp_path / f"s{i}.pt"))
 
 
+def test_a_forked_child_saves_in_the_background_while_the_parent_has_saves_pending(tmp_path):
+    sd = _state(4)
+    with _HeldWriter():
+        parents = spillfs.save(sd, tmp_path / "parent.pt", background=True)  # pending at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's writer thread is not here
+            code = 1
+            try:
+                torch.set_num_threads(1)  # as DataLoader's workers: OpenMP's pool does not survive a fork
+                spillfs.save(sd, tmp_path / "child.pt", background=True).result(timeout=30)
+                spillfs.checkpoint.wait(timeout=30)
+                code = 0 if torch.equal(torch.load(tmp_path / "child.pt")["w0"], sd["w0"]) else 2
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 60
+        while (reaped := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if reaped[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the child's background save did not finish in 60 s")
+    assert os.waitstatus_to_exitcode(reaped[1]) == 0, "the child's background save failed or wrote other values"
+    parents.result(timeout=60)
+    assert_same(sd, torch.load(tmp_path / "parent.pt"))
+
+
 def test_a_second_background_save_is_deduplicated(mount):
     if _native.segment_io() is None:
         pytest.skip("dedup needs libspillfs_client with the segment I/O")

@@ -23,7 +23,9 @@ snapshot would pass the bound waits, before taking it, for earlier saves to
 finish (a snapshot bigger than the bound alone waits for all of them).
 :func:`wait` waits for every pending save; at interpreter exit pending
 saves are finished first (the writer is a ``concurrent.futures`` worker,
-which Python joins at exit).
+which Python joins at exit). A forked child starts with a writer of its own
+and nothing pending (``os.register_at_fork``); like any torch code after a
+fork, it should run with ``torch.set_num_threads(1)``.
 """
 
 import concurrent.futures
@@ -49,6 +51,20 @@ _side_streams = {}  # device index -> the side stream of snapshot copies
 # is most of what a fresh one costs. Host memory beyond max_host_bytes: one
 # snapshot at most.
 _spare = None
+
+
+def _after_fork_in_child():
+    """A forked child (a DataLoader worker, a multiprocessing pool) inherits
+    this module's state but not the writer thread, and maybe a lock some
+    other thread held: it starts with no writer and nothing pending (the
+    parent's pending saves are the parent's to finish)."""
+    global _cond, _pending_bytes, _pending, _executor, _side_streams, _spare
+    _cond = threading.Condition()
+    _pending_bytes, _pending, _executor = 0, [], None
+    _side_streams, _spare = {}, None  # CUDA state does not survive a fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _torch():
