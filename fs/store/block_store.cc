@@ -69,6 +69,8 @@ class FileBlockStore final : public BlockStore {
   std::atomic<uint64_t> sync_ns_{0};
 };
 
+}  // namespace
+
 // One writer of a data area at a time, held for as long as its open file
 // lives: flock's lock goes with the open file description, which the kernel
 // frees only when every I/O holding it has ended. A daemon that was killed
@@ -79,7 +81,7 @@ class FileBlockStore final : public BlockStore {
 // writer (another daemon, or mkfs of a mounted device) is refused with EBUSY.
 constexpr auto kWriterLockWait = std::chrono::seconds(3);
 
-Status LockForWriting(int fd, const std::string& path) {
+Status BlockStore::LockForWriting(int fd, const std::string& path) {
   const auto deadline = std::chrono::steady_clock::now() + kWriterLockWait;
   while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK && errno != EINTR) return Errno("cannot lock " + path);
@@ -92,8 +94,6 @@ Status LockForWriting(int fd, const std::string& path) {
   }
   return Status::OK();
 }
-
-}  // namespace
 
 Status BlockStore::CreateImage(const std::string& path, uint64_t size) {
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);

@@ -13,12 +13,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -120,41 +118,6 @@ class JournalingBlockStore final : public BlockStore {
   std::shared_mutex durability_mu_;  // shared: a journaled write; exclusive: Flush
 };
 
-// A killed daemon's io_uring writes can still be in flight after the process
-// was reaped: the ring is torn down by a kernel worker once its requests end,
-// and each request holds the image open until then. Undoing the journal before
-// they land would let a late write overwrite a pre-image, and a late O_DIRECT
-// write that finds the undo's dirty pages in the page cache fails to drop them
-// and marks the image's mapping with EIO (the next fsync reports it). So the
-// cut waits until no one else has the image open for writing, which is when a
-// write lease can be had (fcntl(2): "only if there are no other open file
-// descriptors"; the lease itself is released at once).
-Status WaitForOtherWritersToClose(const std::string& image) {
-  constexpr auto kLimit = std::chrono::seconds(20);
-  const auto deadline = std::chrono::steady_clock::now() + kLimit;
-  int fd = open(image.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno("cannot open " + image);
-  Status s;
-  while (true) {
-    if (fcntl(fd, F_SETLEASE, F_WRLCK) == 0) {
-      fcntl(fd, F_SETLEASE, F_UNLCK);
-      break;
-    }
-    if (errno != EAGAIN && errno != EBUSY) {
-      s = Errno("cannot take a write lease on " + image + " to see that the killed daemon's writes have ended");
-      break;
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      s = Status::IOError(fmt::format("{} is still open for writing {} s after the daemon was reaped", image,
-                                      std::chrono::duration_cast<std::chrono::seconds>(kLimit).count()));
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  close(fd);
-  return s;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<BlockStore>> NewJournalingBlockStore(std::unique_ptr<BlockStore> base,
@@ -186,7 +149,6 @@ bool DataJournalHoldsAWrite(const std::string& journal) {
 
 Result<DataCut> ApplyDataCut(const std::string& journal, const std::string& image,
                              const std::function<bool()>& survives) {
-  SPILLFS_RETURN_IF_ERROR(WaitForOtherWritersToClose(image));
   DataCut cut;
   std::string bytes;
   SPILLFS_RETURN_IF_ERROR(internal::ReadWholeFile(journal, &bytes).WithContext("the power-cut journal"));
@@ -229,6 +191,16 @@ Result<DataCut> ApplyDataCut(const std::string& journal, const std::string& imag
   }
   int fd = open(image.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) return Errno("cannot open " + image);
+  // A killed daemon's io_uring writes can still be in flight after it was
+  // reaped (a kernel worker ends its ring). Undone before they land, a late
+  // write would overwrite a pre-image, and a late O_DIRECT write over the
+  // undo's dirty pages marks the image EIO. The cut is the area's next
+  // writer: it takes the writer lock, as a mount does, which is free once
+  // the daemon's open file, and so every write through it, is gone.
+  if (Status locked = BlockStore::LockForWriting(fd, image); !locked.ok()) {
+    close(fd);
+    return locked;
+  }
   Status written;
   for (const auto& [unit, list] : writers) {
     // The newest surviving writer, and the record after it.

@@ -329,11 +329,16 @@ def _u64_array(values):
     return (ctypes.c_uint64 * len(values)).from_buffer(values)
 
 
+def check_backend(backend):
+    """ValueError unless `backend` is one open_file takes."""
+    if backend not in ("auto", "native", "posix"):
+        raise ValueError(f"backend must be 'auto', 'native' or 'posix', not {backend!r}")
+
+
 def open_file(path, write, size_hint=0, backend="auto"):
     """A file for save/load: native where `backend` allows and the library
     has the segment I/O ("auto", "native"), else Python ("posix")."""
-    if backend not in ("auto", "native", "posix"):
-        raise ValueError(f"backend must be 'auto', 'native' or 'posix', not {backend!r}")
+    check_backend(backend)
     lib = None if backend == "posix" else _native.segment_io()
     if lib is None:
         if backend == "native":

@@ -167,10 +167,9 @@ def submit(obj, f, pickle_module, pickle_protocol, byteorder, opts, backend, rep
     a synchronous save raises) are the Future's."""
     global _pending_bytes
     from . import _serialization as ser
-    path = os.fspath(f)
+    path = os.fspath(f)  # report.op and .path: set by save
     target = os.path.abspath(path)  # resolved now: the caller may chdir before the write
     limit = default_max_host_bytes() if max_host_bytes is None else int(max_host_bytes)
-    report.op, report.path, report.dedup = "save", path, False
     try:
         with report.stage("pickle"):
             pkl, storages = ser._pickle(obj, pickle_module, pickle_protocol)

@@ -222,24 +222,21 @@ def save(obj, f, pickle_module=pickle, pickle_protocol=DEFAULT_PROTOCOL, _use_ne
         if not _use_new_zipfile_serialization:
             raise ValueError("save(background=True) writes the zip format only "
                              "(_use_new_zipfile_serialization=False is synchronous)")
-        check_dill = getattr(torch.serialization, "_check_dill_version", None)
-        if check_dill is not None:
-            check_dill(pickle_module)
+    check_dill = getattr(torch.serialization, "_check_dill_version", None)
+    if check_dill is not None:
+        check_dill(pickle_module)
+    opts = _writer.Options(dedup=dedup, crc32=_crc32_default(crc32))
+    if background:
         from . import _background
-        return _background.submit(obj, path, pickle_module, pickle_protocol, not _disable_byteorder_record,
-                                  _writer.Options(dedup=dedup, crc32=_crc32_default(crc32)), backend, report,
-                                  max_host_bytes)
+        return _background.submit(obj, path, pickle_module, pickle_protocol, not _disable_byteorder_record, opts,
+                                  backend, report, max_host_bytes)
     with report.stage("total"):
-        check_dill = getattr(torch.serialization, "_check_dill_version", None)
-        if check_dill is not None:
-            check_dill(pickle_module)
         if not _use_new_zipfile_serialization:
             _save_legacy(obj, f, path, pickle_module, pickle_protocol, report)
         else:
             with report.stage("pickle"):
                 pkl, storages = _pickle(obj, pickle_module, pickle_protocol)
-            _write_archive(f, path, pkl, _sources(storages), not _disable_byteorder_record,
-                           _writer.Options(dedup=dedup, crc32=_crc32_default(crc32)), backend, report)
+            _write_archive(f, path, pkl, _sources(storages), not _disable_byteorder_record, opts, backend, report)
     _publish(report)
     return report
 

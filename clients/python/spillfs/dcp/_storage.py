@@ -230,8 +230,7 @@ class SpillWriter(FileSystemWriter):
             raise ValueError(f"SpillWriter writes serialization_format=TORCH_SAVE only, not {serialization_format}")
         if _extensions:
             raise ValueError("SpillWriter does not apply stream transforms (_extensions): use FileSystemWriter")
-        if backend not in ("auto", "native", "posix"):
-            raise ValueError(f"backend must be 'auto', 'native' or 'posix', not {backend!r}")
+        _io.check_backend(backend)
         super().__init__(path, single_file_per_rank=single_file_per_rank, sync_files=sync_files,
                          thread_count=thread_count, per_thread_copy_ahead=per_thread_copy_ahead,
                          cache_staged_state_dict=cache_staged_state_dict, overwrite=overwrite)
@@ -244,6 +243,7 @@ class SpillWriter(FileSystemWriter):
         """Writes each (path, file name, items) of `file_queue` (FileSystemWriter.write_data
         names them) as a whole; a done Future of the items' WriteResults."""
         results, reports = [], []
+        opts = _writer.Options(dedup=self.dedup, crc32=_serialization._crc32_default(None))
         while True:
             try:
                 path, storage_key, items = file_queue.get_nowait()
@@ -253,7 +253,6 @@ class SpillWriter(FileSystemWriter):
             with report.stage("total"):
                 records, framing, size, file_results, report.storages, report.storage_bytes = \
                     _plan_file(items, planner, storage_key)
-                opts = _writer.Options(dedup=self.dedup, crc32=_serialization._crc32_default(None))
                 _serialization.save_records(os.fspath(path), records, framing, size, opts, self.backend, report)
             reports.append(report)
             results += file_results
@@ -314,8 +313,7 @@ class SpillReader(FileSystemReader):
     """
 
     def __init__(self, path, _extension_registry=None, *, backend="auto"):
-        if backend not in ("auto", "native", "posix"):
-            raise ValueError(f"backend must be 'auto', 'native' or 'posix', not {backend!r}")
+        _io.check_backend(backend)
         super().__init__(path, _extension_registry=_extension_registry)
         self.backend = backend
         self.report = IOReport(op="load", path=os.fspath(self.path))

@@ -52,6 +52,9 @@ class BlockStore {
   // are gone, waiting a few seconds for a previous writer's I/O to drain;
   // EBUSY if another writer holds it.
   static Result<std::unique_ptr<BlockStore>> Open(const std::string& path, bool read_only = false);
+  // The writer lock of the data area at `path`, taken on `fd` (an open of
+  // it) as a writable Open takes it: held until `fd` is closed.
+  static Status LockForWriting(int fd, const std::string& path);
   // Size in bytes of a file or block device.
   static Result<uint64_t> SizeOf(const std::string& path);
 
