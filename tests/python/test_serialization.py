@@ -816,6 +816,7 @@ import os, sys, warnings
 import torch, spillfs
 from spillfs import _native
 _native.segment_io()  # the library loaded while the interpreter's files are still readable
+getattr(torch.serialization, "get_crc32_options", lambda: None)()  # and torch's lazily imported config
 # Become uid 65534 only now: the interpreter here lives where that user may not read (/root).
 os.setgroups([])
 os.setgid(65534)
