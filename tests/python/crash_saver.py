@@ -1,12 +1,16 @@
 """A process that saves one checkpoint, to be killed by test_checkpoint_crash.py.
 
-    python crash_saver.py PATH GENERATION [--hook before-rename|after-rename] [--background]
+    python crash_saver.py PATH GENERATION [--hook before-rename|after-rename|mid-write:K [--victim PID]]
+                          [--background]
 
 Saves state(GENERATION) to PATH with spillfs.save; prints "saving" just
 before the call and "saved SECONDS" after. --hook kills this process with
 SIGKILL at the rename of the temporary file over PATH: just before it (the
 temporary file written and fsync'ed), or just after it (before the
-directory's fsync). --background saves with background=True and waits.
+directory's fsync); mid-write:K, at the K-th write call of the save's file
+(the earlier ones issued). --victim PID: mid-write kills that process (the
+daemon) instead, and the save goes on against a dead mount.
+--background saves with background=True and waits.
 """
 
 import os
@@ -37,7 +41,19 @@ def main():
     hook = sys.argv[sys.argv.index("--hook") + 1] if "--hook" in sys.argv else None
     import spillfs
     sd = state(generation)
-    if hook is not None:
+    if hook is not None and hook.startswith("mid-write:"):
+        # SIGKILL at the k-th write call of the save (the earlier ones issued): surely mid-save
+        from spillfs import _io
+        k, calls = int(hook.split(":")[1]), [0]
+        victim = int(sys.argv[sys.argv.index("--victim") + 1]) if "--victim" in sys.argv else os.getpid()
+        for cls in (_io.NativeFile, _io.PosixFile):
+            def write(self, *args, _real=cls.write, **kwargs):
+                calls[0] += 1
+                if calls[0] == k:
+                    os.kill(victim, signal.SIGKILL)
+                return _real(self, *args, **kwargs)
+            cls.write = write
+    elif hook is not None:
         real = os.replace
 
         def replace(src, dst, **kwargs):

@@ -143,7 +143,11 @@ def test_kill_9_of_the_saver_keeps_the_previous_checkpoint(volume):
     seconds = _save_whole(path, 1)
     current, generation, killed_mid_save = 1, 1, 0
     rng = random.Random(20240607)  # seeded moments within the save's time
+    # Timed kills may land before or after the save's writes (the saver's start-up varies); the
+    # mid-write hooks land inside it for sure (a save here makes 2 write calls).
     cases = [("at", rng.uniform(0.05, 0.95)) for _ in range(3)] + [("background", rng.uniform(0.05, 0.95)),
+                                                                    ("hook", "mid-write:1"),
+                                                                    ("hook", "mid-write:2"),
                                                                     ("hook", "before-rename"),
                                                                     ("hook", "after-rename")]
     for kind, moment in cases:
@@ -166,8 +170,11 @@ def test_kill_9_of_the_saver_keeps_the_previous_checkpoint(volume):
             p.communicate(timeout=120)
             assert p.returncode == -signal.SIGKILL
             got, tmps = _check(directory, {current, generation})
-            # before the rename: the old file; after it: the new one, whole (fsync'ed before)
-            assert got == (current if moment == "before-rename" else generation), (moment, got)
+            # mid-write and before the rename: the old file; after it: the new one, whole (fsync'ed before)
+            assert got == (generation if moment == "after-rename" else current), (moment, got)
+            if moment.startswith("mid-write"):
+                killed_mid_save += 1
+                assert tmps, f"{moment}: killed mid-save, no temporary file left"
         current = got
     assert killed_mid_save >= 2, f"only {killed_mid_save} kills landed mid-save (save: {seconds:.3f} s)"
     # a later save goes through; the temporary files of the killed ones stay
@@ -182,12 +189,22 @@ def test_kill_9_of_the_daemon_keeps_the_previous_checkpoint(volume):
     seconds = _save_whole(path, 0)
     current, interrupted = 0, 0
     rng = random.Random(7)
-    for generation, moment in enumerate([rng.uniform(0.05, 0.95) for _ in range(3)], start=1):
-        rc = _kill_at(path, generation, moment * seconds, volume.kill_daemon)
+    # Timed kills, and kills by the saver at its first and second write call (surely mid-save).
+    moments = [rng.uniform(0.05, 0.95) for _ in range(3)] + ["mid-write:1", "mid-write:2"]
+    for generation, moment in enumerate(moments, start=1):
+        if isinstance(moment, str):
+            p = _saver(path, generation, "--hook", moment, "--victim", str(volume.pid))
+            p.communicate(timeout=120)
+            rc, volume.pid = p.returncode, None
+            assert rc != 0, f"{moment}: the save succeeded with its daemon killed under it"
+            when = moment
+        else:
+            rc = _kill_at(path, generation, moment * seconds, volume.kill_daemon)
+            when = f"{moment:.3f} of {seconds:.3f} s"
         interrupted += rc != 0  # the save failed or was killed: the daemon died under it
         volume.remount()
         got, _ = _check(directory, {current, generation})
-        print(f"daemon killed at {moment:.3f} of {seconds:.3f} s: saver rc {rc}, generation {got} at the path")
+        print(f"daemon killed at {when}: saver rc {rc}, generation {got} at the path")
         current = got
     assert interrupted >= 2, f"only {interrupted} daemon kills landed mid-save (save: {seconds:.3f} s)"
     _save_whole(path, 9)  # the volume takes saves again
