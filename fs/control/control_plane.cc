@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include <array>
+#include <climits>
 #include <exception>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -23,7 +24,7 @@ using control::ReplyText;
 ControlPlane::ControlPlane(Filesystem* fs) : fs_(fs), started_(std::chrono::steady_clock::now()) {}
 
 ControlPlane::~ControlPlane() {
-  for (const std::unique_ptr<Handle>& handle : handles_.TakeAll()) ReturnReserved(*handle);
+  for (const std::unique_ptr<Handle>& handle : handles_.TakeAll()) ReleaseHandle(*handle);
 }
 
 Entry ControlPlane::MakeEntry(InodeNumber ino) const {
@@ -32,7 +33,9 @@ Entry ControlPlane::MakeEntry(InodeNumber ino) const {
   entry.generation = 1;
   struct stat& st = entry.attr;
   st.st_ino = ino;
-  st.st_mode = ino == kDirIno ? (S_IFDIR | 0755) : ino == kControlIno ? (S_IFREG | 0600) : (S_IFREG | 0444);
+  // The control file is everyone's: what a caller may ask is the dispatcher's
+  // to decide, by op (control::kUnprivilegedOps).
+  st.st_mode = ino == kDirIno ? (S_IFDIR | 0755) : ino == kControlIno ? (S_IFREG | 0666) : (S_IFREG | 0444);
   st.st_nlink = ino == kDirIno ? 2 : 1;
   st.st_blksize = 4096;
   return entry;
@@ -60,19 +63,30 @@ Result<std::vector<DirEntry>> ControlPlane::ReadDir(InodeNumber ino) const {
                                {control::kStatsName, kStatsIno, S_IFREG}};
 }
 
-Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uint32_t uid) {
+Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags) {
   if (ino == kDirIno) return Status::Error(EISDIR, "is a directory");
   if (ino == kStatsIno && (flags & O_ACCMODE) != O_RDONLY) return Status::Error(EACCES, "stats is read-only");
-  if (ino == kControlIno && uid != 0) return Status::Error(EACCES, "the control file is for root");
   auto handle = std::make_unique<Handle>();
   handle->ino = ino;
   return handles_.Add(std::move(handle));
 }
 
-Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_view data) {
+Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_view data,
+                                   const RequestCaller& caller) {
   if (handle->ino != kControlIno) return Status::Error(EBADF, "not writable");
-  if (offset + data.size() > control::kMaxRequestBytes) return Status::Error(EFBIG, "control request too large");
+  if (offset > control::kMaxRequestBytes || data.size() > control::kMaxRequestBytes - offset) {
+    return Status::Error(EFBIG, "control request too large");
+  }
   MutexLock lock(&handle->mu);
+  // A request starts with its write at offset 0 (or the handle's first):
+  // its caller is that writer's.
+  if (offset == 0 || !handle->caller) {
+    handle->caller = caller;
+    handle->mixed = false;
+    handle->writer = CallerThread::Identify(caller.pid);
+  } else if (caller.uid != handle->caller->uid || caller.pid != handle->caller->pid) {
+    handle->mixed = true;
+  }
   if (handle->request.size() < offset + data.size()) handle->request.resize(offset + data.size());
   handle->request.replace(offset, data.size(), data);
   handle->reply.reset();  // a new request gets a new answer
@@ -265,7 +279,135 @@ std::string LayoutReply(const DirectLayout& layout, const Superblock& sb, const 
   return out;
 }
 
+// ---- memory I/O fields ----
+
+// A descriptor number of the caller's: EBADF for a number no descriptor can
+// have (negative, or past INT_MAX), as write(2) gives for one.
+Result<int> DescriptorField(const nlohmann::json& request, const char* key) {
+  if (!request.contains(key)) return Status::Error(EINVAL, fmt::format("request lacks \"{}\"", key));
+  const nlohmann::json& value = request[key];
+  if (!value.is_number_integer()) return Status::Error(EINVAL, fmt::format("\"{}\" must be an integer", key));
+  const bool valid = value.is_number_unsigned() ? value.get<uint64_t>() <= INT_MAX
+                                                : value.get<int64_t>() >= 0 && value.get<int64_t>() <= INT_MAX;
+  if (!valid) return Status::Error(EBADF, fmt::format("\"{}\" {} is not a descriptor number", key, value.dump()));
+  return static_cast<int>(value.get<int64_t>());
+}
+
+// "pieces": [memory offset, file offset, length, ...], at most
+// control::kMaxMemoryPieces (E2BIG: counted before any is read). Their
+// rules are Filesystem's (MemoryWrite, MemoryRead).
+Result<std::vector<Filesystem::MemoryPiece>> PiecesField(const nlohmann::json& request) {
+  if (!request.contains("pieces")) return Status::Error(EINVAL, "request lacks \"pieces\"");
+  const nlohmann::json& value = request["pieces"];
+  if (!value.is_array() || value.size() % 3 != 0) {
+    return Status::Error(EINVAL, "\"pieces\" must be an array of triples: memory offset, file offset, length");
+  }
+  if (value.size() / 3 > control::kMaxMemoryPieces) {
+    return Status::Error(
+        E2BIG, fmt::format("{} pieces: a request takes at most {}", value.size() / 3, control::kMaxMemoryPieces));
+  }
+  std::vector<Filesystem::MemoryPiece> pieces(value.size() / 3);
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (!value[i].is_number_unsigned()) {
+      return Status::Error(EINVAL, fmt::format("\"pieces\" holds a value that is not a u64 (piece {})", i / 3));
+    }
+    const uint64_t v = value[i].get<uint64_t>();
+    Filesystem::MemoryPiece& piece = pieces[i / 3];
+    (i % 3 == 0 ? piece.memory : i % 3 == 1 ? piece.file : piece.length) = v;
+  }
+  return pieces;
+}
+
+Result<bool> BoolField(const nlohmann::json& request, const char* key, bool fallback) {
+  if (!request.contains(key)) return fallback;
+  if (!request[key].is_boolean()) return Status::Error(EINVAL, fmt::format("\"{}\" must be true or false", key));
+  return request[key].get<bool>();
+}
+
 }  // namespace
+
+std::string ControlPlane::AnswerMemory(Handle& handle, const nlohmann::json& request) {
+  const std::string op = request[control::key::kOp].get<std::string>();
+  const bool write = op == control::op::kMemWrite;
+  auto fail = [](const Status& s) { return ReplyText(ErrorReply(s)); };
+  // The request's own fields first: nothing of the caller's is looked at
+  // for a malformed request.
+  auto fd = DescriptorField(request, "fd");
+  auto memfd = DescriptorField(request, "memfd");
+  auto pieces = PiecesField(request);
+  auto size = write ? UnsignedField(request, "size", std::nullopt) : Result<uint64_t>(uint64_t{0});
+  auto dedup = write ? BoolField(request, "dedup", false) : Result<bool>(false);
+  for (const Status& s : {fd.status(), memfd.status(), pieces.status(), size.status(), dedup.status()}) {
+    if (!s.ok()) return fail(s);
+  }
+  if (mount_device_.empty()) {
+    return fail(Status::Error(ENOTSUP, "memory I/O is off: the daemon did not find its mount in its mountinfo"));
+  }
+  if (!handle.writer.ok()) return fail(handle.writer.status());
+  auto process = CallerProcess::Open(*handle.writer);  // for this request only
+  if (!process.ok()) return fail(process.status());
+  const CallerProcess& caller = *process;
+  auto ino =
+      caller.FileOnMount(*fd, write ? CallerProcess::Access::kWrite : CallerProcess::Access::kRead, mount_device_);
+  if (!ino.ok()) return fail(ino.status());
+  if (Owns(*ino)) {
+    return fail(Status::Error(EINVAL, fmt::format("fd {} is a file of the control plane ({}), not a regular file of "
+                                                  "the volume",
+                                                  *fd, kDirName)));
+  }
+  if (write) {
+    // The caller's file size limit, which the kernel applies to a write
+    // through the mount (a sandbox's bound on what it may write).
+    auto limit = caller.FileSizeLimit();
+    if (!limit.ok()) return fail(limit.status());
+    for (const Filesystem::MemoryPiece& p : *pieces) {
+      if (*limit && (p.length > **limit || p.file > **limit - p.length)) {
+        return fail(Status::Error(EFBIG, fmt::format("a piece (file offset {}, length {}) ends past the caller's "
+                                                     "file size limit (RLIMIT_FSIZE: {} bytes)",
+                                                     p.file, p.length, **limit)));
+      }
+    }
+  }
+  auto opened = caller.OpenMemory(*memfd);
+  if (!opened.ok()) return fail(opened.status());
+  // After the look-ups: the descriptors just looked at were the caller's.
+  if (Status same = caller.CheckCredentials(); !same.ok()) return fail(same);
+  if (!handle.memory || !handle.memory->SameAs(*opened)) {
+    DropMemory(handle);  // the old mapping goes first
+    if (Status mapped = opened->Map(); !mapped.ok()) return fail(mapped);
+    handle.memory = std::move(*opened);
+    mappings_kept_.fetch_add(1, std::memory_order_relaxed);
+  }
+  const CallerMemory& memory = *handle.memory;
+  std::string reply;
+  if (!write) {
+    auto file_size =
+        memory.writable()
+            ? fs_->MemoryRead(*ino, memory.data(), memory.size(), *pieces)
+            : Result<uint64_t>(Status::Error(
+                  EINVAL, fmt::format("memfd {} is sealed against writing: mem_read cannot fill it", *memfd)));
+    reply = file_size.ok() ? ReplyText(OkReply({{"ino", *ino}, {"size", *file_size}})) : fail(file_size.status());
+  } else {
+    // Set-id bits may go even where the write fails later: the kernel's
+    // cached mode must go too (by Read, once no lock is held).
+    handle.invalidate = *ino;
+    auto written = fs_->MemoryWrite(*ino, memory.data(), memory.size(), *pieces, *size, *dedup,
+                                    /*privileged=*/handle.caller && handle.caller->uid == 0);
+    reply =
+        written.ok()
+            ? ReplyText(OkReply(
+                  {{"ino", *ino}, {"written_bytes", written->written_bytes}, {"mapped_bytes", written->mapped_bytes}}))
+            : fail(written.status());
+  }
+  if (mappings_kept_.load(std::memory_order_relaxed) > kMaxKeptMappings) DropMemory(handle);
+  return reply;
+}
+
+void ControlPlane::DropMemory(Handle& handle) {
+  if (!handle.memory) return;
+  handle.memory.reset();
+  mappings_kept_.fetch_sub(1, std::memory_order_relaxed);
+}
 
 std::string ControlPlane::AnswerDirect(Handle& handle, const nlohmann::json& request, const Inspector& inspector) {
   using nlohmann::json;
@@ -388,17 +530,46 @@ enum class Route {
   kQuery,    // Inspector
   kListing,  // Inspector, once the RAM tier is flushed (listings show extents)
   kDirect,   // Filesystem, through the handle (the lease)
+  kMemory,   // Filesystem's memory I/O, on the caller's descriptors
 };
 struct OpRoute {
   const char* op;
   Route route;
 };
 constexpr OpRoute kRoutes[] = {
-    {control::op::kStat, Route::kQuery},    {control::op::kVolume, Route::kQuery},
-    {control::op::kLs, Route::kListing},    {control::op::kDu, Route::kListing},
-    {control::op::kLayout, Route::kDirect}, {control::op::kReserve, Route::kDirect},
-    {control::op::kCommit, Route::kDirect}, {control::op::kDedup, Route::kDirect},
+    {control::op::kStat, Route::kQuery},      {control::op::kVolume, Route::kQuery},
+    {control::op::kLs, Route::kListing},      {control::op::kDu, Route::kListing},
+    {control::op::kLayout, Route::kDirect},   {control::op::kReserve, Route::kDirect},
+    {control::op::kCommit, Route::kDirect},   {control::op::kDedup, Route::kDirect},
+    {control::op::kMemWrite, Route::kMemory}, {control::op::kMemRead, Route::kMemory},
 };
+
+// Why an op is root's, for the refusal of a caller that is not root: each
+// op that is not in control::kUnprivilegedOps.
+constexpr std::pair<const char*, const char*> kRootOnly[] = {
+    {control::op::kLayout, "it hands out the data area"},
+    {control::op::kReserve, "it hands out the data area"},
+    {control::op::kCommit, "it maps blocks with the checksums and hashes the caller vouches for"},
+    {control::op::kDedup, "it maps blobs by the hashes the caller vouches for"},
+    {control::op::kLs, "it lists names and extents regardless of permissions"},
+    {control::op::kDu, "it walks trees regardless of permissions"},
+};
+
+bool Unprivileged(const std::string& op) {
+  for (const char* allowed : control::kUnprivilegedOps) {
+    if (op == allowed) return true;
+  }
+  return false;
+}
+
+// EACCES for `op` from a caller that is not root.
+Status RootOnly(const std::string& op) {
+  for (const auto& [name, why] : kRootOnly) {
+    if (op == name) return Status::Error(EACCES, fmt::format("op '{}' is root's: {}", op, why));
+  }
+  return Status::Error(EACCES, fmt::format("op '{}' is not one a caller other than root may send (those are {})", op,
+                                           fmt::join(control::kUnprivilegedOps, ", ")));
+}
 
 // kQuery for an op that is none of them: AnswerQuery refuses it as unknown.
 Route RouteOf(const std::string& op) {
@@ -532,14 +703,24 @@ std::string ControlPlane::Answer(Handle& handle) {
   }
   return Guarded([&] {
     handle.mu.AssertHeld();  // run here, in Answer, which holds it
+    if (handle.mixed) {
+      return ReplyText(ErrorReply(Status::Error(EPERM,
+                                                "the request was written by more than one caller (uid or "
+                                                "thread): write each request whole, from one thread")));
+    }
     auto request = ParseRequest(handle.request);
     if (!request.ok()) return ReplyText(ErrorReply(request.status()));
-    switch (RouteOf((*request)[control::key::kOp].get<std::string>())) {
+    const std::string op = (*request)[control::key::kOp].get<std::string>();
+    const bool root = handle.caller && handle.caller->uid == 0;
+    if (!root && !Unprivileged(op)) return ReplyText(ErrorReply(RootOnly(op)));
+    switch (RouteOf(op)) {
       case Route::kDirect:
         // Unlocked: Filesystem is safe for concurrent use (as FUSE's threads
         // use it), and a client's dedup request runs while its own writes
         // reserve and commit on other channels.
         return AnswerDirect(handle, *request, inspector);
+      case Route::kMemory:
+        return AnswerMemory(handle, *request);  // unlocked, as the direct path
       case Route::kListing:
         if (Status flushed = fs_->FlushAll(); !flushed.ok()) return ReplyText(ErrorReply(flushed));
         break;
@@ -547,7 +728,13 @@ std::string ControlPlane::Answer(Handle& handle) {
         break;
     }
     MutexLock lock(&mu_);
-    return ReplyText(AnswerQuery(inspector, *request, Runtime()));
+    nlohmann::json reply = AnswerQuery(inspector, *request, Runtime());
+    // What a client checks before it chooses memory I/O (a volume opened by
+    // the tools, AnswerInspection, has no mount and says nothing).
+    if (op == control::op::kVolume && reply[control::key::kOk] == true) {
+      reply[control::key::kResult]["memory_io"] = !mount_device_.empty();
+    }
+    return ReplyText(reply);
   });
 }
 
@@ -569,14 +756,15 @@ ControlPlane::ReplyBytes ControlPlane::Read(Handle* handle, uint64_t offset, siz
   return {std::move(reply), bytes};
 }
 
-void ControlPlane::ReturnReserved(Handle& handle) {
+void ControlPlane::ReleaseHandle(Handle& handle) {
   MutexLock lock(&handle.mu);  // uncontended: the handle is out of the table, no other thread has it
   if (!handle.reserved.empty()) fs_->DirectUnreserve(handle.reserved);
+  DropMemory(handle);
 }
 
 void ControlPlane::Release(Handle* handle) {
   std::unique_ptr<Handle> owned = handles_.Take(handle);
-  if (owned) ReturnReserved(*owned);
+  if (owned) ReleaseHandle(*owned);
 }
 
 RuntimeStats ControlPlane::Runtime() const {
@@ -590,8 +778,12 @@ RuntimeStats ControlPlane::Runtime() const {
   const FsCounters& c = fs_->counters();
   r.ram_tier_hits = c.ram_tier_hits.load();
   r.ram_tier_misses = c.ram_tier_misses.load();
+  // Memory I/O's bytes are in both the store's count and the direct one.
+  // Loaded first: each is counted in the direct count before it (so never
+  // more than it), and in the store's before both.
+  const uint64_t memory_written = c.bytes_written_memory.load();
   r.bytes_written_direct = c.bytes_written_direct.load();
-  r.bytes_written_ssd = fs_->volume().store().bytes_written() + r.bytes_written_direct;
+  r.bytes_written_ssd = fs_->volume().store().bytes_written() + r.bytes_written_direct - memory_written;
   r.bytes_deduplicated = c.bytes_deduplicated.load();
   r.bytes_read_ssd = fs_->volume().store().bytes_read();
   r.bytes_cancelled = tier.cancelled_bytes;

@@ -10,10 +10,10 @@
 #include <cstring>
 
 #include "extent_walk.h"
-#include "spillfs/core/filesystem.h"
 #include "spillfs/common/block_checksum.h"
 #include "spillfs/common/clock.h"
 #include "spillfs/common/rounding.h"
+#include "spillfs/core/filesystem.h"
 #include "spillfs/kvindex/keys.h"
 
 namespace spillfs {
@@ -214,6 +214,29 @@ Result<size_t> Filesystem::Read(InodeNumber ino, uint64_t offset, size_t size, A
 
 Status Filesystem::FetchAhead(InodeNumber ino, uint64_t offset, uint64_t length, char* out) {
   return ReadBlocks(ino, offset / block_size_, length / block_size_, out, /*speculative=*/true);
+}
+
+Result<Filesystem::PrivilegesRemoved> Filesystem::RemovePrivilegesForWrite(InodeNumber ino, bool privileged) {
+  PrivilegesRemoved removed;
+  SPILLFS_ASSIGN_OR_RETURN(Entry entry, GetAttr(ino));
+  const mode_t mode = entry.attr.st_mode;
+  const mode_t setid = (mode & S_ISUID) | ((mode & S_IXGRP) ? (mode & S_ISGID) : 0);
+  if (setid != 0 && !privileged) {
+    SetAttrRequest request;
+    request.mode = mode & 07777 & ~setid;
+    SPILLFS_RETURN_IF_ERROR(SetAttr(ino, request).status());
+    removed.mode_changed = true;
+  }
+  constexpr const char* kCapabilities = "security.capability";
+  auto capabilities = GetXattr(ino, kCapabilities);  // without the namespace lock: most files have none
+  if (capabilities.ok()) {
+    SPILLFS_RETURN_IF_ERROR(RemoveXattr(ino, kCapabilities));
+  } else if (capabilities.status().code() != ENODATA) {
+    return capabilities.status();
+  } else {
+    removed.none_found = setid == 0;
+  }
+  return removed;
 }
 
 Result<size_t> Filesystem::Write(InodeNumber ino, uint64_t offset, const char* data, size_t size,

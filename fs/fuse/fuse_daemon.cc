@@ -9,11 +9,11 @@
 #include <fstream>
 #include <vector>
 
-#include "spillfs/fuse/fuse_device_loop.h"
-#include "spillfs/fuse/fuse_guard.h"
 #include "fuse_ops.h"
 #include "fuse_ring.h"
 #include "spillfs/common/mountinfo.h"
+#include "spillfs/fuse/fuse_device_loop.h"
+#include "spillfs/fuse/fuse_guard.h"
 
 namespace spillfs {
 namespace {
@@ -97,6 +97,7 @@ Status FuseDaemon::Mount() {
   // (The major:minor names its bdi; the minor is the FUSE connection.)
   auto mount = FindMountAt(options_.mountpoint);
   device_ = mount ? mount->device : "";
+  control_->SetMountDevice(device_);  // memory I/O takes only files of this mount
   request_bytes_ = RequestBytesFor(options_, &request_note_);
   if (!device_.empty()) SetKernelReadAhead(device_, static_cast<unsigned>(request_bytes_ >> 10));
   if (options_.fuse_uring) return RouteThroughRing();

@@ -243,39 +243,26 @@ void ChoosePageCacheUse(fuse_req_t req, fuse_file_info* fi) {
 
 // What the kernel's file_remove_privs does before a write through the page
 // cache, done here for direct_io handles (for those it leaves it to the
-// server): unless the writer is root (standing for CAP_FSETID, which the
-// daemon cannot see), drop set-user-ID, and set-group-ID of a group-
-// executable file (should_remove_suid: group membership does not matter);
-// for every writer, remove file capabilities (security.capability). The
-// kernel's cached mode is then stale: invalidated (attributes only; no page
-// is touched). A handle that found nothing to strip skips the lookups until
-// a mode, owner or security attribute changes (the privilege epoch), as the
-// kernel's S_NOSEC does for its own path.
+// server): Filesystem::RemovePrivilegesForWrite, with the writer privileged
+// when it is root (standing for CAP_FSETID, which the daemon cannot see).
+// The kernel's cached mode is then stale: invalidated (attributes only; no
+// page is touched). A handle that found nothing to strip skips the lookups
+// until a mode, owner or security attribute changes (the privilege epoch),
+// as the kernel's S_NOSEC does for its own path.
 Status RemovePrivsForDirectWrite(fuse_req_t req, fuse_ino_t ino, DirectWriteHandle* handle) {
   Filesystem& fs = Fs(req);
   const uint64_t epoch = fs.privilege_epoch();
   if (handle->clean_epoch.load(std::memory_order_acquire) == epoch) return Status::OK();
-  auto entry = fs.GetAttr(ino);
-  if (!entry.ok()) return entry.status();
-  const mode_t mode = entry->attr.st_mode;
-  const mode_t setid = (mode & S_ISUID) | ((mode & S_IXGRP) ? (mode & S_ISGID) : 0);
-  if (setid != 0 && fuse_req_ctx(req)->uid != 0) {
-    SetAttrRequest request;
-    request.mode = mode & 07777 & ~setid;
-    SPILLFS_RETURN_IF_ERROR(fs.SetAttr(ino, request).status());
-    fuse_lowlevel_notify_inval_inode(Daemon(req).session(), ino, -1, 0);
-  }
-  constexpr const char* kCapabilities = "security.capability";
-  auto capabilities = fs.GetXattr(ino, kCapabilities);  // without the namespace lock: most files have none
-  if (capabilities.ok()) return fs.RemoveXattr(ino, kCapabilities);
-  if (capabilities.status().code() != ENODATA) return capabilities.status();
-  if (setid == 0) handle->clean_epoch.store(epoch, std::memory_order_release);
+  auto removed = fs.RemovePrivilegesForWrite(ino, /*privileged=*/fuse_req_ctx(req)->uid == 0);
+  if (!removed.ok()) return removed.status();
+  if (removed->mode_changed) fuse_lowlevel_notify_inval_inode(Daemon(req).session(), ino, -1, 0);
+  if (removed->none_found) handle->clean_epoch.store(epoch, std::memory_order_release);
   return Status::OK();
 }
 
 void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (ControlPlane::Owns(ino)) {
-    auto handle = Control(req).Open(ino, fi->flags, fuse_req_ctx(req)->uid);
+    auto handle = Control(req).Open(ino, fi->flags);
     if (!handle.ok()) return ReplyError(req, handle.status());
     fi->fh = reinterpret_cast<uint64_t>(*handle);
     fi->direct_io = 1;  // sizes are unknown until read; bypass the page cache
@@ -338,7 +325,10 @@ void OnRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file
 
 void OnWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t offset, fuse_file_info* fi) {
   if (ControlPlane::Owns(ino)) {
-    auto n = Control(req).Write(ControlHandle(fi), static_cast<uint64_t>(offset), std::string_view(buf, size));
+    // Who sent the request: the reply (worked out at the next read) is for them.
+    const fuse_ctx* ctx = fuse_req_ctx(req);
+    auto n = Control(req).Write(ControlHandle(fi), static_cast<uint64_t>(offset), std::string_view(buf, size),
+                                ControlPlane::RequestCaller{ctx->uid, ctx->pid});
     if (!n.ok()) return ReplyError(req, n.status());
     fuse_reply_write(req, *n);
     return;

@@ -30,8 +30,8 @@
 #include <string_view>
 #include <vector>
 
-#include "spillfs/control/control_plane.h"
 #include "fuzz_util.h"
+#include "spillfs/control/control_plane.h"
 #include "spillfs/inspect/fsck.h"
 
 namespace {
@@ -98,7 +98,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ControlPlane& control = *world->control;
   const uint64_t capacity = world->fs->volume().superblock().data_size;
   const uint64_t free_before = world->fs->free_bytes();
-  auto opened = control.Open(ControlPlane::kControlIno, O_RDWR, 0);
+  auto opened = control.Open(ControlPlane::kControlIno, O_RDWR);
   FUZZ_CHECK(opened.ok(), opened.status().ToString());
   ControlPlane::Handle* handle = *opened;
   bool committed = false;
@@ -107,7 +107,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::string request(piece);
     if (request.size() < previous) request.resize(previous, ' ');
     previous = request.size();
-    auto written = control.Write(handle, 0, request);
+    auto written = control.Write(handle, 0, request, ControlPlane::RequestCaller{});  // root's, as the tools'
     FUZZ_CHECK(written.ok() && *written == request.size(), "control write");
     // Read in pieces of an odd size, as the kernel may.
     std::string reply;

@@ -632,8 +632,9 @@ INSTANTIATE_TEST_SUITE_P(Paths, SegmentDedupTest, ::testing::Bool(), [](const ::
   return info.param ? "DirectPath" : "ThroughTheMount";
 });
 
-// A process that may not open the backing store (nor the control file) goes
-// through the mount, and dedup tells it to write everything (EACCES).
+// A process that may not open the backing store goes through the mount, and
+// dedup (an op the control file keeps for root) tells it to write
+// everything (EACCES).
 TEST(SegmentFileNotRootTest, GoesThroughTheMountAndDedupIsRefused) {
   if (geteuid() != 0) GTEST_SKIP() << "mounting a volume needs root";
   DefaultSettings();

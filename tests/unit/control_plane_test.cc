@@ -183,13 +183,15 @@ class ControlPlaneTest : public ::testing::Test {
     fs_.reset();
   }
 
-  // Writes `request` on `handle` at offset 0, padded over the handle's
-  // longest request unless `pad` is false, and reads the whole reply.
-  std::string Send(ControlPlane::Handle* handle, std::string request, bool pad = true) {
+  // Writes `request` on `handle` at offset 0 as `caller` (root unless
+  // given), padded over the handle's longest request unless `pad` is false,
+  // and reads the whole reply.
+  std::string Send(ControlPlane::Handle* handle, std::string request, bool pad = true,
+                   ControlPlane::RequestCaller caller = {}) {
     size_t& longest = longest_[handle];
     if (pad && request.size() < longest) request.append(longest - request.size(), ' ');
     longest = std::max(longest, request.size());
-    auto written = control_->Write(handle, 0, request);
+    auto written = control_->Write(handle, 0, request, caller);
     EXPECT_TRUE(written.ok()) << written.status().ToString();
     std::string reply;
     for (;;) {
@@ -200,7 +202,7 @@ class ControlPlaneTest : public ::testing::Test {
   }
   // One request on a handle of its own; the reply parsed.
   json Ask(const std::string& request) {
-    auto handle = control_->Open(ControlPlane::kControlIno, O_RDWR, 0);
+    auto handle = control_->Open(ControlPlane::kControlIno, O_RDWR);
     EXPECT_TRUE(handle.ok());
     json reply = json::parse(Send(*handle, request), nullptr, false);
     Release(*handle);
@@ -219,7 +221,7 @@ class ControlPlaneTest : public ::testing::Test {
   // A handle of its own holding `length` bytes reserved (the lease of a
   // commit); the caller releases it (Release).
   ControlPlane::Handle* Reserved(uint64_t length) {
-    auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR, 0);
+    auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR);
     EXPECT_TRUE(opened.ok());
     json reserved = json::parse(Send(*opened, R"({"op":"reserve","length":)" + std::to_string(length) + "}"));
     EXPECT_EQ(reserved["ok"], true) << reserved;
@@ -281,8 +283,50 @@ TEST_F(ControlPlaneTest, Names) {
   ASSERT_EQ(listing->size(), 4u);
   EXPECT_EQ((*listing)[2].name, "control");
   EXPECT_EQ((*listing)[3].name, "stats");
-  EXPECT_EQ(control_->Open(ControlPlane::kControlIno, O_RDWR, 1000).status().code(), EACCES);
-  EXPECT_EQ(control_->Open(ControlPlane::kStatsIno, O_RDWR, 0).status().code(), EACCES);
+  // Anyone may open the control file (what they may ask is by op: below).
+  EXPECT_EQ(control_->GetAttr(ControlPlane::kControlIno)->attr.st_mode, S_IFREG | 0666);
+  EXPECT_EQ(control_->Open(ControlPlane::kStatsIno, O_RDWR).status().code(), EACCES);
+}
+
+// A caller that is not root may send volume, stat, mem_write and mem_read;
+// every other op is refused, named. A request written by two callers is
+// refused whole.
+TEST_F(ControlPlaneTest, CallersOtherThanRoot) {
+  MakeFile("f", std::string(4096, 'x'));
+  auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR);
+  ASSERT_TRUE(opened.ok());
+  ControlPlane::Handle* handle = *opened;
+  const ControlPlane::RequestCaller nobody{65534, 0};
+  for (const char* request : {R"({"op":"layout","path":"/f"})", R"({"op":"reserve","length":4096})",
+                              R"({"op":"commit","path":"/f","file_offset":0,"length":4096})",
+                              R"({"op":"dedup","path":"/f","file_offset":0,"hashes":[1,2]})",
+                              R"({"op":"ls","paths":["/f"]})", R"({"op":"du","path":"/"})", R"({"op":"frob"})"}) {
+    json reply = json::parse(Send(handle, request, true, nobody));
+    EXPECT_EQ(reply["ok"], false) << request;
+    EXPECT_EQ(reply["errno"], EACCES) << request << " -> " << reply;
+  }
+  EXPECT_EQ(json::parse(Send(handle, R"({"op":"layout","path":"/f"})", true, nobody))["error"],
+            "op 'layout' is root's: it hands out the data area");
+  json volume = json::parse(Send(handle, R"({"op":"volume"})", true, nobody));
+  ASSERT_EQ(volume["ok"], true) << volume;
+  // No mount here (SetMountDevice): no memory I/O.
+  EXPECT_EQ(volume["result"]["memory_io"], false);
+  EXPECT_EQ(json::parse(Send(handle, R"({"op":"stat"})", true, nobody))["ok"], true);
+  json mem = json::parse(Send(handle, R"({"op":"mem_read","fd":3,"memfd":4,"pieces":[0,0,4096]})", true, nobody));
+  EXPECT_EQ(mem["errno"], ENOTSUP) << mem;
+  Release(handle);
+  // Root's request, its end written by someone else: refused.
+  opened = control_->Open(ControlPlane::kControlIno, O_RDWR);
+  ASSERT_TRUE(opened.ok());
+  handle = *opened;
+  const std::string layout = R"({"op":"layout","path":"/f"})";
+  ASSERT_TRUE(control_->Write(handle, 0, layout.substr(0, 10), {}).ok());
+  ASSERT_TRUE(control_->Write(handle, 10, layout.substr(10), nobody).ok());
+  json mixed = json::parse(std::string(control_->Read(handle, 0, 1 << 20).bytes));
+  EXPECT_EQ(mixed["errno"], EPERM) << mixed;
+  // And root's own, whole: answered.
+  EXPECT_EQ(json::parse(Send(handle, layout))["ok"], true);
+  Release(handle);
 }
 
 TEST_F(ControlPlaneTest, RoutesEveryOp) {
@@ -316,7 +360,7 @@ TEST_F(ControlPlaneTest, RoutesEveryOp) {
 
 TEST_F(ControlPlaneTest, ReserveAndCommitOnOneHandle) {
   MakeFile("g", "");
-  auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR, 0);
+  auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR);
   ASSERT_TRUE(opened.ok());
   ControlPlane::Handle* handle = *opened;
   const uint64_t free_before = fs_->free_bytes();
@@ -599,9 +643,9 @@ TEST_F(ControlPlaneTest, InspectionAloneRefusesTheDirectPath) {
 }
 
 TEST_F(ControlPlaneTest, StatsFileIsPrometheusText) {
-  auto opened = control_->Open(ControlPlane::kStatsIno, O_RDONLY, 1000);
+  auto opened = control_->Open(ControlPlane::kStatsIno, O_RDONLY);
   ASSERT_TRUE(opened.ok());
-  EXPECT_EQ(control_->Write(*opened, 0, "x").status().code(), EBADF);
+  EXPECT_EQ(control_->Write(*opened, 0, "x", {}).status().code(), EBADF);
   std::string text(control_->Read(*opened, 0, 1 << 20).bytes);
   control_->Release(*opened);
   EXPECT_NE(text.find("# HELP spillfs_info Identity of the volume.\n"), std::string::npos) << text;

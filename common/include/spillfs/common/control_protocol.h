@@ -3,8 +3,10 @@
 //
 // The mount root holds a virtual directory MOUNT/.spillfs with two files:
 //   stats    (0444) Prometheus text of the `stat` object.
-//   control  (0600, root only) open O_RDWR, pwrite one JSON request at
-//            offset 0, then pread the reply from offset 0 until a short read.
+//   control  (0666) open O_RDWR, pwrite one JSON request at offset 0, then
+//            pread the reply from offset 0 until a short read. A caller
+//            that is not root may send only volume, stat, mem_write and
+//            mem_read (kUnprivilegedOps); any other op is refused (EACCES).
 //            The reply is worked out at the first read after a request:
 //              {"ok":true,"result":...}
 //              {"ok":false,"errno":N,"error":"message"}
@@ -25,10 +27,18 @@
 //   dedup    path, file_offset (256 KiB multiple),   needed (per unit: 1 = the client
 //            hashes (low, high per 256 KiB unit);    writes it, 0 = mapped by
 //            or units (as commit's)                  reference), unit_bytes, mapped_bytes
+//   mem_write fd, memfd, pieces (memory offset,     ino, written_bytes,
+//            file offset, length, ...), size, dedup  mapped_bytes: the daemon writes
+//                                                    the caller's memfd into the file
+//                                                    of the caller's fd
+//   mem_read fd, memfd, pieces                       ino, size: the file's bytes
+//                                                    into the memfd
 // Both take their units compact too: unit_runs (offset, count of consecutive
 // units, ...) with unit_hashes (32 hex digits a unit: the hash's 16 bytes,
 // low then high as they lie in memory); dedup's needed is then a string of
-// '1' and '0' (docs/design.md, "The control protocol").
+// '1' and '0' (docs/design.md, "The control protocol"). mem_write and
+// mem_read name descriptors of the caller's process: the daemon checks them
+// in /proc (docs/design.md, "Memory I/O").
 //
 // A handle keeps the bytes of its requests: a write at offset 0 overwrites
 // the start and leaves the rest, so a request shorter than an earlier one on
@@ -83,7 +93,19 @@ inline constexpr char kLayout[] = "layout";
 inline constexpr char kReserve[] = "reserve";
 inline constexpr char kCommit[] = "commit";
 inline constexpr char kDedup[] = "dedup";
+inline constexpr char kMemWrite[] = "mem_write";
+inline constexpr char kMemRead[] = "mem_read";
 }  // namespace op
+
+// The ops a caller that is not root may send: the others hand out the data
+// area (layout, reserve) or trust what the caller says of it (commit's
+// checksums, dedup's hashes), or read names the caller may not see (ls, du).
+inline constexpr const char* kUnprivilegedOps[] = {op::kVolume, op::kStat, op::kMemWrite, op::kMemRead};
+
+// The most pieces one mem_write or mem_read request may name (E2BIG past
+// it): each costs the daemon work and memory before anything is checked
+// against the file.
+inline constexpr uint64_t kMaxMemoryPieces = 1 << 20;
 
 // The keys of the envelope: the request's op, and the reply's.
 namespace key {
@@ -173,7 +195,7 @@ class Channel {
       return Status::Error(ENOTSUP, "no control file " + control_path +
                                         " (not a spillfs mount, or a daemon without the control interface)");
     }
-    std::string why = e == EACCES || e == EPERM ? " (the control file is for root, like the backing store)" : "";
+    std::string why = e == EACCES || e == EPERM ? " (daemons before memory I/O keep the control file for root)" : "";
     return Status::Error(e, "cannot open " + control_path + why + ": " + std::strerror(e));
   }
 

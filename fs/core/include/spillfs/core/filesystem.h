@@ -132,8 +132,12 @@ struct FsCounters {
   std::atomic<uint64_t> ram_tier_misses{0};     // blocks read from the SSD
   std::atomic<uint64_t> bytes_deduplicated{0};  // flushed or direct-path bytes stored as references
   // Bytes direct-path clients wrote to the data area themselves, counted as
-  // their commit maps them (the daemon's block store never sees them).
+  // their commit maps them (the daemon's block store never sees them), and
+  // bytes the daemon wrote for memory I/O (MemoryWrite).
   std::atomic<uint64_t> bytes_written_direct{0};
+  // Of bytes_written_direct, those MemoryWrite wrote: the block store counted
+  // them too (the SSD's total subtracts them: ControlPlane::Runtime).
+  std::atomic<uint64_t> bytes_written_memory{0};
 };
 
 class Filesystem : private FlushCommitter {
@@ -159,6 +163,21 @@ class Filesystem : private FlushCommitter {
   // security.* attribute: a writer that found nothing to strip (set-id bits,
   // file capabilities) at epoch E need not look again while it is still E.
   uint64_t privilege_epoch() const { return privilege_epoch_.load(std::memory_order_acquire); }
+  // What a write removes before it changes a file, as the kernel's
+  // file_remove_privs does for writes through the page cache; the daemon does
+  // it itself where the kernel leaves it to the server (direct_io handles)
+  // or never sees the write (MemoryWrite). Unless `privileged` (root,
+  // standing for CAP_FSETID, which the daemon cannot see), the set-user-ID
+  // bit, and the set-group-ID bit of a group-executable file
+  // (should_remove_suid: group membership does not matter); for every
+  // writer, file capabilities (security.capability) (file_data.cc).
+  struct PrivilegesRemoved {
+    bool mode_changed = false;  // set-id bits went: the kernel's cached mode is stale
+    // Nothing was there to remove: a writer may skip the look until
+    // privilege_epoch() moves (as the kernel's S_NOSEC).
+    bool none_found = false;
+  };
+  Result<PrivilegesRemoved> RemovePrivilegesForWrite(InodeNumber ino, bool privileged);
   Result<Entry> MakeNode(InodeNumber parent, std::string_view name, uint32_t mode, uint64_t rdev, const Caller& caller);
   Result<Entry> MakeDir(InodeNumber parent, std::string_view name, uint32_t mode, const Caller& caller);
   Result<Entry> Symlink(InodeNumber parent, std::string_view name, std::string_view target, const Caller& caller);
@@ -237,7 +256,8 @@ class Filesystem : private FlushCommitter {
   // bytes) that lies in one piece of `space` and whose hash no blob holds yet
   // becomes a blob, in the same batch, so later writes of the same bytes can
   // share it (DirectDedup, the flush path). The hashes are trusted as the
-  // checksums are: the control file is root's. Ignored where dedup is off.
+  // checksums are: commit is root's (MemoryWrite, which others may call,
+  // takes them itself from the bytes it writes). Ignored where dedup is off.
   Status DirectCommit(InodeNumber ino, uint64_t file_offset, const std::vector<PhysicalExtent>& space,
                       const std::vector<uint32_t>& checksums, uint64_t size, const std::vector<DirectUnit>& units = {});
   // [start, end) byte ranges of a file, sorted, disjoint.
@@ -265,6 +285,48 @@ class Filesystem : private FlushCommitter {
   // The same for `hashes` of consecutive units from `file_offset`.
   Result<std::vector<bool>> DirectDedup(InodeNumber ino, uint64_t file_offset, const std::vector<std::string>& hashes);
   static constexpr uint64_t dedup_unit() { return kDedupUnit; }
+
+  // --- memory I/O (memory_io.cc): the daemon moves a file's bytes between
+  // the data area and memory a client shares with it (the mem_write and
+  // mem_read control ops; docs/design.md, "Memory I/O"), for callers that
+  // may not open the data area. The caller (the control plane) has checked
+  // that the client may write (read) `ino` through the mount and maps the
+  // client's memory at `memory` (`memory_size` bytes, page aligned); the
+  // client may change that memory while the call runs, and nothing the
+  // call stores trusts it to stay put (memory_io.cc says how). Each piece is
+  // `length` bytes at byte `memory` of the memory and byte `file` of the
+  // file. Both pin the inode as an open handle does while they run.
+  struct MemoryPiece {
+    uint64_t memory = 0;
+    uint64_t file = 0;
+    uint64_t length = 0;
+  };
+  struct MemoryWritten {
+    uint64_t written_bytes = 0;  // to the data area
+    uint64_t mapped_bytes = 0;   // mapped by reference to blobs holding the same bytes
+  };
+  // Writes the pieces (block aligned, length > 0, sorted by file offset and
+  // disjoint; EINVAL naming the piece otherwise, EFAULT for one past the
+  // memory, EFBIG for one ending past 2^62) and sets the size to
+  // max(size, `size`), which may not lie past the last piece (EINVAL), nor
+  // leave a block of it past the end of the file. First the privileges a
+  // write removes (RemovePrivilegesForWrite, `privileged` for root); then,
+  // with `dedup` on a volume that dedups, each whole dedup unit of the file
+  // that lies within one piece and ends at or before `size` is hashed here
+  // and mapped by reference where a blob holds its bytes (DirectDedup); the
+  // rest is reserved, written and committed in one DirectCommit (ranges
+  // form), the units among it as new blobs. Kernel caches of the inode are
+  // the caller's to drop.
+  Result<MemoryWritten> MemoryWrite(InodeNumber ino, const char* memory, uint64_t memory_size,
+                                    const std::vector<MemoryPiece>& pieces, uint64_t size, bool dedup, bool privileged);
+  // Reads each piece (any offsets, length > 0; EINVAL, EFAULT, EFBIG as
+  // MemoryWrite's) into the memory with Read, the mount's own read (RAM
+  // tier, read-ahead, checksums verified: EIO), in steps of at most
+  // kMemoryReadStep; bytes past the end of the file are zeros. Returns the
+  // file's size after the reads.
+  Result<uint64_t> MemoryRead(InodeNumber ino, char* memory, uint64_t memory_size,
+                              const std::vector<MemoryPiece>& pieces);
+  static constexpr uint64_t kMemoryReadStep = 8ull << 20;
 
   // Tests only: empties the record cache (the next look-up of each inode
   // reads the index); calls `hook` in each look-up that missed it, between
