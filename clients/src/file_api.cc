@@ -48,9 +48,14 @@ int Start(spill_file* file, const spill_segment* segments, size_t n, uintptr_t s
   }
   if (file->client) file->client->AdoptAfterFork();
   uint64_t chunk = 0;
-  std::shared_ptr<spillfs::cuda::PinnedPool> pool = StagingPool(&chunk);
+  const bool memory_io = file->backend == Backend::kMemoryIo;
+  std::shared_ptr<spillfs::cuda::PinnedPool> pool;
+  if (int rc = StagingPool(memory_io, &pool, &chunk); rc != 0) return rc;
   Plan plan;
   if (int rc = MakePlan(segments, n, write, chunk, &plan); rc != 0) return rc;
+  if (memory_io) {
+    for (Piece& p : plan.pieces) p.direct = nullptr;  // the daemon sees only the staging memory
+  }
   if (int rc = CheckDevices(plan); rc != 0) return rc;
   std::unique_ptr<SegmentJob> job = write ? MakeWriteJob(file, std::move(plan), std::move(pool), chunk, stream)
                                           : MakeReadJob(file, std::move(plan), std::move(pool), chunk, stream);
@@ -126,7 +131,8 @@ int Dedup(spill_file* file, uint64_t file_offset, const uint64_t* file_offsets, 
           uint8_t* needed) {
   if (file == nullptr) return Fail(EINVAL, "null file");
   if ((file->flags & SPILL_FILE_WRITE) == 0) return Fail(EBADF, file->path + " was not opened for writing");
-  if (file->backend != Backend::kDirectPath && file->backend != Backend::kMount) {
+  if (file->backend != Backend::kDirectPath && file->backend != Backend::kMount &&
+      file->backend != Backend::kMemoryIo) {
     return Fail(EOPNOTSUPP, file->path + " is not on a spillfs mount: no dedup");
   }
   if (file_offsets == nullptr && file_offset % kHashUnit != 0) {
@@ -147,6 +153,13 @@ int Dedup(spill_file* file, uint64_t file_offset, const uint64_t* file_offsets, 
                                 std::to_string(i - 1) + " at " + std::to_string(file_offsets[i - 1]));
       }
     }
+  }
+  if (file->backend == Backend::kMemoryIo) {
+    // The daemon shares units as it writes them, by the hashes of the bytes
+    // it is given (a caller who may not open the data area is not trusted
+    // with naming units by hash): every unit is written, none mapped here.
+    std::fill(needed, needed + n_units, uint8_t{1});
+    return 0;
   }
   auto unit_offset = [&](size_t i) { return file_offsets ? file_offsets[i] : file_offset + i * kHashUnit; };
   if (file->client) file->client->AdoptAfterFork();

@@ -34,6 +34,7 @@ enum class Backend {
   kMount = SPILL_BACKEND_MOUNT,             // O_DIRECT (or buffered) through a spillfs mount
   kDirectIo = SPILL_BACKEND_DIRECT_IO,      // O_DIRECT on another file system
   kBuffered = SPILL_BACKEND_BUFFERED,       // where O_DIRECT is refused (or turned off)
+  kMemoryIo = SPILL_BACKEND_MEMORY_IO,      // the daemon's I/O into the staging pool's memfd (mem_write, mem_read)
 };
 
 inline constexpr uint64_t kBlock = 4096;  // the unit of every I/O
@@ -89,6 +90,7 @@ struct spill_file {
   std::string mountpoint;
   std::string rel;                       // "/a/b" in the mount
   std::shared_ptr<spill_client> client;  // the direct path
+  bool memory_dedup = false;             // kMemoryIo: the volume dedups what the daemon writes
 
   // Direct path: the layout the last read took (its channel holds the lease
   // that keeps its blocks), used again while the file is unchanged: the

@@ -49,6 +49,23 @@ int DirectClient(const std::string& mountpoint, std::shared_ptr<spill_client>* o
   return 0;
 }
 
+// Whether the daemon of `mountpoint` does memory I/O (mem_write, mem_read)
+// for callers who may not open its data area; *dedup: whether the volume
+// dedups. A control round trip a file (not kept: a mount point may get
+// another daemon).
+bool MemoryIoOffered(const std::string& mountpoint, bool* dedup) {
+  *dedup = false;
+  std::unique_ptr<ControlChannel> channel;
+  nlohmann::json volume;
+  // A daemon from before memory I/O refuses non-root callers the control file.
+  if (ControlChannel::Open(spillfs::control::ControlPath(mountpoint), &channel) != 0 ||
+      channel->Request({{"op", "volume"}}, &volume) != 0 || !volume.is_object()) {
+    return false;
+  }
+  *dedup = volume.value("dedup", false);
+  return volume.value("memory_io", false);
+}
+
 std::string AbsolutePath(const char* path) {
   if (path[0] == '/') return path;
   char cwd[PATH_MAX];
@@ -154,7 +171,14 @@ spill_file* OpenFile(const char* path, int flags, uint64_t size_hint) {
         ClearError();
         return file.release();
       }
-      // Not root, or no direct path: through the mount.
+      // Not root (the data area is root's), or no direct path: the daemon
+      // moves the bytes where it offers to, else through the mount.
+      ClearError();
+      if (MemoryIoOffered(mount->mountpoint, &file->memory_dedup)) {
+        file->backend = Backend::kMemoryIo;  // the plain descriptor names the file to the daemon
+        ClearError();
+        return file.release();
+      }
       ClearError();
     }
     file->backend = Backend::kMount;

@@ -2,7 +2,9 @@
 // the direct path by the file's layout, holes as zeros, every block
 // verified), then copied out to its segments (host: memcpy; device: a copy
 // on the device's copy stream, whose buffer is given back once the copy
-// has run), while the next pieces are read.
+// has run), while the next pieces are read. With memory I/O the daemon
+// reads each step of pieces into the shareable pool's memfd (mem_read)
+// while the pieces of the step before are copied out.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,12 +14,14 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <string>
 
 #include "client_impl.h"
 #include "error.h"
 #include "file_job.h"
 #include "file_settings.h"
+#include "memory_io.h"
 #include "spillfs/common/rounding.h"
 
 namespace spillfs::client {
@@ -30,12 +34,19 @@ class ReadJob : public SegmentJob {
  protected:
   int Work() override;
   int PieceDone(size_t i) override;
-  int GiveBackIdle() override { return Settle(); }
+  int GiveBackIdle() override {
+    if (int rc = Settle(); rc != 0) return rc;
+    return steps_ && !steps_->empty() ? FinishOldest() : 0;
+  }
 
  private:
   int CheckSize(uint64_t size);
   int ReadFile();
   int ReadDirect();
+  int ReadMemory();
+  // Memory I/O: waits for the oldest step the daemon reads and copies its
+  // pieces out.
+  int FinishOldest();
   int TakeLayout();
   // Copies piece i to the segments; device copies leave the buffer in
   // draining_ until they have run.
@@ -50,7 +61,8 @@ class ReadJob : public SegmentJob {
     uint64_t file_at, length;
   };
   std::vector<std::vector<Part>> parts_;
-  std::deque<size_t> draining_;  // pieces whose device copies may still run
+  std::deque<size_t> draining_;       // pieces whose device copies may still run
+  std::optional<MemorySteps> steps_;  // memory I/O: the steps sent to the daemon
 };
 
 int ReadJob::CheckSize(uint64_t size) {
@@ -225,8 +237,57 @@ int ReadJob::ReadDirect() {
   return error();
 }
 
+int ReadJob::FinishOldest() {
+  size_t first = 0, last = 0;
+  MemoryReply reply;
+  {
+    Timed t(&stats_.daemon_seconds);
+    reply = steps_->WaitOldest(&first, &last);
+  }
+  if (reply.rc != 0) Note(Fail(-reply.rc, reply.message));
+  // The file may have shrunk since the request began.
+  if (error() == 0 && plan_.exact_end > reply.size) Note(CheckSize(reply.size));
+  for (size_t i = first; i < last; ++i) {
+    if (error() == 0) {
+      stats_.io_bytes += piece(i).end - piece(i).start;
+      Note(CopyOut(i));  // gives the buffer back, or once its device copies have run
+    }
+    if (error() != 0) Release(i);
+  }
+  return error();
+}
+
+int ReadJob::ReadMemory() {
+  struct stat st;
+  if (fstat(file_->fd, &st) != 0) {
+    int e = errno;
+    return Fail(e, WithErrno("cannot stat " + file_->path, e));
+  }
+  if (int rc = CheckSize(static_cast<uint64_t>(st.st_size)); rc != 0) return rc;
+  steps_.emplace(file_->mountpoint, pool_->capacity(), chunk_bytes_);
+  for (size_t first = 0; first < plan_.pieces.size() && error() == 0;) {
+    const size_t last = steps_->StepEnd(plan_, first);
+    if (steps_->full() && FinishOldest() != 0) break;
+    std::vector<uint64_t> pieces;
+    pieces.reserve(3 * (last - first));
+    for (size_t i = first; i < last && error() == 0; ++i) {
+      if (char* data = Acquire(i)) {
+        pieces.insert(pieces.end(), {pool_->shared_offset(data), piece(i).start, piece(i).end - piece(i).start});
+      }
+    }
+    if (error() != 0) break;
+    Note(steps_->Send(MemoryRequest("mem_read", file_->fd, pool_->shared_fd(), pieces), "mem_read", first, last));
+    first = last;
+  }
+  while (!steps_->empty()) FinishOldest();
+  Note(Settle());
+  return error();
+}
+
 int ReadJob::Work() {
-  int rc = file_->backend == Backend::kDirectPath ? ReadDirect() : ReadFile();
+  int rc = file_->backend == Backend::kDirectPath ? ReadDirect()
+           : file_->backend == Backend::kMemoryIo ? ReadMemory()
+                                                  : ReadFile();
   if (rc != 0) return rc;
   // The caller's stream waits for the copies into its memory.
   for (int device : plan_.devices) {

@@ -1,10 +1,13 @@
 #include "file_settings.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <mutex>
 
 #include "error.h"
+#include "fork_guard.h"
 #include "io_ring.h"
 
 namespace spillfs::client {
@@ -12,9 +15,16 @@ namespace {
 
 constexpr uint64_t kUnit = 256 << 10;
 
+// Two pools: the plain one, and a shareable one (its slabs in a memfd) for
+// memory I/O, whose buffers the daemon maps. Each made at first use.
+struct Pool {
+  std::shared_ptr<spillfs::cuda::PinnedPool> pool;  // null: made at next use
+  uint64_t bytes = 0, slab = 0;                     // what it was made for
+  pid_t pid = 0;                                    // the process that made it
+};
 std::mutex g_pool_mu;
-std::shared_ptr<spillfs::cuda::PinnedPool> g_pool;  // null: made at next use
-uint64_t g_pool_bytes = 0, g_pool_slab = 0;         // what g_pool was made for
+Pool g_pools[2];  // [shareable]
+ForkGuard g_pool_guard{&g_pool_mu};
 
 }  // namespace
 
@@ -59,6 +69,8 @@ int SetSetting(const std::string& k, uint64_t value) {
     s.verify = value != 0;
   } else if (k == "unit_hashes") {
     s.unit_hashes = value != 0;
+  } else if (k == "device_hashes") {
+    s.device_hashes = value != 0;
   } else if (k == "hash_threads") {
     if (value > 64) return Fail(EINVAL, "hash_threads must be 0..64");
     s.hash_threads = static_cast<unsigned>(value);
@@ -68,23 +80,41 @@ int SetSetting(const std::string& k, uint64_t value) {
   return 0;
 }
 
-std::shared_ptr<spillfs::cuda::PinnedPool> StagingPool(uint64_t* chunk_bytes) {
+int StagingPool(bool shareable, std::shared_ptr<spillfs::cuda::PinnedPool>* out, uint64_t* chunk_bytes) {
   const uint64_t slab = Settings().chunk_bytes.load();
   const uint64_t bytes = std::max(Settings().pinned_bytes.load(), slab);
   std::lock_guard lock(g_pool_mu);
+  Pool& p = g_pools[shareable ? 1 : 0];
+  if (p.pool && p.pid != getpid() && shareable) {
+    // A forked child: the parent's shareable slabs are MAP_SHARED, so the
+    // child's buffers would be the parent's. Left alone (its state is the
+    // parent's at the fork, buffers of the parent's requests out), never
+    // used again; the child makes its own.
+    new std::shared_ptr<spillfs::cuda::PinnedPool>(std::move(p.pool));
+  }
   // A pool made for other settings is dropped here; requests still using it
   // keep it until they end.
-  if (!g_pool || g_pool_bytes != bytes || g_pool_slab != slab) {
-    g_pool.reset();
+  if (!p.pool || p.bytes != bytes || p.slab != slab) {
+    p.pool.reset();
     // Slabs of several chunks: pinning costs milliseconds a slab, so fewer,
     // larger ones (64 MiB) start the first request sooner.
     const uint64_t alloc = std::max(slab, std::min(bytes, uint64_t{64} << 20) / slab * slab);
-    g_pool = std::make_shared<spillfs::cuda::PinnedPool>(bytes, alloc);
-    g_pool_bytes = bytes;
-    g_pool_slab = slab;
+    if (shareable) {
+      p.pool = spillfs::cuda::PinnedPool::Shareable(bytes, alloc);
+      if (!p.pool) {
+        const int e = errno;
+        return Fail(e, WithErrno("cannot make the staging memory shared with the daemon (memfd)", e));
+      }
+    } else {
+      p.pool = std::make_shared<spillfs::cuda::PinnedPool>(bytes, alloc);
+    }
+    p.bytes = bytes;
+    p.slab = slab;
+    p.pid = getpid();
   }
-  *chunk_bytes = g_pool_slab;
-  return g_pool;
+  *chunk_bytes = p.slab;
+  *out = p.pool;
+  return 0;
 }
 
 }  // namespace spillfs::client

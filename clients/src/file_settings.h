@@ -23,6 +23,7 @@ struct FileSettings {
   std::atomic<bool> o_direct{true};                  // O_DIRECT where the file system takes it
   std::atomic<bool> verify{true};                    // direct path: verify block checksums on read
   std::atomic<bool> unit_hashes{true};               // direct path: hash whole units at commit (blobs)
+  std::atomic<bool> device_hashes{true};             // direct path: hash CUDA segments on their GPU
   std::atomic<unsigned> hash_threads{0};             // spill_hash_units on the host (0: automatic)
 };
 
@@ -32,7 +33,8 @@ FileSettings& Settings();
 int SetSetting(const std::string& key, uint64_t value);
 
 // The staging pool (made, or made anew after its settings changed, at first
-// use) and the size of its buffers (*chunk_bytes).
-std::shared_ptr<spillfs::cuda::PinnedPool> StagingPool(uint64_t* chunk_bytes);
+// use) and the size of its buffers (*chunk_bytes); `shareable`: the pool
+// whose buffers lie in a memfd (memory I/O). 0 or -errno (message set).
+int StagingPool(bool shareable, std::shared_ptr<spillfs::cuda::PinnedPool>* out, uint64_t* chunk_bytes);
 
 }  // namespace spillfs::client

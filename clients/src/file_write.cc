@@ -4,7 +4,10 @@
 // where the direct path wants block checksums, and written with io_uring
 // while the next piece is staged. On the direct path the pieces go in
 // steps of commit_bytes: reserved ahead, committed behind (on two control
-// channels, as spill_write does).
+// channels, as spill_write does). With memory I/O (callers who may not open
+// the data area) the pieces are staged in the shareable pool's memfd and
+// each step is one mem_write: the daemon hashes, shares, writes and commits
+// it while the next steps are staged.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,14 +16,17 @@
 #include <cerrno>
 #include <cstring>
 #include <future>
+#include <optional>
 #include <string>
 
 #include "client_impl.h"
 #include "error.h"
 #include "file_job.h"
 #include "file_settings.h"
+#include "memory_io.h"
 #include "spillfs/common/block_checksum.h"
 #include "spillfs/common/rounding.h"
+#include "spillfs/cuda/hash_kernels.h"
 
 namespace spillfs::client {
 namespace {
@@ -41,8 +47,20 @@ class WriteJob : public SegmentJob {
   int OldBlock(uint64_t block, char* out);
   int WriteFile();
   int WriteDirect();
+  // The segment holding piece i whole, where it is CUDA memory; else null.
+  const Seg* WholeDeviceSegment(size_t i) const;
+  // Piece i's block checksums (into sums, where not null) and the XXH3-128
+  // of its whole units (appended to units as file offset, low, high, where
+  // not null), computed on the GPU from `s`, where its bytes are: the CPU
+  // does nothing per byte of a CUDA tensor. 0 or -errno.
+  int HashOnDevice(const Seg& s, size_t i, uint32_t* sums, std::vector<uint64_t>* units);
+  int WriteMemory();
+  // Memory I/O: waits for the oldest step in flight and gives its buffers back.
+  int SettleOldest();
+  int GiveBackIdle() override { return steps_ && !steps_->empty() ? SettleOldest() : 0; }
 
-  uint64_t size_before_ = 0;  // of the file, when the request began
+  uint64_t size_before_ = 0;          // of the file, when the request began
+  std::optional<MemorySteps> steps_;  // memory I/O: the steps sent to the daemon
 };
 
 int WriteJob::OldBlock(uint64_t block, char* out) {
@@ -117,6 +135,34 @@ int WriteJob::Stage(size_t i) {
   return on_device ? WaitStreams() : 0;
 }
 
+const Seg* WriteJob::WholeDeviceSegment(size_t i) const {
+  const Piece& p = piece(i);
+  for (size_t k = p.first_seg; k < p.last_seg; ++k) {
+    const Seg& s = plan_.segs[k];
+    if (s.offset <= p.start && s.end() >= p.end) return s.device >= 0 ? &s : nullptr;
+  }
+  return nullptr;
+}
+
+int WriteJob::HashOnDevice(const Seg& s, size_t i, uint32_t* sums, std::vector<uint64_t>* units) {
+  const Piece& p = piece(i);
+  const uintptr_t stream = Stream(s.device)->stream();
+  if (sums != nullptr) {
+    Status hashed = spillfs::cuda::BlockChecksums(s.ptr + (p.start - s.offset), p.end - p.start, kBlock, sums, stream);
+    if (!hashed.ok()) return Fail(hashed.code(), "block checksums on CUDA device: " + hashed.message());
+  }
+  const uint64_t first = RoundUp(p.start, kHashUnit), end = std::min(p.end, plan_.exact_end);
+  if (units == nullptr || first + kHashUnit > end) return 0;
+  std::vector<spillfs::cuda::Hash128> hashes((end - first) / kHashUnit);
+  Status hashed = spillfs::cuda::UnitHashes(s.ptr + (first - s.offset), hashes.size() * kHashUnit, kHashUnit,
+                                            hashes.data(), stream);
+  if (!hashed.ok()) return Fail(hashed.code(), "unit hashes on CUDA device: " + hashed.message());
+  for (size_t k = 0; k < hashes.size(); ++k) {
+    units->insert(units->end(), {first + k * kHashUnit, hashes[k].low64, hashes[k].high64});
+  }
+  return 0;
+}
+
 // Through a file system (a spillfs mount or another): the pieces at their
 // file offsets; then the size, exact once the last write of the handle ends.
 int WriteJob::WriteFile() {
@@ -154,6 +200,7 @@ int WriteJob::WriteDirect() {
   const std::string& rel = file_->rel;
   const bool sums_wanted = client->checksums;
   const bool units_wanted = client->dedup && Settings().unit_hashes.load();
+  const bool device_hashes = Settings().device_hashes.load();
   {
     struct stat st;
     if (fstat(file_->fd, &st) != 0) {
@@ -242,7 +289,15 @@ int WriteJob::WriteDirect() {
       }
       const Piece& p = piece(i);
       char* data = Data(i);
-      {
+      if (const Seg* on_device = device_hashes ? WholeDeviceSegment(i) : nullptr; on_device != nullptr) {
+        Timed t(&stats_.hash_seconds);
+        if (int r = HashOnDevice(*on_device, i, sums_wanted ? sums->data() + at_in_step[i] / kBlock : nullptr,
+                                 units_wanted ? units.get() : nullptr);
+            r != 0) {
+          Note(r);
+          break;
+        }
+      } else {
         Timed t(&stats_.hash_seconds);
         for (uint64_t b = p.start; sums_wanted && b < p.end; b += kBlock) {
           (*sums)[(at_in_step[i] + b - p.start) / kBlock] = BlockChecksum(data + (b - p.start), kBlock);
@@ -299,8 +354,61 @@ int WriteJob::WriteDirect() {
   return settle_all();
 }
 
+int WriteJob::SettleOldest() {
+  size_t first = 0, last = 0;
+  MemoryReply reply;
+  {
+    Timed t(&stats_.daemon_seconds);
+    reply = steps_->WaitOldest(&first, &last);
+  }
+  for (size_t i = first; i < last; ++i) Release(i);
+  if (reply.rc != 0) {
+    Note(Fail(-reply.rc, reply.message));
+    return error();
+  }
+  stats_.io_bytes += reply.written_bytes;
+  stats_.shared_bytes += reply.mapped_bytes;
+  return 0;
+}
+
+int WriteJob::WriteMemory() {
+  {
+    struct stat st;
+    if (fstat(file_->fd, &st) != 0) {
+      int e = errno;
+      return Fail(e, WithErrno("cannot stat " + file_->path, e));
+    }
+    size_before_ = static_cast<uint64_t>(st.st_size);
+  }
+  const bool dedup = file_->memory_dedup && Settings().unit_hashes.load();
+  steps_.emplace(file_->mountpoint, pool_->capacity(), chunk_bytes_);
+  for (size_t first = 0; first < plan_.pieces.size() && error() == 0;) {
+    const size_t last = steps_->StepEnd(plan_, first);
+    if (steps_->full() && SettleOldest() != 0) break;
+    for (size_t i = first; i < last && error() == 0; ++i) Note(Stage(i));
+    if (error() != 0) break;
+    std::vector<uint64_t> pieces;
+    pieces.reserve(3 * (last - first));
+    for (size_t i = first; i < last; ++i) {
+      pieces.insert(pieces.end(), {pool_->shared_offset(Data(i)), piece(i).start, piece(i).end - piece(i).start});
+    }
+    const uint64_t size = std::min(piece(last - 1).end, plan_.exact_end);
+    Note(steps_->Send(MemoryRequest("mem_write", file_->fd, pool_->shared_fd(), pieces,
+                                    R"(,"size":)" + std::to_string(size) + R"(,"dedup":)" + (dedup ? "true" : "false")),
+                      "mem_write", first, last));
+    first = last;
+  }
+  while (!steps_->empty()) SettleOldest();
+  if (error() == 0) {
+    std::lock_guard lock(file_->size_mu);
+    file_->size = std::max(file_->size, plan_.exact_end);
+  }
+  return error();
+}
+
 int WriteJob::Work() {
   if (file_->backend == Backend::kDirectPath) return WriteDirect();
+  if (file_->backend == Backend::kMemoryIo) return WriteMemory();
   return WriteFile();
 }
 

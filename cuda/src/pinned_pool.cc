@@ -1,7 +1,12 @@
 #include "spillfs/cuda/pinned_pool.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cassert>
+#include <cerrno>
 #include <cstdlib>
 
 #include "spillfs/common/rounding.h"
@@ -47,9 +52,33 @@ PinnedPool::PinnedPool(size_t max_bytes, size_t slab_bytes)
       pinned_(Available()),
       slab_limit_(max_slabs_) {}
 
+std::unique_ptr<PinnedPool> PinnedPool::Shareable(size_t max_bytes, size_t slab_bytes) {
+  std::unique_ptr<PinnedPool> pool(new PinnedPool(max_bytes, slab_bytes));
+  const size_t bytes = pool->max_slabs_ * pool->slab_bytes_;
+  int fd = memfd_create("spillfs-staging", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return nullptr;
+  // Sparse until a slab is touched; sealed so that no holder can shrink it
+  // under another's mapping.
+  void* base = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0) {
+    base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (base == MAP_FAILED) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return nullptr;
+  }
+  pool->shared_fd_ = fd;
+  pool->shared_base_ = static_cast<char*>(base);
+  return pool;
+}
+
 PinnedPool::~PinnedPool() {
   assert(in_use_ == 0 && "PinnedPool destroyed while buffers are out");
   for (const Slab& slab : slabs_) FreeSlab(slab.base);
+  if (shared_base_ != nullptr) munmap(shared_base_, max_slabs_ * slab_bytes_);
+  if (shared_fd_ >= 0) close(shared_fd_);
 }
 
 PinnedBuffer PinnedPool::Acquire(size_t bytes) {
@@ -72,8 +101,9 @@ std::optional<PinnedBuffer> PinnedPool::Get(size_t bytes, bool wait) {
       // Allocate outside the lock: pinning a slab takes milliseconds, and
       // buffers may be returned meanwhile.
       ++allocating_;
+      const size_t window = next_window_++;
       lock.unlock();
-      void* base = AllocateSlab();
+      void* base = AllocateSlab(window);
       lock.lock();
       --allocating_;
       if (base != nullptr) {
@@ -147,7 +177,18 @@ size_t PinnedPool::reserved() const {
   return slabs_.size() * slab_bytes_;
 }
 
-void* PinnedPool::AllocateSlab() const {
+void* PinnedPool::AllocateSlab(size_t index) {
+  if (shared_base_ != nullptr) {
+    if (index >= max_slabs_) return nullptr;
+    char* base = shared_base_ + index * slab_bytes_;
+#if SPILLFS_HAVE_CUDA
+    if (pinned_ && cudaHostRegister(base, slab_bytes_, cudaHostRegisterPortable) != cudaSuccess) {
+      cudaGetLastError();
+      unpinned_slabs_.store(true, std::memory_order_relaxed);  // usable, copied at pageable speed
+    }
+#endif
+    return base;
+  }
 #if SPILLFS_HAVE_CUDA
   if (pinned_) {
     void* base = nullptr;
@@ -162,6 +203,12 @@ void* PinnedPool::AllocateSlab() const {
 }
 
 void PinnedPool::FreeSlab(void* base) const {
+  if (shared_base_ != nullptr) {
+#if SPILLFS_HAVE_CUDA
+    if (pinned_ && cudaHostUnregister(base) != cudaSuccess) cudaGetLastError();
+#endif
+    return;  // unmapped with the whole memfd
+  }
 #if SPILLFS_HAVE_CUDA
   if (pinned_) {
     // Fails harmlessly when the CUDA runtime is already torn down at exit.

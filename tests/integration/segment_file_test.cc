@@ -632,10 +632,11 @@ INSTANTIATE_TEST_SUITE_P(Paths, SegmentDedupTest, ::testing::Bool(), [](const ::
   return info.param ? "DirectPath" : "ThroughTheMount";
 });
 
-// A process that may not open the backing store goes through the mount, and
-// dedup (an op the control file keeps for root) tells it to write
-// everything (EACCES).
-TEST(SegmentFileNotRootTest, GoesThroughTheMountAndDedupIsRefused) {
+// A process that may not open the backing store gets the daemon's memory
+// I/O: the bytes go through a memfd the daemon maps, spill_file_dedup asks
+// for every unit (the daemon shares units by the hashes it computes as it
+// writes), and a second file of the same bytes shares its whole units.
+TEST(SegmentFileNotRootTest, GetsTheDaemonsMemoryIoWithDedup) {
   if (geteuid() != 0) GTEST_SKIP() << "mounting a volume needs root";
   DefaultSettings();
   MountedVolume::Options options;
@@ -655,8 +656,9 @@ TEST(SegmentFileNotRootTest, GoesThroughTheMountAndDedupIsRefused) {
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    // The child's verdict: backend, write rc, dedup rc, read-back equality.
-    int result[4] = {-1, -1, -1, -1};
+    // The child's verdict: backend, write rc, dedup rc and needed, read-back
+    // equality, the second file's shared and written bytes.
+    int result[7] = {-1, -1, -1, -1, -1, -1, -1};
     if (setgroups(0, nullptr) == 0 && setgid(65534) == 0 && setuid(65534) == 0) {
       spill_file* f = spill_file_open((dir + "/f").c_str(), kCreate, 0);
       if (f != nullptr) {
@@ -668,12 +670,20 @@ TEST(SegmentFileNotRootTest, GoesThroughTheMountAndDedupIsRefused) {
         std::vector<uint64_t> hashes(2, 0);
         uint8_t needed = 9;
         result[2] = spill_file_dedup(f, 0, hashes.data(), 1, &needed);
+        result[3] = needed;
         std::string back(data.size(), '\0');
         spill_segment rd{back.data(), back.size(), 3, -1};
         if (spill_file_read_segments(f, &rd, 1, 0, &r) == 0 && spill_request_wait(r, nullptr) == 0) {
-          result[3] = back == data ? 1 : 0;
+          result[4] = back == data ? 1 : 0;
         }
         spill_file_close(f);
+        spill_file* g = spill_file_open((dir + "/g").c_str(), kCreate, 0);
+        spill_io_stats stats{};
+        if (g != nullptr && spill_file_write_segments(g, &seg, 1, 0, &r) == 0 && spill_request_wait(r, &stats) == 0) {
+          result[5] = static_cast<int>(stats.shared_bytes / 4096);
+          result[6] = static_cast<int>(stats.io_bytes / 4096);
+        }
+        spill_file_close(g);
       } else {
         fprintf(stderr, "open as uid 65534: %s\n", spill_last_error());
       }
@@ -683,15 +693,19 @@ TEST(SegmentFileNotRootTest, GoesThroughTheMountAndDedupIsRefused) {
     _exit(0);
   }
   close(fds[1]);
-  int result[4] = {-2, -2, -2, -2};
+  int result[7] = {-2, -2, -2, -2, -2, -2, -2};
   EXPECT_EQ(read(fds[0], result, sizeof(result)), static_cast<ssize_t>(sizeof(result)));
   close(fds[0]);
   waitpid(pid, nullptr, 0);
-  EXPECT_EQ(result[0], SPILL_BACKEND_MOUNT);
+  EXPECT_EQ(result[0], SPILL_BACKEND_MEMORY_IO);
   EXPECT_EQ(result[1], 0);
-  EXPECT_TRUE(result[2] == -EACCES || result[2] == -EPERM) << result[2];
-  EXPECT_EQ(result[3], 1);
+  EXPECT_EQ(result[2], 0);
+  EXPECT_EQ(result[3], 1);  // write it: nothing is mapped by a hash the caller names
+  EXPECT_EQ(result[4], 1);
   EXPECT_EQ(SizeOf(dir + "/f"), data.size() + 3);
+  EXPECT_EQ(SizeOf(dir + "/g"), data.size() + 3);
+  EXPECT_EQ(result[5], 4 * 64);  // the 4 whole units of [0, 1 MiB + 8) shared
+  EXPECT_EQ(result[6], 1);       // the last, partial block written
 }
 
 TEST(SegmentDedupOffTest, VolumeWithoutDedupAnswersEopnotsupp) {

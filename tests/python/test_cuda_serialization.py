@@ -177,3 +177,18 @@ def test_second_save_of_a_cuda_state_dict_shares_what_did_not_change(mount):
     assert first.bytes_shared < total / 2
     assert second.bytes_shared >= total - 2 * (UNIT * 8), (second.bytes_shared, total)
     _same(state, spillfs.load(os.path.join(mount, "step2.pt"), map_location="cuda"))
+
+
+def test_a_cuda_save_hashes_on_the_gpu_what_the_cpu_would(mount):
+    """A direct-path save of CUDA storages computes their block checksums and unit hashes on the
+    GPU (the setting device_hashes, on by default): a load verifies every block against those
+    checksums, and the same bytes saved from the CPU, hashed there, share every unit the GPU
+    hashed (its blobs are keyed by the GPU's hashes)."""
+    if _native.segment_io() is None:
+        pytest.skip("libspillfs_client with the segment I/O is not built")
+    t = _random((UNIT * 8 + 123,), torch.float32, seed=21)  # 32 whole units and a partial one
+    r = spillfs.save({"t": t}, os.path.join(mount, "gpu.pt"))
+    assert r.io_path == "direct_path", r.io_path
+    _same({"t": t}, spillfs.load(os.path.join(mount, "gpu.pt"), map_location="cuda"))
+    on_cpu = spillfs.save({"t": t.cpu()}, os.path.join(mount, "cpu.pt"))
+    assert on_cpu.bytes_shared == 32 * UNIT, on_cpu.bytes_shared

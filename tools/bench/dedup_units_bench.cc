@@ -115,11 +115,11 @@ int Run(uint64_t n, const std::string& dir, bool reopen, int repeat, uint64_t ru
     size_t reply_bytes = 0;
   };
   auto ask = [&](const std::string& request, Timing* out) -> bool {
-    auto handle = control.Open(ControlPlane::kControlIno, O_RDWR, 0);
+    auto handle = control.Open(ControlPlane::kControlIno, O_RDWR);
     if (!handle.ok()) return false;
     auto t = std::chrono::steady_clock::now();
     double cpu = CpuNow();
-    if (!control.Write(*handle, 0, request).ok()) return false;
+    if (!control.Write(*handle, 0, request, ControlPlane::RequestCaller{}).ok()) return false;
     std::string reply;
     for (;;) {
       ControlPlane::ReplyBytes part = control.Read(*handle, reply.size(), 1 << 20);
@@ -215,10 +215,10 @@ int Run(uint64_t n, const std::string& dir, bool reopen, int repeat, uint64_t ru
     }
     std::vector<double> cpus;
     for (int r = 0; r < repeat; ++r) {
-      auto handle = control.Open(ControlPlane::kControlIno, O_RDWR, 0);
+      auto handle = control.Open(ControlPlane::kControlIno, O_RDWR);
       if (!handle.ok()) return 1;
       double cpu = CpuNow();
-      if (!control.Write(*handle, 0, request).ok()) return 1;
+      if (!control.Write(*handle, 0, request, ControlPlane::RequestCaller{}).ok()) return 1;
       std::string reply(control.Read(*handle, 0, 1 << 20).bytes);
       cpus.push_back(CpuNow() - cpu);
       control.Release(*handle);

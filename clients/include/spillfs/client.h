@@ -156,6 +156,9 @@ typedef struct spill_request spill_request;
 #define SPILL_BACKEND_MOUNT 2       /* spillfs mount, io_uring through the mount */
 #define SPILL_BACKEND_DIRECT_IO 3   /* other file system, io_uring O_DIRECT */
 #define SPILL_BACKEND_BUFFERED 4    /* other file system refusing O_DIRECT: buffered io_uring */
+#define SPILL_BACKEND_MEMORY_IO                                                  \
+  5 /* spillfs mount, not allowed the backing store (not root): the daemon moves \
+       the bytes between it and staging memory shared with it (a memfd) */
 
 typedef struct spill_segment {
   void* ptr;            /* host or device memory */
@@ -174,7 +177,8 @@ typedef struct spill_io_stats {
   double copy_seconds;   /* copying into and out of staging buffers (memcpy, waits for device copies) */
   double io_seconds;     /* with at least one I/O in flight */
   double hash_seconds;   /* block checksums and unit hashes of the direct path */
-  double daemon_seconds; /* waiting for the daemon: layout, reserve, commit */
+  double daemon_seconds; /* waiting for the daemon: layout, reserve, commit (memory I/O: its I/O too) */
+  uint64_t shared_bytes; /* memory I/O writes: bytes the daemon shared with units the volume held (dedup) */
 } spill_io_stats;
 
 /* Opens `path` (any path; relative to the working directory unless absolute).
@@ -280,6 +284,10 @@ SPILL_API const char* spill_version(void);
  *   "verify"        direct path: verify block checksums on read (1)
  *   "unit_hashes"   direct path: hash the whole 256 KiB units written, so the
  *                   volume can share them with later writes (1)
+ *   "device_hashes" direct path: a piece of a CUDA segment gets its block
+ *                   checksums and unit hashes on its GPU, not on the CPU (1)
+ *   "commit_bytes", "commit_depth" also size memory I/O's steps (a request to
+ *                   the daemon each) and how many are in flight
  *   "hash_threads"  threads of spill_hash_units on the host (0: automatic)
  * Returns 0, or -EINVAL for an unknown key or a bad value. Any thread. */
 SPILL_API int spill_config_set(const char* key, uint64_t value);

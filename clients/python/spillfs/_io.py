@@ -211,8 +211,8 @@ class NativeFile:
         self.backend = _native.BACKEND_NAMES.get(code, "native")
         if self.backend == "mount" and os.geteuid() != 0:
             _warn_once("not-root", f"spillfs: {self.path}: not root, so no direct path (it opens the volume's "
-                                   "backing store, which is root's): I/O goes through the mount, slower; a fast "
-                                   "path for other users is not built yet")
+                                   "backing store, which is root's), and the daemon offers no memory I/O (a "
+                                   "spillfs older than this library?): I/O goes through the mount, slower")
         self.stats = {}  # spill_io_stats of the requests waited for, summed
         self.dedup_requests = 0  # dedup calls answered (each one round trip, up to 65536 units)
 

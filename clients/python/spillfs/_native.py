@@ -34,7 +34,7 @@ SPILL_FILE_READ = 1
 SPILL_FILE_WRITE = 2
 SPILL_FILE_CREATE = 4
 SPILL_FILE_TRUNCATE = 8
-BACKEND_NAMES = {1: "direct_path", 2: "mount", 3: "direct_io", 4: "buffered"}
+BACKEND_NAMES = {1: "direct_path", 2: "mount", 3: "direct_io", 4: "buffered", 5: "memory_io"}
 
 HASH_UNIT_BYTES = 256 << 10  # the volume's dedup unit; spill_hash_units hashes whole ones
 
@@ -63,7 +63,8 @@ class SpillIoStats(ctypes.Structure):
     """``spill_io_stats``: what one segment request did (seconds overlap)."""
     _fields_ = ([(name, ctypes.c_uint64) for name in ("bytes", "io_bytes", "ios")]
                 + [(name, ctypes.c_double) for name in ("seconds", "copy_seconds", "io_seconds", "hash_seconds",
-                                                        "daemon_seconds")])
+                                                        "daemon_seconds")]
+                + [("shared_bytes", ctypes.c_uint64)])
 
 
 class _ClientStats(ctypes.Structure):

@@ -60,8 +60,10 @@ class IOReport(Report):
             (a file object) or ``"torch"`` (handed to ``torch.save``/``torch.load``:
             the legacy format, TorchScript archives, ``mmap=True``).
         io_path (str or None): how the native library reached the file:
-            ``"direct_path"`` (a spillfs mount's backing store), ``"mount"``
-            (io_uring through a spillfs mount), ``"direct_io"`` (io_uring
+            ``"direct_path"`` (a spillfs mount's backing store),
+            ``"memory_io"`` (a spillfs mount's daemon, moving the bytes between
+            its backing store and memory shared with it: callers who are not
+            root), ``"mount"`` (io_uring through a spillfs mount), ``"direct_io"`` (io_uring
             ``O_DIRECT``), ``"buffered"``; ``"posix"`` / ``"stream"`` otherwise.
         io_stats (dict): the native requests' ``spill_io_stats`` summed
             (``bytes``, ``io_bytes``, ``ios``, ``copy_seconds``,
@@ -72,7 +74,8 @@ class IOReport(Report):
         bytes_written (int): bytes the save sent to the file (data and zip
             records; not the bytes shared by dedup).
         bytes_shared (int): bytes of storages the volume already held, mapped
-            into the file by reference instead of being written (dedup).
+            into the file by reference instead of being written (dedup; with
+            ``io_path`` ``"memory_io"`` the daemon finds them as it writes).
         bytes_read (int): bytes the load read from the file.
         device_bytes (int): bytes that went to or from CUDA memory.
         crc32_skipped (int): records written with a CRC-32 of 0 (see

@@ -320,6 +320,8 @@ def save_records(path, records, framing, size_hint, opts, backend, report):
         with report.stage("sync"):
             file.sync()
         report.io_stats = dict(file.stats)
+        if file.backend == "memory_io":  # the daemon shared units as it wrote them
+            report.bytes_shared = int(file.stats.get("shared_bytes", 0))
         file.close()
         file = None
         report.file_bytes = file_size

@@ -14,6 +14,13 @@
 // device); elsewhere they are plain 4 KiB-aligned host memory (pinned() is
 // false), so the same code runs on a CPU machine.
 //
+// A shareable pool (Shareable()) keeps its slabs in one memfd, windows of
+// it mapped MAP_SHARED and page-locked with cudaHostRegister where CUDA is
+// available, so that another process given the memfd (the spillfs daemon,
+// which does the I/O of callers who may not open the data area) sees the
+// buffers: shared_fd() and shared_offset() name a buffer there. The memfd is
+// sealed against shrinking (a process mapping it cannot be made to fault).
+//
 // Threading: thread-safe. Acquire blocks on a condition variable while the
 // bound is reached and wakes when a buffer is returned; a caller that holds
 // buffers while it waits for more can deadlock against itself. Waiters are
@@ -23,9 +30,12 @@
 // can be allocated at all (check it: `if (!buffer)`).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -71,6 +81,9 @@ class PinnedPool {
   // At most `max_bytes` in slabs of `slab_bytes` (both rounded up to 4 KiB; a
   // slab is at most max_bytes). Allocates nothing yet.
   PinnedPool(size_t max_bytes, size_t slab_bytes);
+  // The same, its slabs in one sealed memfd (see above). Null with errno set
+  // when the memfd cannot be made or mapped.
+  static std::unique_ptr<PinnedPool> Shareable(size_t max_bytes, size_t slab_bytes);
   // REQUIRES: every buffer has been returned.
   ~PinnedPool();
   PinnedPool(const PinnedPool&) = delete;
@@ -82,7 +95,15 @@ class PinnedPool {
   // The same without waiting: nullopt while the pool is at its bound.
   std::optional<PinnedBuffer> TryAcquire(size_t bytes);
 
-  bool pinned() const { return pinned_; }  // slabs are page-locked (cudaHostAlloc)
+  // Slabs are page-locked (cudaHostAlloc; for a shareable pool,
+  // cudaHostRegister, false once a registration failed).
+  bool pinned() const { return pinned_ && !unpinned_slabs_.load(std::memory_order_relaxed); }
+  // A shareable pool's memfd (-1 for others), and where in it `data` (inside
+  // a buffer of this pool) lies.
+  int shared_fd() const { return shared_fd_; }
+  uint64_t shared_offset(const void* data) const {
+    return static_cast<uint64_t>(static_cast<const char*>(data) - shared_base_);
+  }
   size_t capacity() const { return max_slabs_ * slab_bytes_; }
   size_t slab_bytes() const { return slab_bytes_; }
   size_t in_use() const;    // bytes handed out (capacities)
@@ -100,7 +121,8 @@ class PinnedPool {
   std::optional<PinnedBuffer> Get(size_t bytes, bool wait);
   char* CarveLocked(size_t bytes);
   void Release(void* data, size_t capacity);
-  void* AllocateSlab() const;
+  // Slab `index` (a shareable pool's window of that number).
+  void* AllocateSlab(size_t index);
   void FreeSlab(void* base) const;
 
   const size_t slab_bytes_;
@@ -110,8 +132,13 @@ class PinnedPool {
   size_t slab_limit_;  // max_slabs_, lowered when a slab cannot be allocated
   std::condition_variable returned_;
   std::vector<Slab> slabs_;
-  size_t allocating_ = 0;  // slabs being allocated outside the lock
+  size_t allocating_ = 0;   // slabs being allocated outside the lock
+  size_t next_window_ = 0;  // a shareable pool's next slab window (never reused)
   size_t in_use_ = 0;
+  // A shareable pool's memfd and its mapping (max_slabs_ windows).
+  int shared_fd_ = -1;
+  char* shared_base_ = nullptr;
+  std::atomic<bool> unpinned_slabs_{false};
 };
 
 }  // namespace spillfs::cuda
