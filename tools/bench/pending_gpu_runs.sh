@@ -7,6 +7,7 @@
 # bundled into DEVRUN/devlibs) from this commit:
 #
 #   tools/bench/pending_gpu_runs.sh tests        # CUDA cases of the Python suites (~5 min)
+#   tools/bench/pending_gpu_runs.sh memio        # issue 41.1/41.5: memory I/O and GPU hashing (~3 min)
 #   tools/bench/pending_gpu_runs.sh mount        # issue 40: meta-bench 8 threads, cold reads, torch.load (~8 min)
 #   tools/bench/pending_gpu_runs.sh checkpoints  # issue 42: dcp_bench, background_save_bench (~8 min)
 #   tools/bench/pending_gpu_runs.sh ablation     # issue 41.3: the feature cache's ablation (~9 min)
@@ -14,11 +15,11 @@
 # Each part's exit status is non-zero when one of its commands failed; the
 # parts are independent (run those the session has time for, in this order).
 set -uo pipefail
-part=${1:?usage: pending_gpu_runs.sh tests|mount|checkpoints|ablation}
+part=${1:?usage: pending_gpu_runs.sh tests|memio|mount|checkpoints|ablation}
 case "$part" in
-  tests | mount | checkpoints | ablation) ;;
+  tests | memio | mount | checkpoints | ablation) ;;
   *)
-    echo "pending_gpu_runs.sh: unknown part '$part' (tests, mount, checkpoints or ablation)" >&2
+    echo "pending_gpu_runs.sh: unknown part '$part' (tests, memio, mount, checkpoints or ablation)" >&2
     exit 2
     ;;
 esac
@@ -44,6 +45,14 @@ case "$part" in
     step pytest python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_background_save.py \
       tests/python/test_dcp.py tests/python/test_safetensors.py tests/python/test_checkpoint_crash.py \
       tests/python/test_activation_offload.py -k "cuda or CUDA or mixed or background or dcp or crash"
+    # GPU hashing of direct-path writes (41.1) and a non-root CUDA save through memory I/O (41.5)
+    step pytest_cuda python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda_serialization.py \
+      tests/python/test_serialization.py -k "cuda or not_root"
+    step segment_gpu env DEVRUN="$devrun" OUT="$out" clients/run_device_tests.sh
+    ;;
+  memio)
+    step memio python3 tools/bench/memory_io_bench.py --dir /root/miobench --spillfs "$devrun/bin/spillfs" \
+      --json-out "$out/memory_io.json"
     ;;
   mount)
     # the record cache and the kernel's listing cache with 8 threads; cold reads and
