@@ -96,6 +96,23 @@ int SegmentJob::WaitStreams() {
   return 0;
 }
 
+char* SegmentJob::TryAcquire(size_t piece) {
+  std::optional<spillfs::cuda::PinnedBuffer> got = pool_->TryAcquire(chunk_bytes_);
+  if (!got || !*got) return nullptr;
+  buffers_[piece] = std::move(*got);
+  return static_cast<char*>(buffers_[piece]->data());
+}
+
+size_t SegmentJob::TakeBuffers(size_t first, size_t last) {
+  size_t got = first;
+  while (got < last && TryAcquire(got) != nullptr) ++got;
+  if (got > first) return got;
+  if (GiveBackIdle() != 0) return first;
+  while (got < last && TryAcquire(got) != nullptr) ++got;
+  if (got > first) return got;
+  return Acquire(first) != nullptr ? first + 1 : first;
+}
+
 char* SegmentJob::Acquire(size_t piece) {
   std::optional<spillfs::cuda::PinnedBuffer> got;
   for (;;) {

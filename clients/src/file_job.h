@@ -44,6 +44,16 @@ class SegmentJob {
   // exhausted (its buffers come back as pieces finish); blocks only when
   // nothing of this job is in flight, after GiveBackIdle. Null on error.
   char* Acquire(size_t piece);
+  // A staging buffer for a piece if the pool has one free now; else null
+  // (no error).
+  char* TryAcquire(size_t piece);
+  // Buffers for the pieces [first, last), as many as the pool has free, at
+  // least one: where none is, what this job can give back first
+  // (GiveBackIdle), then a wait for one while the job holds none. Memory
+  // I/O's steps take their buffers so: requests that each waited holding
+  // part of a step would wait for ever. The end of the pieces given one
+  // (`first` on error).
+  size_t TakeBuffers(size_t first, size_t last);
   // Before Acquire blocks on the pool: gives back the buffers this job
   // holds but could free by waiting (a read's pieces whose device copies
   // are queued). Requests that each held such buffers while waiting for the

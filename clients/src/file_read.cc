@@ -34,9 +34,13 @@ class ReadJob : public SegmentJob {
  protected:
   int Work() override;
   int PieceDone(size_t i) override;
+  // Device copies queued, and memory I/O's steps sent (the daemon finishes
+  // them without this job's thread), give their buffers back.
   int GiveBackIdle() override {
-    if (int rc = Settle(); rc != 0) return rc;
-    return steps_ && !steps_->empty() ? FinishOldest() : 0;
+    while (steps_ && !steps_->empty()) {
+      if (FinishOldest() != 0) return error();
+    }
+    return Settle();
   }
 
  private:
@@ -266,16 +270,14 @@ int ReadJob::ReadMemory() {
   if (int rc = CheckSize(static_cast<uint64_t>(st.st_size)); rc != 0) return rc;
   steps_.emplace(file_->mountpoint, pool_->capacity(), chunk_bytes_);
   for (size_t first = 0; first < plan_.pieces.size() && error() == 0;) {
-    const size_t last = steps_->StepEnd(plan_, first);
     if (steps_->full() && FinishOldest() != 0) break;
+    const size_t last = TakeBuffers(first, steps_->StepEnd(plan_, first));
+    if (last == first) break;  // the error is noted
     std::vector<uint64_t> pieces;
     pieces.reserve(3 * (last - first));
-    for (size_t i = first; i < last && error() == 0; ++i) {
-      if (char* data = Acquire(i)) {
-        pieces.insert(pieces.end(), {pool_->shared_offset(data), piece(i).start, piece(i).end - piece(i).start});
-      }
+    for (size_t i = first; i < last; ++i) {
+      pieces.insert(pieces.end(), {pool_->shared_offset(Data(i)), piece(i).start, piece(i).end - piece(i).start});
     }
-    if (error() != 0) break;
     Note(steps_->Send(MemoryRequest("mem_read", file_->fd, pool_->shared_fd(), pieces), "mem_read", first, last));
     first = last;
   }

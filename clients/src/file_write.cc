@@ -57,7 +57,14 @@ class WriteJob : public SegmentJob {
   int WriteMemory();
   // Memory I/O: waits for the oldest step in flight and gives its buffers back.
   int SettleOldest();
-  int GiveBackIdle() override { return steps_ && !steps_->empty() ? SettleOldest() : 0; }
+  // Memory I/O: every step sent gives its buffers back once the daemon is
+  // done with it (this job's own thread is not needed for that).
+  int GiveBackIdle() override {
+    while (steps_ && !steps_->empty()) {
+      if (SettleOldest() != 0) return error();
+    }
+    return 0;
+  }
 
   uint64_t size_before_ = 0;          // of the file, when the request began
   std::optional<MemorySteps> steps_;  // memory I/O: the steps sent to the daemon
@@ -86,7 +93,7 @@ int WriteJob::OldBlock(uint64_t block, char* out) {
 int WriteJob::Stage(size_t i) {
   const Piece& p = piece(i);
   if (p.direct != nullptr) return 0;
-  char* buf = Acquire(i);
+  char* buf = buffers_[i] ? Data(i) : Acquire(i);  // memory I/O takes a step's buffers first
   if (buf == nullptr) return error();
   Timed t(&stats_.copy_seconds);
   // First the gaps the segments leave (inside the partial blocks at their
@@ -383,8 +390,9 @@ int WriteJob::WriteMemory() {
   const bool dedup = file_->memory_dedup && Settings().unit_hashes.load();
   steps_.emplace(file_->mountpoint, pool_->capacity(), chunk_bytes_);
   for (size_t first = 0; first < plan_.pieces.size() && error() == 0;) {
-    const size_t last = steps_->StepEnd(plan_, first);
     if (steps_->full() && SettleOldest() != 0) break;
+    const size_t last = TakeBuffers(first, steps_->StepEnd(plan_, first));
+    if (last == first) break;  // the error is noted
     for (size_t i = first; i < last && error() == 0; ++i) Note(Stage(i));
     if (error() != 0) break;
     std::vector<uint64_t> pieces;

@@ -37,10 +37,9 @@ std::string MemoryRequest(const char* op, int fd, int memfd, const std::vector<u
 // Sends it on `channel` and parses the reply (any thread; one request at a
 // time a channel).
 MemoryReply SendMemoryRequest(ControlChannel* channel, const std::string& text, const std::string& op);
-// The steps of one request, in flight: its pieces cut into steps small
-// enough that depth + 1 of them fit the staging pool (a piece takes a whole
-// buffer, however small), so the step being staged never waits for buffers
-// only its own sent steps hold; each sent on a control channel of its own
+// The steps of one request, in flight: its pieces cut into steps of at most
+// a share of the staging pool (a piece takes a whole buffer, however
+// small), each sent on a control channel of its own
 // (requests on one are serialized), up to `depth` (commit_depth) at once,
 // their replies taken oldest first. Used by the request's thread only.
 class MemorySteps {

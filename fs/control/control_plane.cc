@@ -63,11 +63,12 @@ Result<std::vector<DirEntry>> ControlPlane::ReadDir(InodeNumber ino) const {
                                {control::kStatsName, kStatsIno, S_IFREG}};
 }
 
-Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags) {
+Result<ControlPlane::Handle*> ControlPlane::Open(InodeNumber ino, int flags, uint32_t opener_uid) {
   if (ino == kDirIno) return Status::Error(EISDIR, "is a directory");
   if (ino == kStatsIno && (flags & O_ACCMODE) != O_RDONLY) return Status::Error(EACCES, "stats is read-only");
   auto handle = std::make_unique<Handle>();
   handle->ino = ino;
+  handle->opener_uid = opener_uid;
   return handles_.Add(std::move(handle));
 }
 
@@ -81,6 +82,7 @@ Result<size_t> ControlPlane::Write(Handle* handle, uint64_t offset, std::string_
   // A request starts with its write at offset 0 (or the handle's first):
   // its caller is that writer's.
   if (offset == 0 || !handle->caller) {
+    if (handle->caller && handle->caller->uid != caller.uid) handle->memory.reset();  // another user's mapping
     handle->caller = caller;
     handle->mixed = false;
     handle->writer = CallerThread::Identify(caller.pid);
@@ -370,6 +372,10 @@ std::string ControlPlane::AnswerMemory(Handle& handle, const nlohmann::json& req
   }
   auto opened = caller.OpenMemory(*memfd);
   if (!opened.ok()) return fail(opened.status());
+  if (opened->size() > control::kMaxSharedMemoryBytes) {  // mapped whole and kept: the daemon's address space
+    return fail(Status::Error(EINVAL, fmt::format("memfd {} holds {} bytes: memory I/O maps at most {}", *memfd,
+                                                  opened->size(), control::kMaxSharedMemoryBytes)));
+  }
   // After the look-ups: the descriptors just looked at were the caller's.
   if (Status same = caller.CheckCredentials(); !same.ok()) return fail(same);
   if (!handle.memory || !handle.memory->SameAs(*opened)) {
@@ -392,7 +398,7 @@ std::string ControlPlane::AnswerMemory(Handle& handle, const nlohmann::json& req
     // cached mode must go too (by Read, once no lock is held).
     handle.invalidate = *ino;
     auto written = fs_->MemoryWrite(*ino, memory.data(), memory.size(), *pieces, *size, *dedup,
-                                    /*privileged=*/handle.caller && handle.caller->uid == 0);
+                                    /*privileged=*/handle.caller && handle.caller->uid == 0 && handle.opener_uid == 0);
     reply =
         written.ok()
             ? ReplyText(OkReply(
@@ -711,8 +717,14 @@ std::string ControlPlane::Answer(Handle& handle) {
     auto request = ParseRequest(handle.request);
     if (!request.ok()) return ReplyText(ErrorReply(request.status()));
     const std::string op = (*request)[control::key::kOp].get<std::string>();
-    const bool root = handle.caller && handle.caller->uid == 0;
+    const bool root = handle.caller && handle.caller->uid == 0 && handle.opener_uid == 0;
     if (!root && !Unprivileged(op)) return ReplyText(ErrorReply(RootOnly(op)));
+    if (handle.caller && handle.caller->uid != handle.opener_uid && RouteOf(op) == Route::kMemory) {
+      return ReplyText(ErrorReply(Status::Error(
+          EPERM, fmt::format("the control handle was opened by uid {} but this request was written by uid {}: "
+                             "memory I/O acts for the handle's opener only",
+                             handle.opener_uid, handle.caller->uid))));
+    }
     switch (RouteOf(op)) {
       case Route::kDirect:
         // Unlocked: Filesystem is safe for concurrent use (as FUSE's threads

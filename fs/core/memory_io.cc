@@ -94,6 +94,22 @@ Status CheckPiece(size_t i, const Filesystem::MemoryPiece& p, uint64_t memory_si
   return Status::OK();
 }
 
+// The pieces add up to at most the shared memory's size: what a client with
+// its pieces in distinct buffers asks, and a bound on one request's work
+// (pieces may overlap in memory; a read of the same range a million times
+// would hold a FUSE worker for hours).
+Status CheckTotal(const std::vector<Filesystem::MemoryPiece>& pieces, uint64_t memory_size) {
+  uint64_t total = 0;
+  for (const Filesystem::MemoryPiece& p : pieces) {
+    total += p.length;  // each at most memory_size (CheckPiece): no overflow below 2^20 pieces
+    if (total > memory_size) {
+      return Status::Error(E2BIG,
+                           fmt::format("the pieces add up to more than the shared memory ({} bytes)", memory_size));
+    }
+  }
+  return Status::OK();
+}
+
 // Pins `ino` as an open handle does (Filesystem::Open): an unlinked file
 // whose last descriptor the client closes meanwhile is reclaimed only after.
 class OpenInode {
@@ -136,6 +152,7 @@ Result<Filesystem::MemoryWritten> Filesystem::MemoryWrite(InodeNumber ino, const
                                                i, p.file, i - 1, pieces[i - 1].file + pieces[i - 1].length));
     }
   }
+  SPILLFS_RETURN_IF_ERROR(CheckTotal(pieces, memory_size));
   if (reinterpret_cast<uintptr_t>(memory) % BlockStore::kDirectAlignment != 0) {
     return Status::Error(EINVAL, "the shared memory is not page aligned");
   }
@@ -283,6 +300,7 @@ Result<uint64_t> Filesystem::MemoryRead(InodeNumber ino, char* memory, uint64_t 
                                         const std::vector<MemoryPiece>& pieces) {
   if (pieces.empty()) return Status::Error(EINVAL, "mem_read needs at least one piece");
   for (size_t i = 0; i < pieces.size(); ++i) SPILLFS_RETURN_IF_ERROR(CheckPiece(i, pieces[i], memory_size));
+  SPILLFS_RETURN_IF_ERROR(CheckTotal(pieces, memory_size));
   OpenInode pin(this, ino);
   SPILLFS_RETURN_IF_ERROR(pin.Open());
   SPILLFS_ASSIGN_OR_RETURN(Entry entry, GetAttr(ino));

@@ -262,7 +262,7 @@ Status RemovePrivsForDirectWrite(fuse_req_t req, fuse_ino_t ino, DirectWriteHand
 
 void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (ControlPlane::Owns(ino)) {
-    auto handle = Control(req).Open(ino, fi->flags);
+    auto handle = Control(req).Open(ino, fi->flags, fuse_req_ctx(req)->uid);
     if (!handle.ok()) return ReplyError(req, handle.status());
     fi->fh = reinterpret_cast<uint64_t>(*handle);
     fi->direct_io = 1;  // sizes are unknown until read; bypass the page cache

@@ -98,7 +98,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ControlPlane& control = *world->control;
   const uint64_t capacity = world->fs->volume().superblock().data_size;
   const uint64_t free_before = world->fs->free_bytes();
-  auto opened = control.Open(ControlPlane::kControlIno, O_RDWR);
+  auto opened = control.Open(ControlPlane::kControlIno, O_RDWR, /*opener_uid=*/0);
   FUZZ_CHECK(opened.ok(), opened.status().ToString());
   ControlPlane::Handle* handle = *opened;
   bool committed = false;

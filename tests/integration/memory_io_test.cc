@@ -442,6 +442,10 @@ TEST_F(MemoryIoTest, PiecesAreChecked) {
     r["no_size"] =
         Ask(channel, {{"op", "mem_write"}, {"fd", fd}, {"memfd", memory.fd}, {"pieces", Pieces({{0, 0, kBlock}})}});
     r["too_many"] = Ask(channel, {{"op", "mem_read"}, {"fd", fd}, {"memfd", memory.fd}, {"pieces", too_many}});
+    // More bytes than the memfd holds, over the same memory twice.
+    r["read_more_than_memfd"] = Ask(channel, MemRead(fd, memory.fd, Pieces({{0, 0, 4 * kUnit}, {0, 0, kBlock}})));
+    r["more_than_memfd"] = Ask(channel, MemWrite(fd, memory.fd, Pieces({{0, 0, 4 * kUnit}, {0, 4 * kUnit, kBlock}}),
+                                                 4 * kUnit + kBlock, false));
     return r;
   });
   ASSERT_FALSE(out.contains("child_failed")) << out;
@@ -453,6 +457,8 @@ TEST_F(MemoryIoTest, PiecesAreChecked) {
     EXPECT_REFUSED(out[bad], EINVAL);
   }
   EXPECT_REFUSED(out["too_many"], E2BIG);
+  EXPECT_REFUSED(out["read_more_than_memfd"], E2BIG);
+  EXPECT_REFUSED(out["more_than_memfd"], E2BIG);
   EXPECT_NE(out["past_memfd"].value("error", "").find("piece 0"), std::string::npos) << out["past_memfd"];
   EXPECT_EQ(ReadFile(P("f")), "");  // nothing refused wrote a byte
 }
@@ -602,6 +608,38 @@ TEST_F(MemoryIoTest, ACallerWhoseCredentialsChangedIsRefused) {
   ASSERT_FALSE(out.contains("child_failed")) << out;
   EXPECT_EQ(out["changed"]["errno"], EPERM) << out["changed"];
   EXPECT_EQ(out["same"]["ok"], true) << out["same"];
+}
+
+// A handle stays its opener's: a request a root process writes on a handle
+// a user opened (the user handed it to a set-user-ID program as its output)
+// gets no root-only op, and no memory I/O on the root process's descriptors.
+TEST_F(MemoryIoTest, AHandleOpenedByAUserGetsNothingARootWriterCouldHave) {
+  json out = AsNobody(
+      [&] {
+        const int fd = OpenOrThrow(P("f"), O_CREAT | O_RDWR);
+        Memfd memory = MakeMemfd(kBlock);
+        const int control_fd = OpenOrThrow(control_path(), O_RDWR);  // opened as uid 65534
+        auto ask = [&](const json& request) {
+          const std::string text = request.dump();
+          (void)WriteAll(control_fd, text.data(), text.size(), 0);
+          std::string reply(4096, '\0');
+          const ssize_t n = pread(control_fd, reply.data(), reply.size(), 0);
+          reply.resize(n > 0 ? static_cast<size_t>(n) : 0);
+          return json::parse(reply, nullptr, false);
+        };
+        json r;
+        if (seteuid(0) != 0) throw std::runtime_error("seteuid(0)");
+        r["ls"] = ask({{"op", "ls"}, {"paths", {"/"}}});  // written as root
+        r["mem_read"] = ask(MemRead(fd, memory.fd, Pieces({{0, 0, kBlock}})));
+        if (seteuid(kNobody) != 0) throw std::runtime_error("seteuid(65534)");
+        r["mine"] = ask(MemRead(fd, memory.fd, Pieces({{0, 0, kBlock}})));
+        return r;
+      },
+      /*saved_uid=*/0);
+  ASSERT_FALSE(out.contains("child_failed")) << out;
+  EXPECT_EQ(out["ls"]["errno"], EACCES) << out["ls"];
+  EXPECT_EQ(out["mem_read"]["errno"], EPERM) << out["mem_read"];
+  EXPECT_EQ(out["mine"]["ok"], true) << out["mine"];
 }
 
 // The caller's file size limit holds, as for a write through the mount.

@@ -708,6 +708,70 @@ TEST(SegmentFileNotRootTest, GetsTheDaemonsMemoryIoWithDedup) {
   EXPECT_EQ(result[6], 1);       // the last, partial block written
 }
 
+// Memory I/O from many requests at once over a staging pool of eight
+// buffers: a request takes a step's buffers only as the pool has them free,
+// and waits for one only while it holds none (its steps sent give theirs
+// back), so requests never wait for each other for ever. A hung child is
+// killed by its alarm and the test fails.
+TEST(SegmentFileNotRootTest, ManyMemoryIoRequestsShareASmallStagingPool) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting a volume needs root";
+  DefaultSettings();
+  MountedVolume::Options options;
+  options.size = "1G";
+  options.mount_options = "allow_other";  // for the child's uid
+  MountedVolume volume(options);
+  const std::string parent = std::filesystem::path(volume.mountpoint()).parent_path();
+  ASSERT_EQ(chmod(parent.c_str(), 0755), 0) << Errno();
+  ASSERT_EQ(chmod(volume.mountpoint().c_str(), 0755), 0) << Errno();
+  const std::string dir = volume.Path("pub");
+  ASSERT_EQ(mkdir(dir.c_str(), 0777), 0) << Errno();
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0) << Errno();
+  constexpr int kRequests = 8;
+  std::vector<std::string> data;
+  for (int k = 0; k < kRequests; ++k) data.push_back(RandomBytes(4 * kMiB + 17 * k, 80 + k));
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(120);
+    // 0: all written and read back equal; else the step that failed.
+    int status = 1;
+    if (setgroups(0, nullptr) == 0 && setgid(65534) == 0 && setuid(65534) == 0 &&
+        spill_config_set("chunk_bytes", kUnit) == 0 && spill_config_set("pinned_bytes", 8 * kUnit) == 0 &&
+        spill_config_set("commit_depth", 3) == 0) {
+      status = 2;
+      std::vector<spill_file*> files(kRequests, nullptr);
+      std::vector<spill_request*> requests(kRequests, nullptr);
+      std::vector<std::string> back(kRequests);
+      bool ok = true;
+      for (int k = 0; k < kRequests && ok; ++k) {
+        files[k] = spill_file_open((dir + "/f" + std::to_string(k)).c_str(), kCreate, 0);
+        ok = files[k] != nullptr && spill_file_backend(files[k]) == SPILL_BACKEND_MEMORY_IO;
+      }
+      for (int k = 0; k < kRequests && ok; ++k) {
+        spill_segment seg{data[k].data(), data[k].size(), 0, -1};
+        ok = spill_file_write_segments(files[k], &seg, 1, 0, &requests[k]) == 0;
+      }
+      for (int k = 0; k < kRequests && ok; ++k) ok = spill_request_wait(requests[k], nullptr) == 0;
+      if (ok) status = 3;
+      for (int k = 0; k < kRequests && ok; ++k) {
+        back[k].assign(data[k].size(), '\0');
+        spill_segment seg{back[k].data(), back[k].size(), 0, -1};
+        ok = spill_file_read_segments(files[k], &seg, 1, 0, &requests[k]) == 0;
+      }
+      for (int k = 0; k < kRequests && ok; ++k)
+        ok = spill_request_wait(requests[k], nullptr) == 0 && back[k] == data[k];
+      if (ok) status = 0;
+      if (!ok) fprintf(stderr, "memory I/O child: %s\n", spill_last_error());
+      for (spill_file* f : files) spill_file_close(f);
+    }
+    _exit(status);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child hung (killed by its alarm) or crashed: signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: settings, 2: open or write, 3: read";
+}
+
 TEST(SegmentDedupOffTest, VolumeWithoutDedupAnswersEopnotsupp) {
   if (geteuid() != 0) GTEST_SKIP() << "mounting a volume needs root";
   DefaultSettings();

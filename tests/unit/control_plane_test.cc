@@ -202,7 +202,7 @@ class ControlPlaneTest : public ::testing::Test {
   }
   // One request on a handle of its own; the reply parsed.
   json Ask(const std::string& request) {
-    auto handle = control_->Open(ControlPlane::kControlIno, O_RDWR);
+    auto handle = control_->Open(ControlPlane::kControlIno, O_RDWR, /*opener_uid=*/0);
     EXPECT_TRUE(handle.ok());
     json reply = json::parse(Send(*handle, request), nullptr, false);
     Release(*handle);
@@ -221,7 +221,7 @@ class ControlPlaneTest : public ::testing::Test {
   // A handle of its own holding `length` bytes reserved (the lease of a
   // commit); the caller releases it (Release).
   ControlPlane::Handle* Reserved(uint64_t length) {
-    auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR);
+    auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR, /*opener_uid=*/0);
     EXPECT_TRUE(opened.ok());
     json reserved = json::parse(Send(*opened, R"({"op":"reserve","length":)" + std::to_string(length) + "}"));
     EXPECT_EQ(reserved["ok"], true) << reserved;
@@ -285,7 +285,7 @@ TEST_F(ControlPlaneTest, Names) {
   EXPECT_EQ((*listing)[3].name, "stats");
   // Anyone may open the control file (what they may ask is by op: below).
   EXPECT_EQ(control_->GetAttr(ControlPlane::kControlIno)->attr.st_mode, S_IFREG | 0666);
-  EXPECT_EQ(control_->Open(ControlPlane::kStatsIno, O_RDWR).status().code(), EACCES);
+  EXPECT_EQ(control_->Open(ControlPlane::kStatsIno, O_RDWR, /*opener_uid=*/0).status().code(), EACCES);
 }
 
 // A caller that is not root may send volume, stat, mem_write and mem_read;
@@ -293,7 +293,7 @@ TEST_F(ControlPlaneTest, Names) {
 // refused whole.
 TEST_F(ControlPlaneTest, CallersOtherThanRoot) {
   MakeFile("f", std::string(4096, 'x'));
-  auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR);
+  auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR, /*opener_uid=*/65534);
   ASSERT_TRUE(opened.ok());
   ControlPlane::Handle* handle = *opened;
   const ControlPlane::RequestCaller nobody{65534, 0};
@@ -314,9 +314,12 @@ TEST_F(ControlPlaneTest, CallersOtherThanRoot) {
   EXPECT_EQ(json::parse(Send(handle, R"({"op":"stat"})", true, nobody))["ok"], true);
   json mem = json::parse(Send(handle, R"({"op":"mem_read","fd":3,"memfd":4,"pieces":[0,0,4096]})", true, nobody));
   EXPECT_EQ(mem["errno"], ENOTSUP) << mem;
+  // Root writing on a handle a user opened (a set-user-ID program given it
+  // as its output): no root-only op.
+  EXPECT_EQ(json::parse(Send(handle, R"({"op":"layout","path":"/f"})"))["errno"], EACCES);
   Release(handle);
   // Root's request, its end written by someone else: refused.
-  opened = control_->Open(ControlPlane::kControlIno, O_RDWR);
+  opened = control_->Open(ControlPlane::kControlIno, O_RDWR, /*opener_uid=*/0);
   ASSERT_TRUE(opened.ok());
   handle = *opened;
   const std::string layout = R"({"op":"layout","path":"/f"})";
@@ -360,7 +363,7 @@ TEST_F(ControlPlaneTest, RoutesEveryOp) {
 
 TEST_F(ControlPlaneTest, ReserveAndCommitOnOneHandle) {
   MakeFile("g", "");
-  auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR);
+  auto opened = control_->Open(ControlPlane::kControlIno, O_RDWR, /*opener_uid=*/0);
   ASSERT_TRUE(opened.ok());
   ControlPlane::Handle* handle = *opened;
   const uint64_t free_before = fs_->free_bytes();
@@ -643,7 +646,7 @@ TEST_F(ControlPlaneTest, InspectionAloneRefusesTheDirectPath) {
 }
 
 TEST_F(ControlPlaneTest, StatsFileIsPrometheusText) {
-  auto opened = control_->Open(ControlPlane::kStatsIno, O_RDONLY);
+  auto opened = control_->Open(ControlPlane::kStatsIno, O_RDONLY, /*opener_uid=*/0);
   ASSERT_TRUE(opened.ok());
   EXPECT_EQ(control_->Write(*opened, 0, "x", {}).status().code(), EBADF);
   std::string text(control_->Read(*opened, 0, 1 << 20).bytes);

@@ -115,7 +115,7 @@ int Run(uint64_t n, const std::string& dir, bool reopen, int repeat, uint64_t ru
     size_t reply_bytes = 0;
   };
   auto ask = [&](const std::string& request, Timing* out) -> bool {
-    auto handle = control.Open(ControlPlane::kControlIno, O_RDWR);
+    auto handle = control.Open(ControlPlane::kControlIno, O_RDWR, /*opener_uid=*/0);
     if (!handle.ok()) return false;
     auto t = std::chrono::steady_clock::now();
     double cpu = CpuNow();
@@ -215,7 +215,7 @@ int Run(uint64_t n, const std::string& dir, bool reopen, int repeat, uint64_t ru
     }
     std::vector<double> cpus;
     for (int r = 0; r < repeat; ++r) {
-      auto handle = control.Open(ControlPlane::kControlIno, O_RDWR);
+      auto handle = control.Open(ControlPlane::kControlIno, O_RDWR, /*opener_uid=*/0);
       if (!handle.ok()) return 1;
       double cpu = CpuNow();
       if (!control.Write(*handle, 0, request, ControlPlane::RequestCaller{}).ok()) return 1;

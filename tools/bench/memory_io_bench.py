@@ -58,6 +58,10 @@ changed, _ = one_percent_changed(sd, nbytes)
 if op == "second":
     for k in changed:
         sd[k].add_(1)
+settings_fresh = settings.pop("fresh", 0)
+if settings_fresh:  # bytes the volume holds nowhere (one set per value): every unit written and hashed
+    for t in sd.values():
+        t.add_(2.0 * settings_fresh + 1)
 lib = _native.segment_io()  # loaded while the interpreter's files are readable
 for key, value in settings.items():
     _native.check(lib.spill_config_set(key.encode(), value), "config", key)
@@ -102,11 +106,18 @@ def main():
     ap.add_argument("--spillfs", default=os.path.join(ROOT, "build", "bin", "spillfs"))
     ap.add_argument("--volume-size", default="48G")
     ap.add_argument("--users", default="0,65534", help="uids to measure, comma-separated")
+    ap.add_argument("--repeat", type=int, default=3, help="saves with device_hashes on and off, in turn")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="memory_io_bench.", dir=args.dir)
     os.chmod(work, 0o755)
+    path = os.path.dirname(work)
+    while path != "/":  # the other users reach the mount under it
+        if not os.stat(path).st_mode & 0o001:
+            raise SystemExit(f"memory_io_bench: {path} is not searchable by other users: give --dir elsewhere "
+                             "(e.g. under /var/tmp)")
+        path = os.path.dirname(path)
     bench = Bench(types.SimpleNamespace(dir=work, device=args.device, no_mount=True, qd=args.qd,
                                         no_drop_caches=False, stall_seconds=0))
     shape = [args.layers, args.hidden, args.intermediate, args.vocab]
@@ -151,18 +162,22 @@ def main():
             with open("/proc/sys/vm/drop_caches", "w") as f:
                 f.write("3")
 
-        for user in [int(u) for u in args.users.split(",")]:
+        for k, user in enumerate(int(u) for u in args.users.split(",")):
             home = os.path.join(mnt, f"user{user}")
             os.mkdir(home)
             os.chown(home, user, user)
             first, second = os.path.join(home, "step1.pt"), os.path.join(home, "step2.pt")
-            measure("first", first, user)
-            measure("second", second, user)
+            mine = {"fresh": 10 + k} if k else {}  # each user's own bytes: none shared across users
+            measure("first", first, user, mine)
+            measure("second", second, user, mine)
             cold()
-            measure("load", first, user)
-            if user == 0 and args.device == "cuda":
-                measure("first", os.path.join(home, "cpu_hashes.pt"), user, {"device_hashes": 0},
-                        " (device_hashes off)")
+            measure("load", first, user, mine)
+        if args.device == "cuda":  # root's CUDA saves of new bytes hashed on the GPU, then on the CPU, in turn
+            for j in range(args.repeat):
+                measure("first", os.path.join(mnt, "user0", f"gpu_hashes{j}.pt"), 0, {"fresh": 1 + 2 * j},
+                        " (new bytes)")
+                measure("first", os.path.join(mnt, "user0", f"cpu_hashes{j}.pt"), 0,
+                        {"fresh": 2 + 2 * j, "device_hashes": 0}, " (new bytes, device_hashes off)")
     finally:
         subprocess.run([args.spillfs, "umount", mnt], capture_output=True)
         if not os.path.ismount(mnt):  # rm -rf through a live mount would empty the volume

@@ -51,7 +51,7 @@ case "$part" in
     step segment_gpu env DEVRUN="$devrun" OUT="$out" clients/run_device_tests.sh
     ;;
   memio)
-    step memio python3 tools/bench/memory_io_bench.py --dir /root/miobench --spillfs "$devrun/bin/spillfs" \
+    step memio python3 tools/bench/memory_io_bench.py --dir /var/tmp/miobench --spillfs "$devrun/bin/spillfs" \
       --json-out "$out/memory_io.json"
     ;;
   mount)

@@ -106,6 +106,9 @@ inline constexpr const char* kUnprivilegedOps[] = {op::kVolume, op::kStat, op::k
 // it): each costs the daemon work and memory before anything is checked
 // against the file.
 inline constexpr uint64_t kMaxMemoryPieces = 1 << 20;
+// The largest memfd memory I/O maps (EINVAL past it); a request's pieces add
+// up to at most its size (E2BIG), which bounds one request's work.
+inline constexpr uint64_t kMaxSharedMemoryBytes = 64ull << 30;
 
 // The keys of the envelope: the request's op, and the reply's.
 namespace key {

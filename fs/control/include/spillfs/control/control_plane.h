@@ -82,6 +82,13 @@ class ControlPlane {
   // dispatch calls under them.
   struct Handle {
     InodeNumber ino;  // set at Open, then only read
+    // Who opened it (FUSE's context of the open), set at Open, then only
+    // read. A root-only op needs it to be root as well as the request's
+    // writer, and a memory op needs the writer to be the opener: else a
+    // user could hand the handle to a set-user-ID program as its output
+    // and have it write a request (the kernel's files check the opener's
+    // credentials for the same reason).
+    uint32_t opener_uid = 0;
     // Taken by each write, read and release of the handle (FUSE may send
     // them for one handle on several threads at once); held while its reply
     // is worked out, direct-path calls into Filesystem included.
@@ -125,7 +132,7 @@ class ControlPlane {
   // "memory_io": false and mem_write and mem_read are refused (ENOTSUP).
   void SetMountDevice(std::string device) { mount_device_ = std::move(device); }
   // The handle is the plane's until Release (or the plane's end).
-  Result<Handle*> Open(InodeNumber ino, int flags);
+  Result<Handle*> Open(InodeNumber ino, int flags, uint32_t opener_uid);
   Result<size_t> Write(Handle* handle, uint64_t offset, std::string_view data, const RequestCaller& caller);
   // Bytes of the reply at [offset, offset + size) (the reply is worked out at
   // the first read after a request).
