@@ -1,6 +1,6 @@
 """A process that saves one checkpoint, to be killed by test_checkpoint_crash.py.
 
-    python crash_saver.py PATH GENERATION [--hook before-rename|after-rename|mid-write:K [--victim PID]]
+    python crash_saver.py PATH GENERATION [--hook before-rename|after-rename|{mid,after}-write:K [--victim PID]]
                           [--background]
 
 Saves state(GENERATION) to PATH with spillfs.save; prints "saving" just
@@ -8,8 +8,9 @@ before the call and "saved SECONDS" after. --hook kills this process with
 SIGKILL at the rename of the temporary file over PATH: just before it (the
 temporary file written and fsync'ed), or just after it (before the
 directory's fsync); mid-write:K, at the K-th write call of the save's file
-(the earlier ones issued). --victim PID: mid-write kills that process (the
-daemon) instead, and the save goes on against a dead mount.
+(the earlier ones issued); after-write:K, once that call has issued its
+write. --victim PID: these two kill that process (the daemon) instead, and
+the save goes on against a dead mount.
 --background saves with background=True and waits.
 """
 
@@ -41,17 +42,22 @@ def main():
     hook = sys.argv[sys.argv.index("--hook") + 1] if "--hook" in sys.argv else None
     import spillfs
     sd = state(generation)
-    if hook is not None and hook.startswith("mid-write:"):
-        # SIGKILL at the k-th write call of the save (the earlier ones issued): surely mid-save
+    if hook is not None and hook.split(":")[0] in ("mid-write", "after-write"):
+        # SIGKILL at the k-th write call of the save: before it is issued (mid-write), or once it
+        # has been (after-write): surely mid-save where k is 1 (how many more follow depends on
+        # what dedup shares)
         from spillfs import _io
-        k, calls = int(hook.split(":")[1]), [0]
+        after, k, calls = hook.startswith("after-write"), int(hook.split(":")[1]), [0]
         victim = int(sys.argv[sys.argv.index("--victim") + 1]) if "--victim" in sys.argv else os.getpid()
         for cls in (_io.NativeFile, _io.PosixFile):
             def write(self, *args, _real=cls.write, **kwargs):
                 calls[0] += 1
-                if calls[0] == k:
+                if calls[0] == k and not after:
                     os.kill(victim, signal.SIGKILL)
-                return _real(self, *args, **kwargs)
+                issued = _real(self, *args, **kwargs)
+                if calls[0] == k and after:
+                    os.kill(victim, signal.SIGKILL)
+                return issued
             cls.write = write
     elif hook is not None:
         real = os.replace
